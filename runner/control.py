@@ -1,0 +1,104 @@
+"""The control channel of ``exec`` handlers: keepalive, checkpoint, goto.
+
+flowrun starts every ``exec`` handler with an extra pipe whose write end is the file
+descriptor named by ``FLOWRUN_CONTROL_FD``. A handler writes one line per message:
+
+``keepalive``
+    "still working": resets the state's ``keepalive`` deadline (majordomo's keepalive).
+``checkpoint <json object>``
+    merges the object into the instance's data, durably, before the line is acknowledged;
+    the next attempt or restart starts from it (majordomo's "update state").
+``goto <state>``
+    on exit 0, move to ``<state>`` (one of the state's ``next``/``to``) instead of ``next``.
+
+From Python::
+
+    from runner.control import keepalive, checkpoint, goto
+    checkpoint({"rows_done": 1000})
+    goto("quarantine")
+
+From a shell (or any language): ``echo keepalive >&"$FLOWRUN_CONTROL_FD"``, or
+``python -m runner.control checkpoint '{"rows_done": 1000}'``.
+
+Outside flowrun (no ``FLOWRUN_CONTROL_FD``) every call is a no-op, so handlers can be run
+by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ENV = "FLOWRUN_CONTROL_FD"
+
+
+def _send(line: str) -> bool:
+    fd = os.environ.get(ENV)
+    if not fd:
+        return False
+    data = (line.rstrip("\n") + "\n").encode()
+    view = memoryview(data)
+    while view:
+        n = os.write(int(fd), view)
+        view = view[n:]
+    return True
+
+
+def keepalive() -> bool:
+    """Signal that the handler is alive. Returns False outside flowrun."""
+    return _send("keepalive")
+
+
+def checkpoint(data: dict) -> bool:
+    """Merge ``data`` (a JSON-serialisable dict) into the instance data, durably."""
+    if not isinstance(data, dict):
+        raise TypeError("checkpoint needs a dict")
+    return _send("checkpoint " + json.dumps(data, separators=(",", ":")))
+
+
+def goto(state: str) -> bool:
+    """On a clean exit, move to ``state`` instead of the state's ``next``."""
+    if not state or any(c.isspace() for c in state):
+        raise ValueError(f"bad state name {state!r}")
+    return _send("goto " + state)
+
+
+def parse(line: str) -> tuple[str, object]:
+    """Parse one control line into ``(kind, value)``; raises ``ValueError`` if malformed."""
+    line = line.strip()
+    kind, _, rest = line.partition(" ")
+    if kind == "keepalive" and not rest:
+        return "keepalive", None
+    if kind == "goto" and rest.strip():
+        return "goto", rest.strip()
+    if kind == "checkpoint":
+        value = json.loads(rest)
+        if not isinstance(value, dict):
+            raise ValueError("checkpoint needs a JSON object")
+        return "checkpoint", value
+    raise ValueError(f"unknown control line {line[:80]!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runner.control keepalive | checkpoint JSON | goto STATE``."""
+    args = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m runner.control keepalive | checkpoint JSON | goto STATE"
+    try:
+        if args == ["keepalive"]:
+            keepalive()
+        elif len(args) == 2 and args[0] == "checkpoint":
+            checkpoint(json.loads(args[1]))
+        elif len(args) == 2 and args[0] == "goto":
+            goto(args[1])
+        else:
+            print(usage, file=sys.stderr)
+            return 2
+    except (ValueError, TypeError) as exc:
+        print(f"runner.control: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

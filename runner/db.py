@@ -1,0 +1,138 @@
+"""Engine creation and every SQL dialect difference, in one place.
+
+SQLite (the default): a file with WAL, ``busy_timeout`` and ``synchronous=NORMAL``; every
+transaction starts with ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a
+read lock to a write lock. PostgreSQL: ``postgresql+psycopg://`` URLs; the claim uses
+``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+
+from .errors import ConfigError
+from .models import metadata
+
+DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
+
+
+def redact(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (for logs and errors)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` and ``postgres://`` to the psycopg 3 driver."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def is_sqlite(engine: Engine) -> bool:
+    """True when ``engine`` talks to SQLite."""
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
+    """Create an engine for ``url`` and (with ``create``) the tables.
+
+    For a SQLite file URL the parent folder is created. Raises ``ConfigError`` (one clear
+    line, password redacted) for a malformed URL or an unreachable database.
+    """
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = _sqlite_engine(url, parsed.database)
+        else:
+            engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=4,
+                max_overflow=8,
+                connect_args={"connect_timeout": 5} if "psycopg" in url else {},
+            )
+    except (ArgumentError, ImportError) as exc:
+        raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
+    if create:
+        try:
+            with engine.begin() as conn:
+                metadata.create_all(conn)
+        except OperationalError as exc:
+            raise ConfigError(
+                f"cannot reach database {redact(url)}: {_first_line(exc.orig or exc)}"
+            ) from None
+        except SQLAlchemyError as exc:
+            raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
+    return engine
+
+
+def _first_line(exc: object) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # pragma: no cover - trivial
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # pragma: no cover - trivial
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def ping(engine: Engine) -> None:
+    """Run ``SELECT 1``; raise ``ConfigError`` when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        raise ConfigError(
+            f"cannot reach database {redact(str(engine.url))}: {_first_line(exc)}"
+        ) from None
+
+
+def skip_locked(engine: Engine) -> bool:
+    """True when the claim may use ``FOR UPDATE SKIP LOCKED`` (PostgreSQL)."""
+    return engine.dialect.name == "postgresql"
+
+
+def insert_ignore(conn, table, values: dict) -> None:
+    """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL.
+
+    Args:
+        conn: an open ``Connection`` inside the caller's transaction.
+        table: a SQLAlchemy ``Table``.
+        values: one row as a dict of column name to value.
+    """
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    conn.execute(dialect_insert(table).values(**values).on_conflict_do_nothing())

@@ -1,0 +1,80 @@
+"""The status lifecycle of an instance, compiled with ``transitions`` from one table.
+
+Source: Metafora's statemachine ``Rules`` table (``../shared/seeds/metafora-statemachine.txt``)
+and DefaultErrHandler, adapted: ``fault`` is not a stored status (an error either sleeps
+for the backoff or spends the budget at once), and ``retry`` revives a failed instance.
+
+Every status change the engine or an operator makes goes through :func:`check`, so a
+refused move is one clear message, never a half-written row.
+"""
+
+from __future__ import annotations
+
+from transitions import Machine, MachineError
+
+from .errors import IllegalMove
+from .models import STATUSES, TERMINAL_STATUSES
+
+#: (event, sources, destination). The single source of truth for status moves.
+TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("pause", ("runnable", "sleeping"), "paused"),
+    ("resume", ("paused", "sleeping"), "runnable"),
+    ("sleep", ("runnable", "paused"), "sleeping"),
+    ("wake", ("sleeping",), "runnable"),  # due time reached: the worker claims it
+    ("backoff", ("runnable",), "sleeping"),  # an error with budget left
+    ("exhaust_fail", ("runnable",), "failed"),  # budget spent, on_exhausted: failed
+    ("exhaust_pause", ("runnable",), "paused"),  # budget spent, on_exhausted: paused
+    ("complete", ("runnable",), "completed"),  # entered a terminal state
+    ("fail", ("runnable",), "failed"),  # restarts spent
+    ("kill", ("runnable", "sleeping", "paused"), "killed"),
+    ("retry", ("failed",), "runnable"),
+    ("send", ("runnable", "sleeping", "paused"), "runnable"),  # an `on:` event moved it
+)
+
+#: Operator commands (a subset of the events above, plus ``send``).
+OPERATOR_COMMANDS = ("pause", "resume", "kill", "retry", "send")
+
+_machine = Machine(model=None, states=list(STATUSES), initial=None, auto_transitions=False)
+for _event, _sources, _dest in TABLE:
+    _machine.add_transition(_event, list(_sources), _dest)
+
+
+class _Probe:
+    __slots__ = ("state",)
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+def allowed(status: str, event: str) -> bool:
+    """True when ``event`` may fire from ``status``."""
+    ev = _machine.events.get(event)
+    return ev is not None and status in ev.transitions
+
+
+def check(status: str, event: str, instance_id: int | None = None) -> str:
+    """Return the status after ``event`` fires from ``status``.
+
+    Raises ``IllegalMove`` with an operator-readable text, e.g.
+    ``"cannot resume: instance 42 is completed"``.
+    """
+    ev = _machine.events.get(event)
+    if ev is None:
+        raise IllegalMove(f"unknown command {event!r} (expected one of: {', '.join(events())})")
+    probe = _Probe(status)
+    try:
+        ev.trigger(probe)
+    except MachineError:
+        who = f"instance {instance_id}" if instance_id is not None else "the instance"
+        raise IllegalMove(f"cannot {event}: {who} is {status}") from None
+    return probe.state
+
+
+def events() -> list[str]:
+    """Every event name of the lifecycle table, in table order."""
+    return [e for e, _, _ in TABLE]
+
+
+def is_terminal(status: str) -> bool:
+    """True for ``completed``, ``failed`` and ``killed``."""
+    return status in TERMINAL_STATUSES

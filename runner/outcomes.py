@@ -1,0 +1,141 @@
+"""Turn one attempt's result into the instance's next row: the fault model's policy.
+
+Pure functions (no I/O), so every rule is tested directly:
+
+- moved → the target, checked against the flow's compiled ``transitions`` machine; an
+  illegal target is an *error* with a clear text, never a crash;
+- not yet → due again after the state's ``try_interval``; nothing spent (Stator);
+- error → one error in the state's sliding window (Metafora's DefaultErrHandler: 8 in
+  4 h by default); with budget left the instance sleeps for the backoff
+  (``initial * factor**(n-1)``, capped at ``max``, with full/equal/no jitter, after AWS's
+  "Exponential Backoff and Jitter"); with the budget spent it goes to ``on_exhausted``;
+- timeout / missed keepalive → a restart (majordomo): tried again at once from the last
+  checkpoint until ``max_restarts`` is spent, then ``failed``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from . import lifecycle
+from .errors import IllegalMove
+from .executor import AttemptResult
+from .store import Claim, Outcome
+
+
+def backoff_delay(backoff: Any, n: int, rand: Callable[[], float] = random.random) -> float:
+    """Seconds to sleep after the ``n``-th error (1-based) under ``backoff``.
+
+    ``backoff`` has ``initial``, ``factor``, ``max`` (seconds) and ``jitter`` (full:
+    uniform in [0, d]; equal: d/2 + uniform in [0, d/2]; none: d).
+    """
+    d = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
+    if backoff.jitter == "full":
+        return d * rand()
+    if backoff.jitter == "equal":
+        return d / 2 + d / 2 * rand()
+    return d
+
+
+def enter(flow: Any, target: str, at: float) -> dict:
+    """Column values for entering ``target``: fresh state counters, status by kind."""
+    kind = flow.states[target].kind
+    return {
+        "state": target,
+        "status": "completed" if kind == "terminal" else "runnable",
+        "due_at": None if kind in ("terminal", "external") else at,
+        "state_changed": at,
+        "state_errors": [],
+        "state_restarts": 0,
+    }
+
+
+def decide(
+    flow: Any,
+    claim: Claim,
+    result: AttemptResult,
+    durable_data: dict,
+    at: float,
+    rand: Callable[[], float] = random.random,
+) -> Outcome:
+    """The :class:`Outcome` of ``result`` for ``claim`` under ``flow``'s policy.
+
+    Args:
+        flow: the instance's ``CompiledFlow`` (its own version).
+        claim: the claim the attempt ran under.
+        result: what the executor returned (not ``cancelled``: that writes no instance row).
+        durable_data: the data as last stored (claim data plus checkpoints); kept on errors.
+        at: now, epoch seconds.
+    """
+    state = flow.states[claim.state]
+    policy = state.policy
+    values: dict = {
+        "state": claim.state,
+        "status": "runnable",
+        "data": durable_data,
+        "due_at": at,
+        "errors": claim.errors,
+        "restarts": claim.restarts,
+        "state_errors": claim.state_errors,
+        "state_restarts": claim.state_restarts,
+        "last_error": None,
+        "state_changed": None,  # None keeps the stored value (no move)
+    }
+    outcome, to_state, error = result.outcome, result.to_state, result.error
+    if outcome == "moved":
+        try:
+            flow.check_move(claim.state, to_state)
+        except IllegalMove as exc:
+            outcome, error, to_state = "error", str(exc), None
+        else:
+            values.update(enter(flow, to_state, at), data=result.data)
+            if values["status"] == "completed":
+                lifecycle.check("runnable", "complete")
+    if outcome == "not_yet":
+        values.update(data=result.data, due_at=at + policy.try_interval)
+    elif outcome == "error":
+        _spend_error(flow, values, policy, error, at, rand)
+    elif outcome == "timeout":
+        values["restarts"] += 1
+        values["state_restarts"] += 1
+        values["last_error"] = error
+        if values["state_restarts"] > policy.max_restarts:
+            values.update(status=lifecycle.check("runnable", "fail"), due_at=None)
+            values["last_error"] = (
+                f"restarts spent ({values['state_restarts']} > max_restarts "
+                f"{policy.max_restarts}); last: {error}"
+            )
+    return Outcome(
+        instance_id=claim.id,
+        attempt_id=claim.attempt_id,
+        fence=claim.fence,
+        values=values,
+        attempt_values={
+            "outcome": outcome,
+            "to_state": to_state if outcome == "moved" else None,
+            "error": error,
+            "checkpoint": result.checkpoint,
+        },
+    )
+
+
+def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand) -> None:
+    window = [t for t in values["state_errors"] if t > at - policy.window] + [at]
+    values.update(errors=values["errors"] + 1, state_errors=window, last_error=error)
+    if len(window) < policy.max_errors:
+        values.update(
+            status=lifecycle.check("runnable", "backoff"),
+            due_at=at + backoff_delay(policy.backoff, len(window), rand),
+        )
+        return
+    spent = f"error budget spent ({len(window)} errors in {policy.window:g}s): {error}"
+    target = policy.on_exhausted
+    if target == "failed":
+        values.update(status=lifecycle.check("runnable", "exhaust_fail"), due_at=None)
+    elif target == "paused":
+        values.update(status=lifecycle.check("runnable", "exhaust_pause"), due_at=None)
+    else:
+        values.update(enter(flow, target, at))
+    values["last_error"] = spent

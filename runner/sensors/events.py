@@ -1,0 +1,147 @@
+"""The durable side of sensors: event rows, cursors and sensor leases.
+
+Every sensor writes its events here first (``INSERT ... ON CONFLICT DO NOTHING`` on the
+unique ``(sensor, key)``), in the same transaction as its cursor, so a crash either keeps
+both or neither. Rules consume the rows later (``runner.sensors.rules``).
+
+A sensor runs in one daemon at a time: its ``sensors`` row carries a lease
+(``locked_by``/``locked_until``, float epoch seconds). Cursor writes are fenced by
+``locked_by``: a daemon that lost the lease gets :class:`LeaseLost` and rolls back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, or_, select, update
+
+from ..db import insert_ignore
+from ..models import events, sensors
+from ..queries import iso
+
+
+class LeaseLost(Exception):
+    """The sensor's lease is held by another daemon now; stop the sensor."""
+
+
+def record_events(
+    engine: Engine,
+    sensor: str,
+    rows: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    cursor: dict[str, Any] | None = None,
+    worker_id: str | None = None,
+) -> None:
+    """Store events (and optionally the sensor's new cursor) in ONE transaction.
+
+    Args:
+        engine: the database.
+        sensor: ``"<flow>.<sensor>"``.
+        rows: ``(key, payload)`` pairs; a key already stored for this sensor is skipped.
+        cursor: the sensor's new cursor JSON, written only while ``worker_id`` holds the
+            lease (else :class:`LeaseLost` is raised and nothing is stored).
+        worker_id: the lease holder writing the cursor (needed with ``cursor``).
+    """
+    at = time.time()
+    with engine.begin() as conn:
+        for key, payload in rows:
+            insert_ignore(
+                conn,
+                events,
+                {"sensor": sensor, "key": key, "payload": payload, "created_at": at},
+            )
+        if cursor is not None:
+            done = conn.execute(
+                update(sensors)
+                .where(sensors.c.name == sensor, sensors.c.locked_by == worker_id)
+                .values(cursor=cursor, updated_at=at)
+            ).rowcount
+            if not done:
+                raise LeaseLost(f"sensor {sensor}: lease lost by {worker_id}")
+
+
+def load_cursor(engine: Engine, sensor: str) -> dict[str, Any]:
+    """The stored cursor JSON of ``sensor`` (``{}`` when none)."""
+    with engine.connect() as conn:
+        value = conn.execute(select(sensors.c.cursor).where(sensors.c.name == sensor)).scalar()
+    return dict(value or {})
+
+
+def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: float) -> set[str]:
+    """Claim or renew the leases of ``names`` for ``worker_id``; return the names held now.
+
+    A lease is taken when free (``locked_until`` NULL or past) or already ours; it then
+    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created.
+    """
+    names = sorted(set(names))
+    if not names:
+        return set()
+    at = time.time()
+    with engine.begin() as conn:
+        for name in names:
+            insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
+        conn.execute(
+            update(sensors)
+            .where(
+                sensors.c.name.in_(names),
+                or_(
+                    sensors.c.locked_by == worker_id,
+                    sensors.c.locked_until.is_(None),
+                    sensors.c.locked_until < at,
+                ),
+            )
+            .values(locked_by=worker_id, locked_until=at + lease)
+        )
+        held = conn.execute(
+            select(sensors.c.name).where(
+                sensors.c.name.in_(names), sensors.c.locked_by == worker_id
+            )
+        ).scalars()
+        return set(held)
+
+
+def release_leases(engine: Engine, worker_id: str, names: Iterable[str] | None = None) -> None:
+    """Give up ``worker_id``'s sensor leases (all of them, or only ``names``)."""
+    cond = [sensors.c.locked_by == worker_id]
+    if names is not None:
+        names = list(names)
+        if not names:
+            return
+        cond.append(sensors.c.name.in_(names))
+    with engine.begin() as conn:
+        conn.execute(update(sensors).where(and_(*cond)).values(locked_by=None, locked_until=None))
+
+
+def pending_events(engine: Engine) -> int:
+    """Number of stored events no rule has handled yet."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(events).where(events.c.handled_at.is_(None))
+            ).scalar_one()
+        )
+
+
+def list_events(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest ``limit`` events, newest first, as JSON-ready dicts.
+
+    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
+    ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
+    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(events).order_by(events.c.id.desc()).limit(limit)).mappings()
+        return [
+            {
+                "id": r["id"],
+                "sensor": r["sensor"],
+                "key": r["key"],
+                "payload": r["payload"],
+                "created_at": iso(r["created_at"]),
+                "handled_at": iso(r["handled_at"]),
+                "action": r["action"],
+            }
+            for r in rows
+        ]

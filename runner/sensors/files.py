@@ -1,0 +1,209 @@
+"""The ``files`` sensor: new files in a folder, each acted on exactly once.
+
+A file matching ``glob`` (hidden files only when the glob starts with ``.``) counts when
+
+* its size and mtime have not changed for ``settle`` seconds, or
+* it was renamed into place: the watcher's batch that adds it also deletes a
+  non-matching sibling (the usual ``write .name.tmp, rename to name`` drop), or
+* it is found by a scan and was last written at least ``settle`` seconds ago.
+
+Files already present at start-up are reconciled, and the folder is rescanned every
+``rescan`` seconds and whenever the watcher restarts, so nothing dropped while no watcher
+ran is missed. The event key is ``"<relative path>:<size>:<mtime_ns>"``: a restart or a
+second daemon sees the same key (stored once), a file dropped again later is a new event.
+Payload: ``{"path": absolute path, "name": file name, "size": bytes}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from watchfiles import Change
+
+from .base import FileChange, Sensor
+
+#: Full rescans of the folder, in seconds (a safety net for overflowed watch queues).
+RESCAN = 30.0
+
+
+@dataclass
+class _Candidate:
+    size: int
+    mtime_ns: int
+    since: float  # time.monotonic() when size/mtime were last seen changing
+
+
+class FilesSensor(Sensor):
+    """Emit one event per new (settled) file; see the module docstring.
+
+    ``spec.files`` gives ``path`` (relative to the flow file's folder), ``glob``,
+    ``recursive`` and ``settle`` (seconds).
+    """
+
+    def __init__(self, *args: Any, rescan: float = RESCAN, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.spec.files
+        self.folder = self.resolve(cfg.path)
+        self.glob: str = cfg.glob
+        self.recursive: bool = bool(cfg.recursive)
+        self.settle: float = float(cfg.settle)
+        self.rescan = rescan
+        self._candidates: dict[str, _Candidate] = {}
+        self._ready: set[str] = set()  # renamed into place: count at once
+        self._stored: dict[str, str] = {}  # path -> key stored by this process
+        self._scan_due = True
+
+    def folders(self) -> list[Path]:
+        return [self.folder]
+
+    def busy(self) -> bool:
+        return bool(self._candidates or self._ready or self._scan_due)
+
+    def request_scan(self) -> None:
+        """Rescan the whole folder soon (e.g. after the watcher restarted)."""
+        self._scan_due = True
+        self.kick()
+
+    def matches(self, path: str) -> bool:
+        """True when absolute ``path`` is inside the folder and matches the glob."""
+        rel = os.path.relpath(path, self.folder)
+        if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
+            return False
+        parts = rel.split(os.sep)
+        if len(parts) > 1 and not self.recursive:
+            return False
+        name = parts[-1]
+        if name.startswith(".") and not self.glob.startswith("."):
+            return False
+        return fnmatchcase(rel.replace(os.sep, "/") if "/" in self.glob else name, self.glob)
+
+    def on_changes(self, changes: Sequence[FileChange]) -> None:
+        # A batch that deletes a non-matching sibling and adds a matching file is a
+        # rename into place (watchfiles reports a rename as deleted + added).
+        renamed_from = {
+            os.path.dirname(p)
+            for c, p in changes
+            if c == Change.deleted and not self.matches(p) and not os.path.lexists(p)
+        }
+        for change, path in changes:
+            if not self.matches(path):
+                continue
+            if change == Change.deleted:
+                self._candidates.pop(path, None)
+                self._ready.discard(path)
+                self._stored.pop(path, None)
+            elif change == Change.added and os.path.dirname(path) in renamed_from:
+                self._candidates.pop(path, None)
+                self._ready.add(path)
+            elif path not in self._candidates:
+                self._candidates[path] = _Candidate(-1, -1, time.monotonic())
+        self.kick()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        next_scan = 0.0
+        while not stop.is_set():
+            if self._scan_due or time.monotonic() >= next_scan:
+                self._scan_due = False
+                next_scan = time.monotonic() + self.rescan
+                rows = self._scan(await asyncio.to_thread(self._walk))
+            else:
+                rows = self._check()
+            await self.store(rows)
+            self._remember(rows)
+            self.started.set()
+            if self._ready:
+                continue
+            if self._candidates:
+                timeout = max(min(self.settle / 4, 0.05), 0.005)
+            else:
+                timeout = next_scan - time.monotonic()
+            await self._wait(stop, timeout)
+
+    def _remember(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        for key, payload in rows:
+            self._stored[payload["path"]] = key
+
+    def _event(self, path: str, st: os.stat_result) -> tuple[str, dict[str, Any]] | None:
+        rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
+        key = f"{rel}:{st.st_size}:{st.st_mtime_ns}"
+        if self._stored.get(path) == key:
+            return None
+        return key, {"path": path, "name": os.path.basename(path), "size": st.st_size}
+
+    def _check(self) -> list[tuple[str, dict[str, Any]]]:
+        """Settle candidates: those unchanged for ``settle`` seconds (or renamed in) count."""
+        rows = []
+        now = time.monotonic()
+        ready, self._ready = self._ready, set()
+        for path in ready:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (row := self._event(path, st)) is not None:
+                rows.append(row)
+        for path, cand in list(self._candidates.items()):
+            try:
+                st = os.stat(path)
+            except OSError:
+                del self._candidates[path]
+                continue
+            if (st.st_size, st.st_mtime_ns) != (cand.size, cand.mtime_ns):
+                cand.size, cand.mtime_ns, cand.since = st.st_size, st.st_mtime_ns, now
+                if self.settle > 0:
+                    continue
+            if now - cand.since >= self.settle:
+                del self._candidates[path]
+                if (row := self._event(path, st)) is not None:
+                    rows.append(row)
+        return rows
+
+    def _scan(self, found: list[tuple[str, os.stat_result]]) -> list[tuple[str, dict[str, Any]]]:
+        """Reconcile a folder walk: old enough files count, fresh ones settle."""
+        rows = []
+        wall, mono = time.time(), time.monotonic()
+        for path, st in found:
+            if path in self._candidates or path in self._ready:
+                continue
+            age = wall - st.st_mtime_ns / 1e9
+            if age >= self.settle:
+                if (row := self._event(path, st)) is not None:
+                    rows.append(row)
+            else:
+                self._candidates[path] = _Candidate(
+                    st.st_size, st.st_mtime_ns, mono - max(age, 0.0)
+                )
+        return rows + self._check()
+
+    def _walk(self) -> list[tuple[str, os.stat_result]]:
+        """Every matching file with its stat (runs in a thread; touches no sensor state)."""
+        if self.recursive:
+            paths = []
+            for root, dirs, names in os.walk(self.folder):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                paths.extend(os.path.join(root, n) for n in names)
+        else:
+            try:
+                with os.scandir(self.folder) as it:
+                    paths = [e.path for e in it]
+            except FileNotFoundError:
+                return []
+        found = []
+        for path in paths:
+            if self.matches(path):
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found.append((path, st))
+        return found

@@ -1,0 +1,331 @@
+"""The sensor hub: one watcher, every sensor under a lease, the rules, flow hot reload.
+
+One ``watchfiles.awatch`` per daemon covers the flows folder and every folder a sensor
+needs (files folders, the folders of tailed logs); it is restarted when that set changes.
+Each sensor (``"<flow>.<sensor>"``) runs in the one daemon holding its lease in the
+``sensors`` table (claimed when free or expired, renewed every ``lease / 3`` seconds,
+released on stop). The rule engine runs in every daemon; each event is still handled
+once (see ``runner.sensors.rules``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from watchfiles import awatch
+
+from .. import store
+from ..flows import SUFFIXES
+from .base import FileChange, Sensor, first_of, log
+from .clock import ClockSensor
+from .events import claim_leases, pending_events, release_leases
+from .files import FilesSensor
+from .rules import RuleEngine
+from .tail import TailSensor
+
+SENSOR_TYPES: dict[str, type[Sensor]] = {
+    "files": FilesSensor,
+    "tail": TailSensor,
+    "every": ClockSensor,
+    "cron": ClockSensor,
+}
+
+
+@dataclass
+class _Running:
+    sensor: Sensor
+    version: str
+    stop: asyncio.Event
+    task: asyncio.Task
+
+
+class SensorHub:
+    """Runs the sensors, rules and flow reload of one daemon.
+
+    Args:
+        engine: the database.
+        registry: the daemon's ``FlowRegistry`` (reloaded in place on flow edits).
+        worker_id: this daemon's id (the sensor lease holder).
+        lease: sensor lease length in seconds (renewed every ``lease / 3``).
+        force_polling: poll the file system instead of inotify & co (``None``: watchfiles'
+            default, i.e. the ``WATCHFILES_FORCE_POLLING`` variable, or any files sensor
+            declaring ``force_polling: true``).
+        debounce: watcher batch limit in ms; step: watcher quiet period in ms.
+        poll: seconds between looks for events stored by other daemons.
+
+    Attributes:
+        ready: set once the watcher runs and every sensor this daemon holds has stored its
+            start-up reconciliation (existing files, tail backlog, a missed clock tick).
+        on_work: called (no arguments, in the event loop) after rules created or changed
+            instances, so the worker can claim at once instead of at its next poll.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Any,
+        worker_id: str,
+        lease: float = 15.0,
+        *,
+        force_polling: bool | None = None,
+        debounce: int = 50,
+        step: int = 10,
+        poll: float = 0.5,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.worker_id = worker_id
+        self.lease = lease
+        self.force_polling = force_polling
+        self.debounce = debounce
+        self.step = step
+        self.poll = poll
+        self.ready = asyncio.Event()
+        self.on_work: Callable[[], None] | None = None
+        self.rules = RuleEngine(engine, registry)
+        self._running: dict[str, _Running] = {}
+        self._rules_kick = asyncio.Event()
+        self._watch_restart = asyncio.Event()
+        self._watching = asyncio.Event()
+        self._folders: tuple[Path, ...] = ()
+
+    # -- public -----------------------------------------------------------------------
+
+    def pending(self) -> bool:
+        """True while a sensor of this daemon holds unstored input (a file settling) or
+        any event is not handled yet (blocking: one ``COUNT`` query)."""
+        if any(r.sensor.busy() for r in self._running.values()):
+            return True
+        return pending_events(self.engine) > 0
+
+    def running(self) -> list[str]:
+        """Names of the sensors this daemon runs now."""
+        return sorted(n for n, r in self._running.items() if not r.task.done())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then stop the sensors and release their leases."""
+        rules_task = asyncio.ensure_future(self._rules_loop(stop))
+        watch_task = asyncio.ensure_future(self._watch_loop(stop))
+        try:
+            await first_of(self._watching.wait(), stop.wait())
+            await self._leases()
+            for r in list(self._running.values()):
+                await first_of(r.sensor.started.wait(), stop.wait())
+            if not stop.is_set():
+                self.ready.set()
+                log.info("sensors ready: %s", ", ".join(self.running()) or "none held here")
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.lease / 3)
+                if not stop.is_set():
+                    await self._leases()
+        finally:
+            await self._stop_sensors(list(self._running))
+            for task in (watch_task, rules_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await asyncio.to_thread(release_leases, self.engine, self.worker_id)
+
+    # -- sensors and leases -------------------------------------------------------------
+
+    def _desired(self) -> dict[str, tuple[Any, Any]]:
+        """``"<flow>.<sensor>"`` -> (flow, SensorSpec) for every loaded flow."""
+        return {
+            f"{flow.name}.{sname}": (flow, spec)
+            for flow in self.registry.flows.values()
+            for sname, spec in (flow.sensors or {}).items()
+        }
+
+    def _make(self, name: str, flow: Any, spec: Any) -> Sensor:
+        cls = SENSOR_TYPES[spec.kind]
+        return cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
+
+    async def _leases(self) -> None:
+        """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
+        desired = self._desired()
+        try:
+            held = await asyncio.to_thread(
+                claim_leases, self.engine, desired, self.worker_id, self.lease
+            )
+        except Exception:
+            log.exception("sensor leases: cannot claim or renew")
+            return
+        stale = [
+            n
+            for n, r in self._running.items()
+            if n not in held or r.version != desired[n][0].version or r.task.done()
+        ]
+        await self._stop_sensors(stale)
+        gone = [n for n in stale if n not in desired]
+        if gone:
+            await asyncio.to_thread(release_leases, self.engine, self.worker_id, gone)
+        for name in sorted(held - set(self._running)):
+            flow, spec = desired[name]
+            sensor = self._make(name, flow, spec)
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(self._run_sensor(sensor, stop))
+            self._running[name] = _Running(sensor, flow.version, stop, task)
+
+    async def _run_sensor(self, sensor: Sensor, stop: asyncio.Event) -> None:
+        try:
+            await sensor.run(stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sensor %s failed; restarting it within %gs", sensor.name, self.lease / 3)
+        finally:
+            sensor.started.set()  # never hold up readiness with a failed sensor
+
+    async def _stop_sensors(self, names: Iterable[str]) -> None:
+        stopping = [self._running.pop(n) for n in names if n in self._running]
+        for r in stopping:
+            r.stop.set()
+            r.sensor.kick()
+        for r in stopping:
+            try:
+                await asyncio.wait_for(r.task, 10)
+            except (TimeoutError, asyncio.CancelledError):
+                r.task.cancel()
+
+    # -- rules -----------------------------------------------------------------------
+
+    async def _rules_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+            except Exception:
+                log.exception("rules: handling events failed; retrying")
+                seen, acted = 0, 0
+            if acted and self.on_work is not None:
+                self.on_work()
+            if seen >= self.rules.batch:
+                continue
+            await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
+            self._rules_kick.clear()
+
+    # -- the watcher and flow reload ---------------------------------------------------
+
+    def _watch_folders(self) -> tuple[Path, ...]:
+        """The flows folder plus every sensor folder, outermost only (the watch is
+        recursive), created when missing."""
+        folders = {Path(self.registry.folder).absolute()}
+        for name, (flow, spec) in self._desired().items():
+            sensor = self._make(name, flow, spec)
+            folders.update(sensor.folders())
+        out: list[Path] = []
+        for folder in sorted(folders, key=lambda p: len(p.parts)):
+            if not any(folder == o or o in folder.parents for o in out):
+                out.append(folder)
+        for folder in out:
+            folder.mkdir(parents=True, exist_ok=True)
+        return tuple(sorted(out))
+
+    def _polling(self) -> bool | None:
+        if self.force_polling is not None:
+            return self.force_polling
+        if any(
+            spec.kind == "files" and spec.files.force_polling
+            for _, spec in self._desired().values()
+        ):
+            return True
+        return None
+
+    async def _watch_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._watch_restart.clear()
+            try:
+                await self._watch_once(stop)
+            except Exception:
+                log.exception("watcher failed; restarting it")
+                self._watching.set()
+                await first_of(stop.wait(), timeout=1.0)
+
+    async def _watch_once(self, stop: asyncio.Event) -> None:
+        self._folders = self._watch_folders()
+        quit_watch = asyncio.Event()
+        relay = asyncio.ensure_future(_relay(quit_watch, stop, self._watch_restart))
+        changes = awatch(
+            *self._folders,
+            watch_filter=None,
+            debounce=self.debounce,
+            step=self.step,
+            stop_event=quit_watch,
+            force_polling=self._polling(),
+            recursive=True,
+        )
+        nxt = asyncio.ensure_future(anext(changes))
+        try:
+            # The watcher exists once the generator ran its first step; only then may
+            # sensors scan, or a file dropped in between would be missed.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if nxt.done() and nxt.exception() is not None:
+                raise nxt.exception()  # type: ignore[misc]
+            if self._watching.is_set():  # a restart: what changed meanwhile is rescanned
+                for r in self._running.values():
+                    if isinstance(r.sensor, FilesSensor):
+                        r.sensor.request_scan()
+                    else:
+                        r.sensor.kick()
+            self._watching.set()
+            log.debug("watching %s", ", ".join(map(str, self._folders)))
+            while True:
+                try:
+                    batch = await nxt
+                except StopAsyncIteration:
+                    return
+                nxt = asyncio.ensure_future(anext(changes))
+                await self._dispatch(sorted(batch, key=lambda c: (c[1], c[0])))
+        finally:
+            quit_watch.set()
+            relay.cancel()
+            nxt.cancel()
+            with contextlib.suppress(BaseException):
+                await nxt
+            await changes.aclose()
+
+    async def _dispatch(self, batch: list[FileChange]) -> None:
+        flows_dir = Path(self.registry.folder).absolute()
+        reload = {p for _, p in batch if Path(p).parent == flows_dir and Path(p).suffix in SUFFIXES}
+        for r in list(self._running.values()):
+            prefixes = [str(f) + os.sep for f in r.sensor.folders()]
+            mine = [c for c in batch if c[1].startswith(tuple(prefixes))]
+            if mine:
+                r.sensor.on_changes(mine)
+        if reload:
+            await self._reload(sorted(reload))
+
+    async def _reload(self, paths: list[str]) -> None:
+        """Reload edited flow files; record new versions; restart their sensors."""
+        before = {name: flow.version for name, flow in self.registry.flows.items()}
+        for error in self.registry.reload(paths):
+            log.error("flow not reloaded: %s", error)
+        changed = [f for n, f in self.registry.flows.items() if before.get(n) != f.version]
+        if changed:
+            await asyncio.to_thread(_record_versions, self.engine, changed)
+            for flow in changed:
+                log.info("flow %s reloaded (version %s)", flow.name, flow.version)
+        for name in sorted(set(before) - set(self.registry.flows)):
+            log.info("flow %s removed", name)
+        await self._leases()
+        if self._watch_folders() != self._folders:
+            self._watch_restart.set()
+
+
+def _record_versions(engine: Engine, flows: list[Any]) -> None:
+    with engine.begin() as conn:
+        for flow in flows:
+            store.record_version(conn, flow)
+
+
+async def _relay(out: asyncio.Event, *events: asyncio.Event) -> None:
+    await first_of(*(e.wait() for e in events))
+    out.set()

@@ -1,0 +1,150 @@
+"""Rules: turn stored sensor events into actions, each event exactly once.
+
+For each pending event (``handled_at IS NULL``), in one transaction: claim it with
+``UPDATE events SET handled_at=now WHERE id=? AND handled_at IS NULL`` (another daemon that
+got there first makes the rowcount 0 and the event is skipped), run every rule of the
+event's flow whose ``when`` is the event's sensor and whose ``match`` regexes all
+``re.search`` the event's fields, and write what was done to ``events.action``. A crash
+before the commit undoes the claim and the actions together; nothing is lost or doubled.
+
+Each rule runs in a savepoint: a rule that fails (a template naming a missing event field,
+an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, update
+
+from .. import commands, lifecycle, store
+from ..errors import IllegalMove, UserError
+from ..models import events
+from ..templating import render
+from .base import log
+
+#: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
+#: "every csv_ingest instance" does not log a refusal for each finished one.
+_ACTIONABLE = {event: sources for event, sources, _ in lifecycle.TABLE}
+
+#: Errors of a rule that are the flow author's, not the database's: recorded, not retried.
+RULE_ERRORS = (UserError, IllegalMove, KeyError, ValueError, LookupError, re.error)
+
+
+def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
+    """True when every ``field -> regex`` of ``patterns`` ``re.search``-es ``payload[field]``
+    (as text; a missing field or ``None`` does not match)."""
+    for field, pattern in (patterns or {}).items():
+        value = payload.get(field)
+        if value is None or not re.search(pattern, str(value)):
+            return False
+    return True
+
+
+class RuleEngine:
+    """Handles pending events in batches.
+
+    Args:
+        engine: the database.
+        registry: the ``FlowRegistry`` (``.flows: dict[str, CompiledFlow]``, ``.get(name)``).
+        batch: events handled per transaction.
+    """
+
+    def __init__(self, engine: Engine, registry: Any, *, batch: int = 100) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.batch = batch
+
+    def handle_pending(self) -> tuple[int, int]:
+        """Handle up to ``batch`` pending events in one transaction (blocking).
+
+        Returns:
+            ``(events seen, actions taken)``; fewer than ``batch`` seen means none are left.
+        """
+        at = time.time()
+        acted = 0
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(events.c.id, events.c.sensor, events.c.payload)
+                .where(events.c.handled_at.is_(None))
+                .order_by(events.c.id)
+                .limit(self.batch)
+            ).all()
+            for event_id, sensor, payload in rows:
+                claimed = conn.execute(
+                    update(events)
+                    .where(events.c.id == event_id, events.c.handled_at.is_(None))
+                    .values(handled_at=at)
+                ).rowcount
+                if not claimed:
+                    continue
+                texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
+                acted += n
+                conn.execute(
+                    update(events).where(events.c.id == event_id).values(action="; ".join(texts))
+                )
+        return len(rows), acted
+
+    def _apply_rules(
+        self, conn: Connection, event_id: int, sensor: str, payload: dict[str, Any]
+    ) -> tuple[list[str], int]:
+        flow_name, _, sensor_name = sensor.partition(".")
+        flow = self.registry.flows.get(flow_name)
+        if flow is None:
+            return [f"no rule: flow {flow_name} is not loaded"], 0
+        texts: list[str] = []
+        acted = 0
+        for number, rule in enumerate(flow.rules, 1):
+            if rule.when != sensor_name or not matches(rule.match, payload):
+                continue
+            source = f"rule:{flow.name}#{number}"
+            savepoint = conn.begin_nested()
+            try:
+                text, n = self._act(conn, flow, rule, event_id, payload, source)
+            except RULE_ERRORS as exc:
+                savepoint.rollback()
+                text = f"{source} error: {exc}"
+                log.warning("event %d (%s): %s", event_id, sensor, text)
+            else:
+                savepoint.commit()
+                acted += n
+            texts.append(text)
+        return texts or ["no rule matched"], acted
+
+    def _act(
+        self,
+        conn: Connection,
+        flow: Any,
+        rule: Any,
+        event_id: int,
+        payload: dict[str, Any],
+        source: str,
+    ) -> tuple[str, int]:
+        """Run one rule's action inside the caller's transaction: (text, actions taken)."""
+        if rule.start is not None:
+            target = self.registry.get(rule.start)
+            context = {"event": payload, "data": dict(target.data or {})}
+            data = {k: render(v, context) for k, v in (rule.data or {}).items()}
+            iid = store.create_instance(conn, target, data, event_id=event_id)
+            return f"started {target.name} instance {iid}", 1
+        for command in ("send", "pause", "resume", "kill"):
+            selector = getattr(rule, command)
+            if selector is None:
+                continue
+            target_flow = selector.flow or flow.name
+            ids = commands.select_ids(
+                conn,
+                flow=target_flow,
+                state=selector.state,
+                status=_ACTIONABLE[command],
+                data_match=selector.data,
+            )
+            event = getattr(selector, "event", None) if command == "send" else None
+            results = commands.apply(conn, ids, command, event=event, source=source)
+            ok = sum(r.ok for r in results)
+            what = f"{command} {event}" if event else command
+            return f"{what}: {ok} of {len(ids)} {target_flow} instances", ok
+        raise ValueError(f"{source} has no action")

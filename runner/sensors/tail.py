@@ -1,0 +1,241 @@
+"""The ``tail`` sensor: follow a log file by a byte offset stored in the database.
+
+Only whole lines count (a line without its ``\\n`` waits). Each line matching ``match``
+(``re.search``; every line when there is no ``match``) is one event whose payload is the
+named groups plus ``line`` (without the newline) and ``file`` (the configured path).
+
+The cursor (``sensors.cursor``) is ``{"dev", "ino", "gen", "offset", "last"}``: the file's
+identity, a generation bumped at every rotation or truncation, the offset just after the
+last consumed line, and the hex of up to 64 bytes before that offset (a fingerprint). Events
+and the cursor are written in ONE transaction. The event key is ``"dev:ino:gen:offset"`` of
+the line's first byte, so a restart or a second daemon never stores a line twice.
+
+Rotation:
+
+* rename + new file: the old file is finished first through its open descriptor (or, after
+  a restart, found again by its inode among its siblings), then the new file is read from 0;
+* copytruncate: detected by a size below the offset or a changed fingerprint; the unread
+  rest is taken from the copy (a sibling whose bytes before the offset match the
+  fingerprint), then the truncated file is read from 0. Lines written between the copy and
+  the truncation exist in neither file and cannot be recovered by anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .base import Sensor, log
+from .events import load_cursor
+
+#: Fallback poll interval in seconds (the watcher normally wakes the sensor at once).
+POLL = 1.0
+CHUNK = 1 << 20
+FINGERPRINT = 64
+
+
+class TailSensor(Sensor):
+    """Follow ``spec.tail.path`` (relative to the flow file's folder); see the module doc."""
+
+    def __init__(self, *args: Any, poll: float = POLL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.path = self.resolve(self.spec.tail.path)
+        self.regex = re.compile(self.spec.tail.match) if self.spec.tail.match else None
+        self.poll = poll
+        self._fd: int | None = None
+        self._dev = self._ino = 0
+        self._gen = 0
+        self._offset = 0
+        self._last = b""
+
+    def folders(self) -> list[Path]:
+        return [self.path.parent]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            cursor = await asyncio.to_thread(self._load)
+            await self._resume(cursor)
+            await self._follow()
+            self.started.set()
+            while not stop.is_set():
+                await self._wait(stop, self.poll)
+                await self._follow()
+        finally:
+            self._close()
+
+    # -- state ------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, Any]:
+        return load_cursor(self.engine, self.name)
+
+    def _cursor(self) -> dict[str, Any]:
+        return {
+            "dev": self._dev,
+            "ino": self._ino,
+            "gen": self._gen,
+            "offset": self._offset,
+            "last": self._last.hex(),
+        }
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self, path: Path | str) -> bool:
+        """Open ``path`` as the followed file at offset 0 with a new generation."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
+        self._close()
+        st = os.fstat(fd)
+        self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
+        self._gen += 1
+        self._offset, self._last = 0, b""
+        return True
+
+    async def _resume(self, cursor: dict[str, Any]) -> None:
+        """Continue where the cursor left off, finishing a file rotated while we were down."""
+        if not cursor:
+            self._open(self.path)
+            await self.store([], self._cursor())
+            return
+        self._dev, self._ino = cursor.get("dev", 0), cursor.get("ino", 0)
+        self._gen, self._offset = cursor.get("gen", 0), cursor.get("offset", 0)
+        self._last = bytes.fromhex(cursor.get("last", ""))
+        old = self._find(lambda p, st: (st.st_dev, st.st_ino) == (self._dev, self._ino))
+        if old is not None:
+            self._fd = os.open(old, os.O_RDONLY)
+        elif self._open(self.path):
+            await self.store([], self._cursor())
+
+    def _find(self, accept: Any) -> str | None:
+        """The followed path or a sibling (``app.log.1``, ...) for which ``accept(path,
+        stat)`` holds; the configured path first, then the most recently modified."""
+        names = [self.path]
+        try:
+            siblings = [
+                Path(e.path)
+                for e in os.scandir(self.path.parent)
+                if e.name.startswith(self.path.name) and e.name != self.path.name
+            ]
+        except OSError:
+            siblings = []
+        found = []
+        for p in names + siblings:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            if accept(p, st):
+                found.append((p != self.path, -st.st_mtime_ns, str(p)))
+        return min(found)[2] if found else None
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _truncated(self) -> bool:
+        """True when the open file no longer holds what we consumed (copytruncate)."""
+        assert self._fd is not None
+        if os.fstat(self._fd).st_size < self._offset:
+            return True
+        return self._fingerprint_differs(self._fd)
+
+    def _fingerprint_differs(self, fd: int) -> bool:
+        """True when the bytes before the offset in ``fd`` differ from the fingerprint."""
+        if not self._last:
+            return False
+        n = len(self._last)
+        return os.pread(fd, n, self._offset - n) != self._last
+
+    async def _follow(self) -> None:
+        """Read everything new; handle truncation and rotation; store events + cursor."""
+        if self._fd is None:
+            if not self._open(self.path):
+                return
+            await self.store([], self._cursor())
+        if await asyncio.to_thread(self._truncated):
+            await self._from_copy()
+            self._gen += 1
+            self._offset, self._last = 0, b""
+            log.info("sensor %s: %s was truncated; reading it from the start", self.name, self.path)
+        await self._drain(self._fd)
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return  # rotated away, the new file is not there yet: keep the old descriptor
+        if (st.st_dev, st.st_ino) != (self._dev, self._ino):
+            await self._drain(self._fd)  # the old file's last lines, by its descriptor
+            log.info("sensor %s: %s was rotated; following the new file", self.name, self.path)
+            if self._open(self.path):
+                await self.store([], self._cursor())
+                await self._drain(self._fd)
+
+    async def _from_copy(self) -> None:
+        """After a copytruncate, read the unread rest of the old content from its copy."""
+        if not self._offset:
+            return
+
+        def is_copy(p: Path, st: os.stat_result) -> bool:
+            if p == self.path or st.st_size <= self._offset:
+                return False
+            with open(p, "rb") as f:
+                n = len(self._last)
+                f.seek(self._offset - n)
+                return f.read(n) == self._last
+
+        copy = await asyncio.to_thread(self._find, is_copy)
+        if copy is None:
+            log.warning(
+                "sensor %s: %s was truncated and its copy not found; lines written "
+                "since offset %d are lost",
+                self.name,
+                self.path,
+                self._offset,
+            )
+            return
+        fd = os.open(copy, os.O_RDONLY)
+        try:
+            await self._drain(fd)
+        finally:
+            os.close(fd)
+
+    async def _drain(self, fd: int | None) -> None:
+        """Consume whole lines of ``fd`` from the offset to its end, chunk by chunk."""
+        while fd is not None:
+            rows, used, last = await asyncio.to_thread(self._read, fd)
+            if not used:
+                return
+            self._offset += used
+            self._last = last
+            await self.store(rows, self._cursor())
+
+    def _read(self, fd: int) -> tuple[list[tuple[str, dict[str, Any]]], int, bytes]:
+        """Parse whole lines from the offset: (events, bytes consumed, new fingerprint)."""
+        size = CHUNK
+        while True:
+            data = os.pread(fd, size, self._offset)
+            end = data.rfind(b"\n") + 1
+            if end or len(data) < size:
+                break
+            size *= 2  # one line longer than the chunk
+        if not end:
+            return [], 0, self._last
+        rows = []
+        start = 0
+        while start < end:
+            stop = data.index(b"\n", start) + 1
+            text = data[start : stop - 1].decode("utf-8", "replace").rstrip("\r")
+            m = self.regex.search(text) if self.regex else None
+            if m is not None or self.regex is None:
+                payload = dict(m.groupdict()) if m else {}
+                payload.update(line=text, file=str(self.path))
+                key = f"{self._dev}:{self._ino}:{self._gen}:{self._offset + start}"
+                rows.append((key, payload))
+            start = stop
+        last = (self._last + data[:end])[-FINGERPRINT:]
+        return rows, end, last

@@ -1,0 +1,126 @@
+"""Placeholders in ``exec`` arguments and rule data: ``{data.path}``, ``{event.code}``.
+
+A placeholder is a dotted path of keys into nested dicts, nothing else: no attribute
+access, no indexing, no format specs or conversions, no expressions. ``{{`` and ``}}``
+are literal braces. The result of :func:`render` is meant to be ONE argv element (or
+one data value); it is never interpreted further (no shell, no second formatting
+pass), so a value such as ``$(touch pwned)`` comes out verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*$")
+
+# A parsed template: literal strings and placeholder paths (tuples of keys).
+_Part = str | tuple[str, ...]
+
+_EXPECTED_PLACEHOLDER = (
+    "expected a dotted key path such as {data.path} or {event.code} (no indexing, "
+    "attributes, format specs or expressions; use '{{' and '}}' for literal braces)"
+)
+
+
+@lru_cache(maxsize=4096)
+def _parse(template: str) -> tuple[_Part, ...]:
+    parts: list[_Part] = []
+    literal: list[str] = []
+    i, n = 0, len(template)
+    while i < n:
+        ch = template[i]
+        if ch == "{":
+            if template.startswith("{{", i):
+                literal.append("{")
+                i += 2
+                continue
+            end = template.find("}", i + 1)
+            if end < 0:
+                raise ValueError(
+                    f"unclosed '{{' at offset {i} in {template!r} (use '{{{{' for a brace)"
+                )
+            inner = template[i + 1 : end]
+            if not _PATH.match(inner):
+                raise ValueError(
+                    f"invalid placeholder {{{inner}}} in {template!r}: " + _EXPECTED_PLACEHOLDER
+                )
+            if literal:
+                parts.append("".join(literal))
+                literal = []
+            parts.append(tuple(inner.split(".")))
+            i = end + 1
+        elif ch == "}":
+            if template.startswith("}}", i):
+                literal.append("}")
+                i += 2
+                continue
+            raise ValueError(f"single '}}' at offset {i} in {template!r} (use '}}}}' for a brace)")
+        else:
+            literal.append(ch)
+            i += 1
+    if literal:
+        parts.append("".join(literal))
+    return tuple(parts)
+
+
+def placeholders(template: str) -> list[str]:
+    """Return the dotted paths used in ``template``, in order (``["data.path", ...]``).
+
+    Raises:
+        ValueError: if the template is malformed (unbalanced braces, or a placeholder
+            that is not a plain dotted key path).
+    """
+    return [".".join(p) for p in _parse(template) if isinstance(p, tuple)]
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def lookup(context: Mapping, path: str) -> object:
+    """Return the value at dotted ``path`` (``"data.path"``) in nested mappings.
+
+    Raises:
+        KeyError: naming the full path when any key is missing or a non-mapping is crossed.
+    """
+    value: object = context
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            raise KeyError(path)
+        value = value[key]
+    return value
+
+
+def render(template: str, context: Mapping) -> str:
+    """Replace each ``{a.b.c}`` in ``template`` with the value at that key path in ``context``.
+
+    Args:
+        template: text with placeholders; ``{{``/``}}`` are literal braces.
+        context: nested dicts, e.g. ``{"data": {...}, "event": {...}}``.
+
+    Returns:
+        The rendered string. Strings are inserted verbatim; ``None`` becomes ``""``,
+        booleans ``true``/``false``, numbers ``str()``, lists/dicts compact JSON.
+
+    Raises:
+        KeyError: the dotted path of the first missing placeholder.
+        ValueError: the template is malformed.
+    """
+    out: list[str] = []
+    for part in _parse(template):
+        if isinstance(part, str):
+            out.append(part)
+        else:
+            out.append(_text(lookup(context, ".".join(part))))
+    return "".join(out)

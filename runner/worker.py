@@ -1,0 +1,472 @@
+"""The worker loop: claim due instances, run their handlers, commit the outcomes.
+
+A reconciliation loop after Takahē's Stator: there is no queue, only rows that are due.
+Each turn of the loop is one transaction that commits every finished attempt (fenced) and
+claims as many due instances as there are free slots (``--concurrency``); handlers run
+concurrently as asyncio tasks. While attempts run, their leases are renewed every third of
+the lease, and every ``fence_poll`` seconds the worker checks whether an operator command
+(pause, kill, send) or another worker took an instance away: that attempt is cancelled at
+once (process group terminated, coroutine cancelled) and recorded ``cancelled``.
+
+Shutdown (huey's consumer, Stator's runstator): :meth:`Worker.request_stop` once → stop
+claiming and let running attempts finish within ``grace`` seconds (then cancel them),
+release every lock, exit cleanly; twice → abort now: handler process groups are killed and
+the open attempts are left for the next claim to close as ``lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+
+from . import store, versions
+from .db import insert_ignore
+from .errors import UserError
+from .executor import (
+    AttemptResult,
+    Context,
+    Limits,
+    handler_env,
+    live_groups,
+    render_argv,
+    run_call,
+    run_exec,
+)
+from .models import events, workers
+from .outcomes import decide
+
+log = logging.getLogger("flowrun.worker")
+
+
+@dataclass
+class WorkerConfig:
+    """Options of one worker; every duration is in seconds.
+
+    ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
+    creating an instance, cuts it short); ``fence_poll`` how often running attempts are
+    checked for commands; ``grace`` how long a graceful stop waits for running attempts.
+    """
+
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    lease: float = 60.0
+    concurrency: int = 8
+    poll: float = 0.05
+    fence_poll: float = 0.25
+    grace: float = 30.0
+    kill_grace: float = 5.0
+    heartbeat: float = 2.0
+    exit_when_idle: bool = False
+
+
+@dataclass
+class _Running:
+    claim: store.Claim
+    task: asyncio.Task
+    cancel: asyncio.Event
+    durable: list  # [data as last stored]
+
+
+class Worker:
+    """One worker over ``engine``; ``await worker.run()`` until stopped.
+
+    ``idle_hint`` is an optional callable returning True while something outside the
+    instance table (a sensor still settling files, unhandled events) may still create
+    work; ``--exit-when-idle`` waits for it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: WorkerConfig | None = None,
+        *,
+        idle_hint: Callable[[], bool] | None = None,
+    ):
+        self.engine = engine
+        self.config = config or WorkerConfig()
+        self.idle_hint = idle_hint
+        self.running: dict[int, _Running] = {}
+        self.finished: list[tuple[_Running, AttemptResult]] = []
+        self.stats = {"claimed": 0, "committed": 0, "cancelled": 0, "lost_fence": 0}
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._abort = False
+        self._db = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
+        self._threads = ThreadPoolExecutor(
+            max(4, self.config.concurrency), thread_name_prefix="flowrun-call"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- control -----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for due work now (thread-safe)."""
+        if self._loop and self._wake:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def request_stop(self) -> str:
+        """First call: graceful stop; second: abort. Returns "graceful" or "abort"."""
+        if not self._stopping:
+            self._stopping = True
+            self.wake()
+            return "graceful"
+        self._abort = True
+        self.wake()
+        return "abort"
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._stopping
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _in_db(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    async def run(self) -> None:
+        """Run until stopped (or idle, with ``exit_when_idle``)."""
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        await self._in_db(self._register)
+        log.info(
+            "worker %s started (concurrency %d, lease %gs)",
+            cfg.worker_id,
+            cfg.concurrency,
+            cfg.lease,
+        )
+        now = time.monotonic()
+        next_renew, next_fence, next_beat, next_idle = now, now, now, now
+        grace_deadline: float | None = None
+        want_claim = True
+        try:
+            while not self._abort:
+                if self._stopping:
+                    if grace_deadline is None:
+                        grace_deadline = time.monotonic() + cfg.grace
+                        log.info(
+                            "stopping: %d attempts running, grace %gs", len(self.running), cfg.grace
+                        )
+                    if not self.running and not self.finished:
+                        break
+                    if time.monotonic() > grace_deadline:
+                        self._cancel_all("worker shutting down (grace period over)")
+                free = 0 if self._stopping else cfg.concurrency - len(self.running)
+                batch, self.finished = self.finished, []
+                claims: list[store.Claim] = []
+                if batch or (free > 0 and (want_claim or await self._in_db(self._has_due))):
+                    outcomes, cancels = self._decide(batch)
+                    claims, failed, lost = await self._in_db(self._cycle, outcomes, cancels, free)
+                    self.stats["committed"] += len(outcomes) - len(lost)
+                    self.stats["lost_fence"] += len(lost)
+                    for iid in failed:
+                        log.warning("instance %d failed: restarts spent", iid)
+                    self._start(claims)
+                want_claim = free > 0 and len(claims) == free
+                now = time.monotonic()
+                if self.running and (now >= next_fence or now >= next_renew):
+                    renew = now >= next_renew
+                    await self._check_leases(renew)
+                    next_fence = now + cfg.fence_poll
+                    if renew:
+                        next_renew = now + cfg.lease / 3
+                if now >= next_beat:
+                    await self._in_db(self._heartbeat)
+                    next_beat = now + cfg.heartbeat
+                if claims or batch or self.finished:
+                    await asyncio.sleep(0)
+                    continue
+                if cfg.exit_when_idle and not self.running and now >= next_idle:
+                    next_idle = now + 0.2
+                    if await self._in_db(self._idle):
+                        log.info("nothing runnable, due, running or pending: exiting")
+                        break
+                await self._wait(
+                    cfg.poll if not self.running else min(cfg.poll * 4, cfg.fence_poll)
+                )
+        finally:
+            await self._finish()
+
+    async def _wait(self, timeout: float) -> None:
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def _decide(self, batch):
+        outcomes, cancels = [], []
+        at = time.time()
+        for run, result in batch:
+            if result.outcome == "cancelled":
+                cancels.append((run.claim, result.error or "cancelled"))
+                continue
+            try:
+                flow = versions.compiled(self.engine, run.claim.version)
+            except UserError as exc:  # the stored definition no longer compiles
+                flow, result = None, AttemptResult("error", run.durable[0], error=str(exc))
+            if flow is None:
+                cancels.append((run.claim, result.error))
+                continue
+            outcomes.append(decide(flow, run.claim, result, run.durable[0], at))
+        return outcomes, cancels
+
+    def _cycle(self, outcomes, cancels, free):
+        """One transaction: commit finished attempts, close cancelled ones, claim more."""
+        cfg = self.config
+        with self.engine.begin() as conn:
+            lost = store.commit_outcomes(conn, cfg.worker_id, outcomes)
+            for claim, why in cancels:
+                store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt_id, why)
+            claims, failed = ([], [])
+            if free > 0:
+                claims, failed = store.claim_batch(
+                    conn, cfg.worker_id, cfg.lease, free, self._max_restarts
+                )
+        self.stats["claimed"] += len(claims)
+        self.stats["cancelled"] += len(cancels)
+        return claims, failed, lost
+
+    def _max_restarts(self, version: str, state: str) -> int:
+        try:
+            return versions.compiled(self.engine, version).states[state].policy.max_restarts
+        except (UserError, KeyError):
+            return 0
+
+    def _has_due(self) -> bool:
+        with self.engine.connect() as conn:
+            return store.has_due(conn, time.time())
+
+    def _idle(self) -> bool:
+        if self.idle_hint is not None and self.idle_hint():
+            return False
+        with self.engine.connect() as conn:
+            if store.busy_count(conn):
+                return False
+            pending = conn.execute(
+                select(events.c.id).where(events.c.handled_at.is_(None)).limit(1)
+            )
+            return pending.first() is None
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def _start(self, claims: list[store.Claim]) -> None:
+        for claim in claims:
+            cancel = asyncio.Event()
+            run = _Running(claim, None, cancel, [claim.data])  # type: ignore[arg-type]
+            if claim.lost:
+                log.warning(
+                    "instance %d: attempt lost by worker %s; restarting from its last checkpoint",
+                    claim.id,
+                    ", ".join(claim.lost),
+                )
+            run.task = asyncio.ensure_future(self._attempt(run))
+            run.task.add_done_callback(lambda t, run=run: self._done(run, t))
+            self.running[claim.id] = run
+
+    def _done(self, run: _Running, task: asyncio.Task) -> None:
+        self.running.pop(run.claim.id, None)
+        if task.cancelled():
+            result = AttemptResult("cancelled", run.durable[0], error="worker aborted")
+        elif task.exception() is not None:
+            exc = task.exception()
+            result = AttemptResult(
+                "error", run.durable[0], error=f"flowrun: {type(exc).__name__}: {exc}"
+            )
+        else:
+            result = task.result()
+        self.finished.append((run, result))
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _attempt(self, run: _Running) -> AttemptResult:
+        claim, cfg = run.claim, self.config
+        try:
+            flow = versions.compiled(self.engine, claim.version)
+        except UserError as exc:
+            return AttemptResult("error", claim.data, error=str(exc))
+        state = flow.states.get(claim.state)
+        if state is None or state.kind not in ("exec", "call"):
+            return AttemptResult(
+                "error", claim.data, error=f"state {claim.state!r} has no handler to run"
+            )
+        policy = state.policy
+        limits = Limits(policy.timeout, policy.keepalive, cfg.kill_grace)
+
+        def checkpoint(new_data: dict, values: dict) -> bool:
+            with self.engine.begin() as conn:
+                ok = store.save_checkpoint(
+                    conn, cfg.worker_id, claim.id, claim.fence, claim.attempt_id, new_data, values
+                )
+            if ok:
+                run.durable[0] = new_data
+            return ok
+
+        cwd = Path(flow.path).resolve().parent
+        if state.kind == "exec":
+            event = await self._event_payload(claim) if _uses_event(state.argv) else None
+            try:
+                argv = render_argv(state.argv, claim.data, event)
+            except KeyError as exc:
+                return AttemptResult(
+                    "error", claim.data, error=f"argv placeholder {exc} has no value"
+                )
+            env = handler_env(flow.name, claim.state, claim.id, claim.attempt, claim.data, cwd)
+            return await run_exec(
+                argv,
+                cwd=cwd,
+                env=env,
+                data=claim.data,
+                limits=limits,
+                cancel=run.cancel,
+                checkpoint=checkpoint,
+                next_state=state.next,
+            )
+        ctx = Context(
+            data=dict(claim.data),
+            instance_id=claim.id,
+            flow=flow.name,
+            state=claim.state,
+            attempt=claim.attempt,
+            _checkpoint=checkpoint,
+        )
+        return await run_call(
+            state.func,
+            ctx,
+            limits=limits,
+            cancel=run.cancel,
+            threads=self._threads,
+            next_state=state.next,
+        )
+
+    async def _event_payload(self, claim: store.Claim) -> dict | None:
+        if claim.event_id is None:
+            return None
+
+        def load():
+            with self.engine.connect() as conn:
+                q = select(events.c.payload).where(events.c.id == claim.event_id)
+                return conn.execute(q).scalar()
+
+        return await self._in_db(load)
+
+    async def _check_leases(self, renew: bool) -> None:
+        held = {iid: r.claim.fence for iid, r in self.running.items()}
+
+        def check():
+            if renew:
+                with self.engine.begin() as conn:
+                    return store.renew(conn, self.config.worker_id, held, self.config.lease)
+            with self.engine.connect() as conn:
+                return store.taken_away(conn, self.config.worker_id, held)
+
+        for iid in await self._in_db(check):
+            run = self.running.get(iid)
+            if run is not None and not run.cancel.is_set():
+                log.info(
+                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
+                )
+                run.cancel.reason = (
+                    "cancelled: the instance was paused, killed, moved or taken over"  # type: ignore[attr-defined]
+                )
+                run.cancel.set()
+
+    def _cancel_all(self, reason: str) -> None:
+        for run in self.running.values():
+            if not run.cancel.is_set():
+                run.cancel.reason = reason  # type: ignore[attr-defined]
+                run.cancel.set()
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _register(self) -> None:
+        at = time.time()
+        cfg = self.config
+        with self.engine.begin() as conn:
+            insert_ignore(
+                conn,
+                workers,
+                {
+                    "id": cfg.worker_id,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "started_at": at,
+                    "heartbeat_at": at,
+                    "running": 0,
+                },
+            )
+            conn.execute(
+                update(workers)
+                .where(workers.c.id == cfg.worker_id)
+                .values(
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    started_at=at,
+                    heartbeat_at=at,
+                    running=0,
+                    stopped_at=None,
+                )
+            )
+
+    def _heartbeat(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(workers)
+                .where(workers.c.id == self.config.worker_id)
+                .values(heartbeat_at=time.time(), running=len(self.running))
+            )
+
+    async def _finish(self) -> None:
+        if self._abort:
+            self._kill_groups()
+            log.warning(
+                "aborted: %d attempts left for the next claim to recover", len(self.running)
+            )
+            for run in self.running.values():
+                run.task.cancel()
+        else:
+            batch, self.finished = self.finished, []
+            if batch:
+                outcomes, cancels = self._decide(batch)
+                await self._in_db(self._cycle, outcomes, cancels, 0)
+
+        def close():
+            with self.engine.begin() as conn:
+                if not self._abort:
+                    store.release_all(conn, self.config.worker_id)
+                conn.execute(
+                    update(workers)
+                    .where(workers.c.id == self.config.worker_id)
+                    .values(stopped_at=time.time(), running=len(self.running))
+                )
+
+        try:
+            await self._in_db(close)
+        finally:
+            self._db.shutdown(wait=False)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped", self.config.worker_id)
+
+    def _kill_groups(self) -> None:
+        """Abort: SIGKILL every handler process group still running."""
+        for pgid in list(live_groups):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _uses_event(argv: tuple[str, ...] | None) -> bool:
+    return any("{event." in a for a in argv or ())
