@@ -102,7 +102,7 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
     iid, status = row["id"], row["status"]
     if command == "send":
         lifecycle.check(status, "send", iid)
-        flow = compiled(conn.engine, row["version"])
+        flow = compiled(conn, row["version"])
         target = flow.event_target(row["state"], event)
         values = _enter_state(flow, target, at)
         if status == "paused" and values["status"] == "runnable":
@@ -115,7 +115,7 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
     elif command in ("kill", "pause"):
         values["due_at"] = None if command == "kill" else row["due_at"]
     elif command == "retry":
-        flow = compiled(conn.engine, row["version"])
+        flow = compiled(conn, row["version"])
         values.update(
             due_at=None if flow.states[row["state"]].kind == "external" else at,
             state_errors=[],
@@ -125,7 +125,7 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
 
 
 def _resume_due(conn: Connection, row, at: float) -> float | None:
-    flow = compiled(conn.engine, row["version"])
+    flow = compiled(conn, row["version"])
     return None if flow.states[row["state"]].kind == "external" else at
 
 
@@ -149,7 +149,11 @@ def _close_orphan_attempt(conn: Connection, row, at: float) -> None:
         return  # the owner is alive: it cancels the attempt itself
     conn.execute(
         update(attempts)
-        .where(attempts.c.id == row["running_attempt"], attempts.c.outcome.is_(None))
+        .where(
+            attempts.c.instance_id == row["id"],
+            attempts.c.attempt == row["running_attempt"],
+            attempts.c.outcome.is_(None),
+        )
         .values(outcome="lost", finished_at=at, error="lost: its worker's lease had expired")
     )
     conn.execute(

@@ -136,3 +136,39 @@ def insert_ignore(conn, table, values: dict) -> None:
     else:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert
     conn.execute(dialect_insert(table).values(**values).on_conflict_do_nothing())
+
+
+class Prepared:
+    """A Core statement compiled once for one engine's dialect, run with ``executemany``.
+
+    The worker's hot statements run thousands of times a second; compiling them once and
+    handing plain tuples to the driver removes SQLAlchemy's per-row parameter processing.
+    Every parameter must be an explicit ``bindparam`` supplied in each row dict; JSON
+    values must already be adapted with :func:`json_adapter`.
+    """
+
+    def __init__(self, engine: Engine, stmt) -> None:
+        compiled = stmt.compile(dialect=engine.dialect)
+        self.sql = str(compiled)
+        self.order = compiled.positiontup if compiled.positional else None
+
+    def executemany(self, conn, rows: list[dict]) -> None:
+        """Run the statement once per row dict, in one driver call."""
+        if not rows:
+            return
+        if self.order is not None:
+            params = [tuple(r[k] for k in self.order) for r in rows]
+        else:
+            params = rows
+        conn.exec_driver_sql(self.sql, params)
+
+
+def json_adapter(engine: Engine):
+    """The function that turns a Python value into a JSON parameter for ``Prepared``."""
+    if engine.dialect.name == "postgresql":
+        from psycopg.types.json import Jsonb
+
+        return lambda v: None if v is None else Jsonb(v)
+    import json
+
+    return lambda v: None if v is None else json.dumps(v, separators=(",", ":"))

@@ -139,25 +139,67 @@ class _Watch:
         return best
 
 
-async def _supervise(
-    done: asyncio.Future, watch: _Watch, cancel: asyncio.Event
-) -> tuple[str, str | None]:
-    """Wait for ``done``, a cancel, or a deadline: ("done"|"cancelled"|"timeout", why)."""
-    cancel_wait = asyncio.ensure_future(cancel.wait())
+class Cancel:
+    """A one-shot cancel signal for one attempt, carrying the reason (cheap: no task)."""
+
+    __slots__ = ("reason", "_callbacks")
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._callbacks: list[Callable[[str], None]] = []
+
+    def is_set(self) -> bool:
+        """True once :meth:`set` was called."""
+        return self.reason is not None
+
+    def set(self, reason: str = "cancelled") -> None:
+        """Cancel the attempt (idempotent; the first reason wins)."""
+        if self.reason is None:
+            self.reason = reason
+            for cb in self._callbacks:
+                cb(reason)
+
+    def on_set(self, cb: Callable[[str], None]) -> None:
+        """Call ``cb(reason)`` when cancelled (at once if already)."""
+        if self.reason is not None:
+            cb(self.reason)
+        else:
+            self._callbacks.append(cb)
+
+
+async def _supervise(done: asyncio.Future, watch: _Watch, cancel: Cancel) -> tuple[str, str | None]:
+    """Wait for ``done``, a cancel, or a deadline: ("done"|"cancelled"|"timeout", why).
+
+    Built from callbacks and one future per attempt (no extra tasks), since it runs for
+    every attempt of every instance.
+    """
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    timer: list[asyncio.TimerHandle] = []
+
+    def stop(how: str, why: str | None) -> None:
+        if not waiter.done():
+            waiter.set_result((how, why))
+
+    def arm() -> None:
+        left, why = watch.remaining()
+        if left is None:
+            return
+        if left <= 0:
+            stop("timeout", why)
+        else:
+            timer[:] = [loop.call_later(left, arm)]
+
+    if done.done():
+        return "done", None
+    done.add_done_callback(lambda _: stop("done", None))
+    cancel.on_set(lambda reason: stop("cancelled", reason))
+    arm()
     try:
-        while True:
-            left, why = watch.remaining()
-            if left is not None and left <= 0:
-                return "timeout", why
-            await asyncio.wait(
-                {done, cancel_wait}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
-            if done.done():
-                return "done", None
-            if cancel.is_set():
-                return "cancelled", getattr(cancel, "reason", None) or "cancelled"
+        return await waiter
     finally:
-        cancel_wait.cancel()
+        for t in timer:
+            t.cancel()
 
 
 def interpreter(arg0: str) -> str:
@@ -178,7 +220,7 @@ async def run_exec(
     env: dict[str, str],
     data: dict,
     limits: Limits,
-    cancel: asyncio.Event,
+    cancel: Cancel,
     checkpoint: CheckpointFn,
     next_state: str | None,
 ) -> AttemptResult:
@@ -223,8 +265,7 @@ async def run_exec(
             ok = await asyncio.to_thread(checkpoint, dict(data), dict(value))
             if not ok:
                 state["lost"] = True
-                cancel.reason = "instance taken away during checkpoint"  # type: ignore[attr-defined]
-                cancel.set()
+                cancel.set("instance taken away during checkpoint")
 
     live_groups.add(proc.pid)
     control_task = asyncio.ensure_future(_read_control(read_fd, on_line))
@@ -314,7 +355,7 @@ async def run_call(
     ctx: Context,
     *,
     limits: Limits,
-    cancel: asyncio.Event,
+    cancel: Cancel,
     threads: Executor | None,
     next_state: str | None,
 ) -> AttemptResult:
@@ -325,10 +366,7 @@ async def run_call(
         task: asyncio.Future = asyncio.ensure_future(func(ctx))
     else:
         task = asyncio.get_running_loop().run_in_executor(threads, func, ctx)
-    if task.done():
-        how, why = "done", None
-    else:
-        how, why = await _supervise(task, watch, cancel)
+    how, why = await _supervise(task, watch, cancel)
     if how != "done":
         ctx._cancelled = True
         task.cancel()

@@ -39,6 +39,9 @@ for _event, _sources, _dest in TABLE:
     _machine.add_transition(_event, list(_sources), _dest)
 
 
+_verdicts: dict[tuple[str, str], str] = {}
+
+
 class _Probe:
     __slots__ = ("state",)
 
@@ -58,6 +61,9 @@ def check(status: str, event: str, instance_id: int | None = None) -> str:
     Raises ``IllegalMove`` with an operator-readable text, e.g.
     ``"cannot resume: instance 42 is completed"``.
     """
+    known = _verdicts.get((status, event))
+    if known is not None:
+        return known
     ev = _machine.events.get(event)
     if ev is None:
         raise IllegalMove(f"unknown command {event!r} (expected one of: {', '.join(events())})")
@@ -67,6 +73,7 @@ def check(status: str, event: str, instance_id: int | None = None) -> str:
     except MachineError:
         who = f"instance {instance_id}" if instance_id is not None else "the instance"
         raise IllegalMove(f"cannot {event}: {who} is {status}") from None
+    _verdicts[(status, event)] = probe.state  # the table never changes: ask the machine once
     return probe.state
 
 

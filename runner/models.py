@@ -38,8 +38,9 @@ class Instance(SQLModel, table=True):
     ``external`` state, or not scheduled at all). ``attempts``/``errors``/``restarts`` are
     totals over the instance's life; ``state_errors`` (error timestamps inside the error
     budget window) and ``state_restarts`` belong to the current state and reset when the
-    state changes or an operator retries. ``running_attempt`` is the id of the attempt row
-    in progress: a claim that finds it still set has found a lost attempt.
+    state changes or an operator retries. ``running_attempt`` is the number (``attempts.attempt``) of
+    the attempt in progress; an attempt row a dead worker left open is closed as ``lost`` by
+    the next claim.
     """
 
     __tablename__ = "instances"
@@ -84,7 +85,9 @@ class Attempt(SQLModel, table=True):
     """
 
     __tablename__ = "attempts"
-    __table_args__ = (Index("ix_attempts_instance", "instance_id", "id"),)
+    __table_args__ = (
+        UniqueConstraint("instance_id", "attempt", name="uq_attempts_instance_attempt"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int

@@ -39,6 +39,26 @@ def backoff_delay(backoff: Any, n: int, rand: Callable[[], float] = random.rando
     return d
 
 
+_verdicts: dict[tuple[str, str, str], str | None] = {}
+
+
+def check_move(flow: Any, source: str, target: str) -> None:
+    """``flow.check_move`` with its verdict memoised per (version, source, target).
+
+    The compiled machine of a version never changes, so its answer for a move never
+    changes either; the machine is asked once per distinct move and process.
+    """
+    key = (flow.version, source, target)
+    if key not in _verdicts:
+        try:
+            flow.check_move(source, target)
+            _verdicts[key] = None
+        except IllegalMove as exc:
+            _verdicts[key] = str(exc)
+    if _verdicts[key] is not None:
+        raise IllegalMove(_verdicts[key])
+
+
 def enter(flow: Any, target: str, at: float) -> dict:
     """Column values for entering ``target``: fresh state counters, status by kind."""
     kind = flow.states[target].kind
@@ -86,7 +106,7 @@ def decide(
     outcome, to_state, error = result.outcome, result.to_state, result.error
     if outcome == "moved":
         try:
-            flow.check_move(claim.state, to_state)
+            check_move(flow, claim.state, to_state)
         except IllegalMove as exc:
             outcome, error, to_state = "error", str(exc), None
         else:
@@ -109,7 +129,7 @@ def decide(
             )
     return Outcome(
         instance_id=claim.id,
-        attempt_id=claim.attempt_id,
+        attempt=claim.attempt,
         fence=claim.fence,
         values=values,
         attempt_values={

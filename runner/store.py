@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Float, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Float, and_, bindparam, func, insert, or_, select, update
 
-from .db import insert_ignore, skip_locked
+from .db import Prepared, insert_ignore, json_adapter, skip_locked
 from .models import attempts, flow_versions, instances
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
@@ -121,7 +121,7 @@ def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) 
 
 @dataclass
 class Claim:
-    """One claimed instance with the attempt row just opened for it."""
+    """One claimed instance with the attempt just opened for it (``attempt`` is 1-based)."""
 
     id: int
     flow: str
@@ -129,7 +129,6 @@ class Claim:
     state: str
     data: dict
     fence: int
-    attempt_id: int
     attempt: int
     errors: int
     restarts: int
@@ -151,7 +150,6 @@ _CLAIM_COLS = (
     instances.c.restarts,
     instances.c.state_errors,
     instances.c.state_restarts,
-    instances.c.running_attempt,
     instances.c.event_id,
 )
 
@@ -176,6 +174,71 @@ def next_due(conn: Connection) -> float | None:
     return conn.execute(q).scalar()
 
 
+class _Hot:
+    """The worker's hot statements, compiled once per engine (see ``db.Prepared``)."""
+
+    def __init__(self, engine: Engine):
+        self.json = json_adapter(engine)
+        self.insert_attempts = Prepared(
+            engine,
+            insert(attempts).values(
+                instance_id=bindparam("i"),
+                attempt=bindparam("a"),
+                state=bindparam("s"),
+                worker=bindparam("w"),
+                fence=bindparam("f"),
+                started_at=bindparam("t"),
+            ),
+        )
+        self.commit_instances = Prepared(
+            engine,
+            update(instances)
+            .where(
+                instances.c.id == bindparam("b_id"),
+                instances.c.locked_by == bindparam("b_worker"),
+                instances.c.fence == bindparam("b_fence"),
+            )
+            .values(
+                {
+                    **{k: bindparam(k) for k in _INSTANCE_COMMIT_KEYS if k != "state_changed"},
+                    "state_changed": func.coalesce(
+                        bindparam("state_changed", type_=Float()), instances.c.state_changed
+                    ),
+                    "locked_by": bindparam("b_none1"),
+                    "locked_until": bindparam("b_none2"),
+                    "running_attempt": bindparam("b_none3"),
+                    "updated_at": bindparam("b_at"),
+                }
+            ),
+        )
+        self.commit_attempts = Prepared(
+            engine,
+            update(attempts)
+            .where(
+                attempts.c.instance_id == bindparam("b_id"),
+                attempts.c.attempt == bindparam("b_attempt"),
+            )
+            .values(
+                finished_at=bindparam("b_at"),
+                outcome=bindparam("outcome"),
+                to_state=bindparam("to_state"),
+                error=bindparam("error"),
+                checkpoint=bindparam("checkpoint"),
+            ),
+        )
+
+
+_hot: dict[int, _Hot] = {}
+
+
+def _hot_for(conn: Connection) -> _Hot:
+    engine = conn.engine
+    hot = _hot.get(id(engine))
+    if hot is None:
+        hot = _hot[id(engine)] = _Hot(engine)
+    return hot
+
+
 def claim_batch(
     conn: Connection,
     worker_id: str,
@@ -195,7 +258,10 @@ def claim_batch(
         at: the current time (epoch seconds); defaults to now.
 
     Returns ``(claims, failed_ids)``: the claims to run, and the ids of instances whose
-    lost attempt spent their last restart (now ``failed``, lock released).
+    lost attempt spent their last restart (now ``failed``, lock released). An attempt row
+    still open when its instance is claimed was lost by a dead worker: it is closed as
+    ``lost`` and counts one restart (majordomo); the new attempt starts from the data as
+    last checkpointed.
     """
     at = now() if at is None else at
     inner = select(instances.c.id).where(_due_clause(at)).order_by(instances.c.due_at).limit(limit)
@@ -209,127 +275,91 @@ def claim_batch(
             locked_until=at + lease,
             fence=instances.c.fence + 1,
             status="runnable",
+            attempts=instances.c.attempts + 1,
+            running_attempt=instances.c.attempts + 1,
             state_attempted=at,
             updated_at=at,
         )
         .returning(*_CLAIM_COLS)
     )
-    rows = conn.execute(stmt).mappings().all()
+    rows = conn.execute(stmt).all()
     if not rows:
         return [], []
-    lost_ids = [r["running_attempt"] for r in rows if r["running_attempt"] is not None]
-    lost_workers: dict[int, str] = {}
-    if lost_ids:
-        q = select(attempts.c.id, attempts.c.worker).where(attempts.c.id.in_(lost_ids))
-        lost_workers = {a: w for a, w in conn.execute(q)}
+    claims = [
+        Claim(
+            id=r.id,
+            flow=r.flow,
+            version=r.version,
+            state=r.state,
+            data=r.data or {},
+            fence=r.fence,
+            attempt=r.attempts,
+            errors=r.errors,
+            restarts=r.restarts,
+            state_errors=list(r.state_errors or []),
+            state_restarts=r.state_restarts,
+            event_id=r.event_id,
+        )
+        for r in rows
+    ]
+    failed = _close_lost(conn, claims, max_restarts_of, at)
+    if failed:
+        dead = set(failed)
+        claims = [c for c in claims if c.id not in dead]
+    _hot_for(conn).insert_attempts.executemany(
+        conn,
+        [
+            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
+            for c in claims
+        ],
+    )
+    return claims, failed
+
+
+def _close_lost(conn: Connection, claims: list[Claim], max_restarts_of, at: float) -> list[int]:
+    """Close attempts left open by dead workers; returns ids that spent their restarts."""
+    by_id = {c.id: c for c in claims}
+    open_rows = conn.execute(
+        select(attempts.c.instance_id, attempts.c.attempt, attempts.c.worker).where(
+            attempts.c.instance_id.in_(list(by_id)), attempts.c.outcome.is_(None)
+        )
+    ).all()
+    failed: list[int] = []
+    for iid, number, who in open_rows:
         conn.execute(
             update(attempts)
-            .where(attempts.c.id.in_(lost_ids), attempts.c.outcome.is_(None))
-            .values(outcome="lost", finished_at=at),
-        )
-        for a in lost_ids:
-            who = lost_workers.get(a, "?")
-            conn.execute(
-                update(attempts)
-                .where(attempts.c.id == a, attempts.c.error.is_(None))
-                .values(error=f"lost: worker {who} stopped renewing its lease mid-attempt")
-            )
-    claims: list[Claim] = []
-    failed: list[dict] = []
-    for r in rows:
-        restarts, state_restarts = r["restarts"], r["state_restarts"]
-        lost: list[str] = []
-        if r["running_attempt"] is not None:
-            restarts += 1
-            state_restarts += 1
-            lost.append(lost_workers.get(r["running_attempt"], "?"))
-            allowed = max_restarts_of(r["version"], r["state"])
-            if state_restarts > allowed:
-                failed.append(
-                    {
-                        "b_id": r["id"],
-                        "b_fence": r["fence"],
-                        "restarts": restarts,
-                        "state_restarts": state_restarts,
-                        "last_error": (
-                            f"restarts spent: {state_restarts} lost attempts in state "
-                            f"{r['state']!r} (max_restarts {allowed})"
-                        ),
-                    }
-                )
-                continue
-        claims.append(
-            Claim(
-                id=r["id"],
-                flow=r["flow"],
-                version=r["version"],
-                state=r["state"],
-                data=r["data"] or {},
-                fence=r["fence"],
-                attempt_id=0,
-                attempt=r["attempts"] + 1,
-                errors=r["errors"],
-                restarts=restarts,
-                state_errors=list(r["state_errors"] or []),
-                state_restarts=state_restarts,
-                event_id=r["event_id"],
-                lost=lost,
-            )
-        )
-    if failed:
-        conn.execute(
-            update(instances)
-            .where(instances.c.id == bindparam("b_id"), instances.c.fence == bindparam("b_fence"))
+            .where(attempts.c.instance_id == iid, attempts.c.attempt == number)
             .values(
+                outcome="lost",
+                finished_at=at,
+                error=f"lost: worker {who} stopped renewing its lease mid-attempt",
+            )
+        )
+        c = by_id[iid]
+        c.restarts += 1
+        c.state_restarts += 1
+        c.lost.append(who)
+    for c in claims:
+        if not c.lost:
+            continue
+        allowed = max_restarts_of(c.version, c.state)
+        values: dict = {"restarts": c.restarts, "state_restarts": c.state_restarts}
+        if c.state_restarts > allowed:
+            failed.append(c.id)
+            values.update(
                 status="failed",
                 due_at=None,
                 locked_by=None,
                 locked_until=None,
                 running_attempt=None,
-                restarts=bindparam("restarts"),
-                state_restarts=bindparam("state_restarts"),
-                last_error=bindparam("last_error"),
-            ),
-            failed,
-        )
-    if claims:
-        new_rows = [
-            {
-                "instance_id": c.id,
-                "attempt": c.attempt,
-                "state": c.state,
-                "worker": worker_id,
-                "fence": c.fence,
-                "started_at": at,
-            }
-            for c in claims
-        ]
-        ids = conn.execute(
-            insert(attempts).returning(attempts.c.id, sort_by_parameter_order=True), new_rows
-        ).scalars()
-        for c, attempt_id in zip(claims, ids, strict=True):
-            c.attempt_id = attempt_id
-        conn.execute(
-            update(instances)
-            .where(instances.c.id == bindparam("b_id"))
-            .values(
-                running_attempt=bindparam("b_attempt"),
-                attempts=bindparam("b_attempts"),
-                restarts=bindparam("b_restarts"),
-                state_restarts=bindparam("b_state_restarts"),
-            ),
-            [
-                {
-                    "b_id": c.id,
-                    "b_attempt": c.attempt_id,
-                    "b_attempts": c.attempt,
-                    "b_restarts": c.restarts,
-                    "b_state_restarts": c.state_restarts,
-                }
-                for c in claims
-            ],
-        )
-    return claims, [f["b_id"] for f in failed]
+                attempts=instances.c.attempts - 1,
+                last_error=(
+                    f"restarts spent: {c.state_restarts} lost attempts in state "
+                    f"{c.state!r} (max_restarts {allowed})"
+                ),
+            )
+        conn.execute(update(instances).where(instances.c.id == c.id).values(**values))
+    return failed
 
 
 def renew(
@@ -373,7 +403,7 @@ class Outcome:
     """
 
     instance_id: int
-    attempt_id: int
+    attempt: int
     fence: int
     values: dict
     attempt_values: dict
@@ -391,6 +421,7 @@ _INSTANCE_COMMIT_KEYS = (
     "last_error",
     "state_changed",
 )
+_JSON_KEYS = ("data", "state_errors")
 
 
 def commit_outcomes(
@@ -405,67 +436,49 @@ def commit_outcomes(
     if not outcomes:
         return []
     at = now() if at is None else at
-    held = {o.instance_id: o.fence for o in outcomes}
     q = select(instances.c.id, instances.c.fence).where(
-        instances.c.id.in_(list(held)), instances.c.locked_by == worker_id
+        instances.c.id.in_([o.instance_id for o in outcomes]), instances.c.locked_by == worker_id
     )
     if skip_locked(conn.engine):
         q = q.with_for_update()
     current = dict(conn.execute(q).all())
     good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
     lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
-    if good:
-        conn.execute(
-            update(instances)
-            .where(
-                instances.c.id == bindparam("b_id"),
-                instances.c.locked_by == worker_id,
-                instances.c.fence == bindparam("b_fence"),
-            )
-            .values(
-                {
-                    **{k: bindparam(k) for k in _INSTANCE_COMMIT_KEYS if k != "state_changed"},
-                    "state_changed": func.coalesce(
-                        bindparam("state_changed", type_=Float()), instances.c.state_changed
-                    ),
-                    "locked_by": None,
-                    "locked_until": None,
-                    "running_attempt": None,
-                    "updated_at": at,
-                }
-            ),
-            [
-                {
-                    "b_id": o.instance_id,
-                    "b_fence": o.fence,
-                    **{k: o.values[k] for k in _INSTANCE_COMMIT_KEYS},
-                }
-                for o in good
-            ],
+    hot = _hot_for(conn)
+    js = hot.json
+    rows = []
+    for o in good:
+        row = {k: o.values[k] for k in _INSTANCE_COMMIT_KEYS}
+        for k in _JSON_KEYS:
+            row[k] = js(row[k])
+        row.update(
+            b_id=o.instance_id,
+            b_worker=worker_id,
+            b_fence=o.fence,
+            b_at=at,
+            b_none1=None,
+            b_none2=None,
+            b_none3=None,
         )
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.id == bindparam("b_id"))
-            .values(
-                finished_at=at,
-                outcome=bindparam("outcome"),
-                to_state=bindparam("to_state"),
-                error=bindparam("error"),
-                checkpoint=bindparam("checkpoint"),
-            ),
-            [
-                {
-                    "b_id": o.attempt_id,
-                    "outcome": o.attempt_values.get("outcome"),
-                    "to_state": o.attempt_values.get("to_state"),
-                    "error": o.attempt_values.get("error"),
-                    "checkpoint": o.attempt_values.get("checkpoint"),
-                }
-                for o in good
-            ],
-        )
+        rows.append(row)
+    hot.commit_instances.executemany(conn, rows)
+    hot.commit_attempts.executemany(
+        conn,
+        [
+            {
+                "b_id": o.instance_id,
+                "b_attempt": o.attempt,
+                "b_at": at,
+                "outcome": o.attempt_values.get("outcome"),
+                "to_state": o.attempt_values.get("to_state"),
+                "error": o.attempt_values.get("error"),
+                "checkpoint": js(o.attempt_values.get("checkpoint")),
+            }
+            for o in good
+        ],
+    )
     for o in lost:
-        cancel_attempt(conn, worker_id, o.instance_id, o.attempt_id, "lease or fence lost", at=at)
+        cancel_attempt(conn, worker_id, o.instance_id, o.attempt, "lease or fence lost", at=at)
     return [o.instance_id for o in lost]
 
 
@@ -473,7 +486,7 @@ def cancel_attempt(
     conn: Connection,
     worker_id: str,
     instance_id: int,
-    attempt_id: int,
+    attempt: int,
     reason: str,
     *,
     outcome: str = "cancelled",
@@ -487,7 +500,11 @@ def cancel_attempt(
     at = now() if at is None else at
     conn.execute(
         update(attempts)
-        .where(attempts.c.id == attempt_id, attempts.c.outcome.is_(None))
+        .where(
+            attempts.c.instance_id == instance_id,
+            attempts.c.attempt == attempt,
+            attempts.c.outcome.is_(None),
+        )
         .values(outcome=outcome, finished_at=at, error=reason)
     )
     conn.execute(
@@ -495,7 +512,7 @@ def cancel_attempt(
         .where(
             instances.c.id == instance_id,
             instances.c.locked_by == worker_id,
-            instances.c.running_attempt == attempt_id,
+            instances.c.running_attempt == attempt,
         )
         .values(locked_by=None, locked_until=None, running_attempt=None, updated_at=at)
     )
@@ -506,7 +523,7 @@ def save_checkpoint(
     worker_id: str,
     instance_id: int,
     fence: int,
-    attempt_id: int,
+    attempt: int,
     data: dict,
     checkpoint: dict,
 ) -> bool:
@@ -526,7 +543,11 @@ def save_checkpoint(
     )
     if res.rowcount != 1:
         return False
-    conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(checkpoint=checkpoint))
+    conn.execute(
+        update(attempts)
+        .where(attempts.c.instance_id == instance_id, attempts.c.attempt == attempt)
+        .values(checkpoint=checkpoint)
+    )
     return True
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 
 from .errors import FlowErrors, UserError
 from .models import flow_versions
@@ -23,8 +23,11 @@ def remember(flow: Any) -> None:
     _cache[flow.version] = flow
 
 
-def compiled(engine: Engine, version: str) -> Any:
+def compiled(bind: Engine | Connection, version: str) -> Any:
     """Return the ``CompiledFlow`` of ``version``.
+
+    ``bind`` is an engine, or the connection of a transaction in progress (a SQLite
+    write transaction must not open a second connection: it would wait on itself).
 
     Raises ``UserError`` when the version is not stored or no longer compiles (for
     example, its ``call`` module was deleted); the message names the flow file.
@@ -38,12 +41,14 @@ def compiled(engine: Engine, version: str) -> Any:
             return flow
         from .compiler import compile_source
 
-        with engine.connect() as conn:
-            row = conn.execute(
-                select(flow_versions.c.source, flow_versions.c.path).where(
-                    flow_versions.c.version == version
-                )
-            ).first()
+        q = select(flow_versions.c.source, flow_versions.c.path).where(
+            flow_versions.c.version == version
+        )
+        if isinstance(bind, Connection):
+            row = bind.execute(q).first()
+        else:
+            with bind.connect() as conn:
+                row = conn.execute(q).first()
         if row is None:
             raise UserError(f"flow version {version} is not stored in the database", 2)
         try:

@@ -17,6 +17,7 @@ the open attempts are left for the next claim to close as ``lost``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from .db import insert_ignore
 from .errors import UserError
 from .executor import (
     AttemptResult,
+    Cancel,
     Context,
     Limits,
     handler_env,
@@ -73,7 +75,7 @@ class WorkerConfig:
 class _Running:
     claim: store.Claim
     task: asyncio.Task
-    cancel: asyncio.Event
+    cancel: Cancel
     durable: list  # [data as last stored]
 
 
@@ -229,21 +231,15 @@ class Worker:
         with self.engine.begin() as conn:
             lost = store.commit_outcomes(conn, cfg.worker_id, outcomes)
             for claim, why in cancels:
-                store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt_id, why)
+                store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt, why)
             claims, failed = ([], [])
             if free > 0:
                 claims, failed = store.claim_batch(
-                    conn, cfg.worker_id, cfg.lease, free, self._max_restarts
+                    conn, cfg.worker_id, cfg.lease, free, lambda v, s: _max_restarts(conn, v, s)
                 )
         self.stats["claimed"] += len(claims)
         self.stats["cancelled"] += len(cancels)
         return claims, failed, lost
-
-    def _max_restarts(self, version: str, state: str) -> int:
-        try:
-            return versions.compiled(self.engine, version).states[state].policy.max_restarts
-        except (UserError, KeyError):
-            return 0
 
     def _has_due(self) -> bool:
         with self.engine.connect() as conn:
@@ -264,8 +260,7 @@ class Worker:
 
     def _start(self, claims: list[store.Claim]) -> None:
         for claim in claims:
-            cancel = asyncio.Event()
-            run = _Running(claim, None, cancel, [claim.data])  # type: ignore[arg-type]
+            run = _Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
             if claim.lost:
                 log.warning(
                     "instance %d: attempt lost by worker %s; restarting from its last checkpoint",
@@ -308,13 +303,13 @@ class Worker:
         def checkpoint(new_data: dict, values: dict) -> bool:
             with self.engine.begin() as conn:
                 ok = store.save_checkpoint(
-                    conn, cfg.worker_id, claim.id, claim.fence, claim.attempt_id, new_data, values
+                    conn, cfg.worker_id, claim.id, claim.fence, claim.attempt, new_data, values
                 )
             if ok:
                 run.durable[0] = new_data
             return ok
 
-        cwd = Path(flow.path).resolve().parent
+        cwd = _flow_dir(flow.path)
         if state.kind == "exec":
             event = await self._event_payload(claim) if _uses_event(state.argv) else None
             try:
@@ -385,9 +380,7 @@ class Worker:
 
     def _cancel_all(self, reason: str) -> None:
         for run in self.running.values():
-            if not run.cancel.is_set():
-                run.cancel.reason = reason  # type: ignore[attr-defined]
-                run.cancel.set()
+            run.cancel.set(reason)
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -466,6 +459,18 @@ class Worker:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _max_restarts(conn, version: str, state: str) -> int:
+    try:
+        return versions.compiled(conn, version).states[state].policy.max_restarts
+    except (UserError, KeyError):
+        return 0
+
+
+@functools.lru_cache(maxsize=256)
+def _flow_dir(path: str) -> Path:
+    return Path(path).resolve().parent
 
 
 def _uses_event(argv: tuple[str, ...] | None) -> bool:

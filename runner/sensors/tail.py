@@ -35,6 +35,7 @@ from .events import load_cursor
 POLL = 1.0
 CHUNK = 1 << 20
 FINGERPRINT = 64
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 
 
 class TailSensor(Sensor):
@@ -92,12 +93,16 @@ class TailSensor(Sensor):
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             return False
+        self._adopt(fd)
+        return True
+
+    def _adopt(self, fd: int) -> None:
+        """Follow the open ``fd`` from offset 0 with a new generation."""
         self._close()
         st = os.fstat(fd)
         self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
         self._gen += 1
         self._offset, self._last = 0, b""
-        return True
 
     async def _resume(self, cursor: dict[str, Any]) -> None:
         """Continue where the cursor left off, finishing a file rotated while we were down."""
@@ -115,38 +120,40 @@ class TailSensor(Sensor):
             await self.store([], self._cursor())
 
     def _find(self, accept: Any) -> str | None:
-        """The followed path or a sibling (``app.log.1``, ...) for which ``accept(path,
-        stat)`` holds; the configured path first, then the most recently modified."""
-        names = [self.path]
+        """The followed path, else the most recently modified sibling (``app.log.1``, ...),
+        for which ``accept(path, stat)`` holds."""
+        found = self._find_all(accept)
+        if self.path in found:
+            return str(self.path)
+        return str(found[-1]) if found else None
+
+    def _find_all(self, accept: Any) -> list[Path]:
+        """The path and its siblings for which ``accept(path, stat)`` holds, oldest first."""
         try:
-            siblings = [
+            names = [
                 Path(e.path)
                 for e in os.scandir(self.path.parent)
-                if e.name.startswith(self.path.name) and e.name != self.path.name
+                if e.name.startswith(self.path.name)
             ]
         except OSError:
-            siblings = []
+            return []
         found = []
-        for p in names + siblings:
+        for p in names:
             try:
                 st = os.stat(p)
             except OSError:
                 continue
             if accept(p, st):
-                found.append((p != self.path, -st.st_mtime_ns, str(p)))
-        return min(found)[2] if found else None
+                found.append((st.st_mtime_ns, str(p)))
+        return [Path(p) for _, p in sorted(found)]
 
     # -- reading ----------------------------------------------------------------------
 
-    def _truncated(self) -> bool:
-        """True when the open file no longer holds what we consumed (copytruncate)."""
-        assert self._fd is not None
-        if os.fstat(self._fd).st_size < self._offset:
+    def _truncated(self, fd: int) -> bool:
+        """True when ``fd`` no longer holds what we consumed: smaller than the offset, or
+        the bytes before the offset differ from the fingerprint (copytruncate)."""
+        if os.fstat(fd).st_size < self._offset:
             return True
-        return self._fingerprint_differs(self._fd)
-
-    def _fingerprint_differs(self, fd: int) -> bool:
-        """True when the bytes before the offset in ``fd`` differ from the fingerprint."""
         if not self._last:
             return False
         n = len(self._last)
@@ -158,12 +165,11 @@ class TailSensor(Sensor):
             if not self._open(self.path):
                 return
             await self.store([], self._cursor())
-        if await asyncio.to_thread(self._truncated):
+        while not await self._drain(self._fd):
             await self._from_copy()
             self._gen += 1
             self._offset, self._last = 0, b""
             log.info("sensor %s: %s was truncated; reading it from the start", self.name, self.path)
-        await self._drain(self._fd)
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -171,7 +177,33 @@ class TailSensor(Sensor):
         if (st.st_dev, st.st_ino) != (self._dev, self._ino):
             await self._drain(self._fd)  # the old file's last lines, by its descriptor
             log.info("sensor %s: %s was rotated; following the new file", self.name, self.path)
-            if self._open(self.path):
+            try:  # open the new file first: a rotation racing us is then seen next time
+                new = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return
+            now = os.fstat(new)
+            if self._fd is not None:
+                await self._read_between(os.fstat(self._fd), {(now.st_dev, now.st_ino)})
+            self._adopt(new)
+            await self.store([], self._cursor())
+            await self._drain(self._fd)
+
+    async def _read_between(self, old: os.stat_result, skip: set[tuple[int, int]]) -> None:
+        """Read whole any rotated generation written after ``old`` (several rotations
+        between two looks), oldest first, before the current file."""
+        skip = skip | {(old.st_dev, old.st_ino)}
+
+        def newer(p: Path, st: os.stat_result) -> bool:
+            return (
+                p != self.path
+                and (st.st_dev, st.st_ino) not in skip
+                and st.st_mtime_ns >= old.st_mtime_ns
+                and not p.name.endswith(COMPRESSED)
+            )
+
+        for p in await asyncio.to_thread(self._find_all, newer):
+            if self._open(p):
+                log.info("sensor %s: reading rotated generation %s", self.name, p)
                 await self.store([], self._cursor())
                 await self._drain(self._fd)
 
@@ -181,7 +213,7 @@ class TailSensor(Sensor):
             return
 
         def is_copy(p: Path, st: os.stat_result) -> bool:
-            if p == self.path or st.st_size <= self._offset:
+            if p == self.path or st.st_size < self._offset:
                 return False
             with open(p, "rb") as f:
                 n = len(self._last)
@@ -201,24 +233,41 @@ class TailSensor(Sensor):
         fd = os.open(copy, os.O_RDONLY)
         try:
             await self._drain(fd)
+            first = os.fstat(fd)
         finally:
             os.close(fd)
+        # several truncations between two looks: later copies, oldest first
+        followed = (self._dev, self._ino)
+        await self._read_between(first, {followed})
+        if (self._dev, self._ino) != followed:
+            self._open(self.path)  # back to the truncated file, read from 0 by the caller
 
-    async def _drain(self, fd: int | None) -> None:
-        """Consume whole lines of ``fd`` from the offset to its end, chunk by chunk."""
+    async def _drain(self, fd: int | None) -> bool:
+        """Consume whole lines of ``fd`` from the offset to its end, chunk by chunk.
+
+        Returns False when it stopped because ``fd`` was truncated under it."""
         while fd is not None:
             rows, used, last = await asyncio.to_thread(self._read, fd)
+            if used is None:
+                return False
             if not used:
-                return
+                return True
             self._offset += used
             self._last = last
             await self.store(rows, self._cursor())
+        return True
 
-    def _read(self, fd: int) -> tuple[list[tuple[str, dict[str, Any]]], int, bytes]:
-        """Parse whole lines from the offset: (events, bytes consumed, new fingerprint)."""
+    def _read(self, fd: int) -> tuple[list[tuple[str, dict[str, Any]]], int | None, bytes]:
+        """Parse whole lines from the offset: (events, bytes consumed, new fingerprint);
+        bytes consumed is ``None`` when ``fd`` was truncated (checked before and after the
+        read, so a truncation racing the read is never taken for new lines)."""
         size = CHUNK
         while True:
+            if self._truncated(fd):
+                return [], None, self._last
             data = os.pread(fd, size, self._offset)
+            if self._truncated(fd):
+                return [], None, self._last
             end = data.rfind(b"\n") + 1
             if end or len(data) < size:
                 break

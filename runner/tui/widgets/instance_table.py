@@ -111,6 +111,9 @@ class InstanceTable(ScrollView, can_focus=True):
             super().__init__()
             self.instance_id = instance_id
 
+    class MarksChanged(Message):
+        """The set of marked rows changed."""
+
     class SortRequested(Message):
         """A click on a sortable column header."""
 
@@ -232,6 +235,7 @@ class InstanceTable(ScrollView, can_focus=True):
         if row is None:
             return
         self.marked.symmetric_difference_update({row.id})
+        self.post_message(self.MarksChanged())
         self.action_cursor(1)
         self.refresh()
 

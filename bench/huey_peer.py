@@ -1,0 +1,68 @@
+"""The peer of ``bench/throughput.py``: drain N no-op tasks through huey's SqliteHuey.
+
+Run as ``python bench/huey_peer.py N DB_PATH default|normal noop|fail_once``; prints one
+JSON line ``{"tasks": N, "seconds": s, "per_s": r}``. Enqueueing is not timed; the clock
+runs from the consumer's start until the N-th task has finished. 2 worker threads,
+huey's own defaults (WAL, synchronous FULL), or ``synchronous=NORMAL`` to match flowrun.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from huey import SqliteHuey
+from huey.storage import SqliteStorage
+
+
+class NormalStorage(SqliteStorage):
+    """huey's SQLite storage with ``synchronous=NORMAL`` (flowrun's setting)."""
+
+    def _create_connection(self):
+        conn = super()._create_connection()
+        conn.execute("pragma synchronous=1")
+        return conn
+
+
+def main() -> None:
+    n, path, sync, case = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    kwargs = {"storage_class": NormalStorage} if sync == "normal" else {}
+    huey = SqliteHuey("bench", filename=path, results=False, **kwargs)
+    done = [0]
+    lock = threading.Lock()
+    failed_once: set[int] = set()
+
+    @huey.task(retries=1 if case == "fail_once" else 0, retry_delay=0)
+    def task(i: int) -> None:
+        if case == "fail_once":
+            with lock:
+                first = i not in failed_once
+                failed_once.add(i)
+            if first:
+                raise RuntimeError("fail once")
+        with lock:
+            done[0] += 1
+
+    for i in range(n):
+        task(i)
+    logging.disable(logging.CRITICAL)
+    consumer = huey.create_consumer(workers=2, worker_type="thread", periodic=False)
+    start = time.perf_counter()
+
+    def watch() -> None:
+        while done[0] < n:
+            time.sleep(0.002)
+        secs = time.perf_counter() - start
+        print(json.dumps({"tasks": n, "seconds": secs, "per_s": n / secs}), flush=True)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    consumer.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Throughput: flowrun transitions/s against huey's SqliteHuey tasks/s (not a test).
+
+flowrun: N instances of a 3-state flow (two ``call`` states with no-op handlers, then a
+terminal state) drained by ONE ``flowrun --daemon --exit-when-idle`` process on a SQLite
+file; a "transition" is one committed attempt that moved an instance (2 per instance).
+The rate is transitions / (last attempt finished - first attempt started), read back from
+the attempts table; the wall time of the whole process (start-up included) is printed too.
+
+huey (the peer): the same N no-op tasks through ``SqliteHuey`` with 2 worker threads, at
+huey's defaults and again with ``synchronous=NORMAL`` to match flowrun (``huey_peer.py``).
+
+Case ``fail_once`` (issue 3): every handler/task fails on its first try and succeeds on
+the second (flowrun: backoff 0, the error is recorded and spent from the budget; huey:
+``retries=1, retry_delay=0``).
+
+    python bench/throughput.py [--n 10000] [--concurrency 64] [--case noop|fail_once|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+FLOW = """\
+flow: bench
+description: 3 states, no-op call handlers
+initial: s1
+defaults:
+  try_interval: 1s
+  backoff: {initial: 0s, factor: 1, max: 0s, jitter: none}
+states:
+  s1: {call: "bench_tasks:%(fn)s", next: s2}
+  s2: {call: "bench_tasks:%(fn)s", next: done}
+  done: {terminal: true}
+"""
+
+TASKS = '''\
+"""No-op handlers for bench/throughput.py."""
+
+
+async def noop(ctx):
+    return True
+
+
+def fail_once(ctx):
+    if ctx.attempt % 2 == 1:
+        raise RuntimeError("fail once")
+    return True
+'''
+
+
+def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
+    """Drain ``n`` instances with one daemon; returns the figures."""
+    from sqlalchemy import func, select
+
+    from runner.compiler import load_flow
+    from runner.db import make_engine
+    from runner.models import attempts
+    from runner.store import create_instances
+
+    flows = workdir / "flows"
+    flows.mkdir(parents=True)
+    (flows / "bench.yaml").write_text(FLOW % {"fn": case})
+    (flows / "bench_tasks.py").write_text(TASKS)
+    url = f"sqlite:///{workdir / 'bench.db'}"
+    engine = make_engine(url)
+    flow = load_flow(flows / "bench.yaml")
+    with engine.begin() as conn:
+        create_instances(conn, flow, [{"i": i} for i in range(n)])
+    env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle",
+         "--concurrency", str(concurrency), "--log-format", "json"],
+        check=True, env=env, cwd=workdir, stderr=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - t0
+    with engine.connect() as conn:
+        first, last = conn.execute(
+            select(func.min(attempts.c.started_at), func.max(attempts.c.finished_at))
+        ).one()
+        moved = conn.execute(
+            select(func.count()).where(attempts.c.outcome == "moved")
+        ).scalar_one()
+        total = conn.execute(select(func.count()).select_from(attempts)).scalar_one()
+    secs = last - first
+    return {"transitions": moved, "attempts": total, "seconds": secs,
+            "per_s": moved / secs, "wall": wall}
+
+
+def run_huey(n: int, sync: str, case: str, workdir: Path) -> dict:
+    """Drain ``n`` tasks through SqliteHuey in a subprocess; returns its figures."""
+    path = workdir / f"huey-{sync}.db"
+    out = subprocess.run(
+        [sys.executable, str(HERE / "huey_peer.py"), str(n), str(path), sync, case],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--case", choices=["noop", "fail_once", "both"], default="both")
+    ap.add_argument("--skip-huey", action="store_true")
+    args = ap.parse_args()
+    cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+            fr = run_flowrun(args.n, args.concurrency, case, Path(tmp))
+            print(f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} attempts) "
+                  f"in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
+                  f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})")
+            if args.skip_huey:
+                continue
+            for sync in ("default", "normal"):
+                hr = run_huey(args.n, sync, case, Path(tmp))
+                print(f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
+                      f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
+                      f"{fr['per_s'] / hr['per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

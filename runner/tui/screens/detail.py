@@ -1,0 +1,220 @@
+"""The detail of one instance: summary, error budget burning down, the flow's state graph
+with the current state marked, data and checkpoints (JSON), attempts and commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from .. import fmt
+from ..data import Detail
+from ..widgets.status_header import STATUS_STYLES
+
+
+def summary_text(d: Detail, now: float) -> Text:
+    """Id, flow, state, status, lock, counters and due time."""
+    r = d.row
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f" instance {r['id']} ", style="bold reverse")
+    t.append(f"  {r['flow']}", style="bold")
+    t.append(f"  version {r['version']}", style="dim")
+    t.append("\n state ", style="dim")
+    t.append(r["state"], style="bold")
+    t.append("  status ", style="dim")
+    t.append(r["status"], style=STATUS_STYLES.get(r["status"], ""))
+    t.append("  due ", style="dim")
+    t.append(fmt.due_in(r["due_at"], now, r["status"]) or "-")
+    t.append("  lock ", style="dim")
+    t.append(fmt.lock(r["locked_by"], r["locked_until"], now) or "-")
+    t.append("\n attempts ", style="dim")
+    t.append(str(r["attempts"]))
+    t.append("  errors ", style="dim")
+    t.append(str(r["errors"]))
+    t.append("  restarts ", style="dim")
+    t.append(f"{r['restarts']} (this state {r['state_restarts']})")
+    t.append("  in state for ", style="dim")
+    t.append(fmt.span(now - r["state_changed"]) if r["state_changed"] else "-")
+    if r.get("last_error"):
+        t.append("\n last error ", style="dim")
+        t.append(fmt.one_line(r["last_error"], 300), style="red")
+    return t
+
+
+def budget_text(d: Detail, now: float, width: int = 40) -> Text:
+    """The error budget: a burn-down bar and a timeline of errors across the window."""
+    r, pol = d.row, d.policy
+    errs = sorted(r["state_errors"] or [])
+    t = Text(no_wrap=True)
+    if pol is None:
+        t.append(f" {len(errs)} errors in this state", style="bold")
+        t.append(f"  (budget unknown: {d.flow_error or 'no policy'})", style="dim")
+        return t
+    window, max_errors = float(pol.window), int(pol.max_errors)
+    live = [e for e in errs if e >= now - window]
+    used = len(live)
+    left = max(0, max_errors - used)
+    style = "green" if used < max_errors / 2 else "yellow" if used < max_errors else "bold red"
+    t.append(" used ", style="dim")
+    t.append(fmt.bar(used, max_errors, width), style=style)
+    t.append(f" {used}/{max_errors}", style="bold")
+    t.append(f"  left {left}", style=style)
+    t.append(f"  window {fmt.span(window)}  on exhausted: {pol.on_exhausted}", style="dim")
+    cells = ["·"] * width
+    for e in live:
+        i = min(width - 1, int((e - (now - window)) / window * width))
+        cells[i] = "✖"
+    t.append("\n errors ", style="dim")
+    t.append("".join(cells), style="red")
+    t.append(f"  ← {fmt.span(window)} ago … now", style="dim")
+    if live:
+        t.append("\n next error leaves the window in ", style="dim")
+        t.append(fmt.span(live[0] + window - now))
+    return t
+
+
+def graph_text(d: Detail) -> Text:
+    """The flow's states and edges, one state a line, the current state marked ▶."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if d.flow is None:
+        t.append(f" graph unavailable: {d.flow_error or 'flow not loaded'}", style="dim")
+        return t
+    current = d.row["state"]
+    width = max((len(n) for n in d.flow.states), default=8)
+    for name, st in d.flow.states.items():
+        mark = "▶ " if name == current else "  "
+        style = "bold reverse" if name == current else ""
+        t.append(mark, style="bold yellow")
+        t.append(name.ljust(width), style=style)
+        t.append(f"  {st.kind:<9}", style="dim")
+        edges: list[str] = []
+        if st.next:
+            edges.append(f"→ {st.next}")
+        if st.to:
+            edges.append("→ " + " | ".join(st.to))
+        for ev, target in (st.on or {}).items():
+            edges.append(f"{ev} ⇢ {target}")
+        t.append("  ".join(edges))
+        if name == d.flow.initial:
+            t.append("  (initial)", style="dim")
+        t.append("\n")
+    return t
+
+
+def checkpoints_text(d: Detail) -> str:
+    """Data (JSON), then every attempt's checkpoint, newest first."""
+    parts = ["data:", fmt.pretty_json(d.row["data"])]
+    cps = [a for a in d.attempts if a.get("checkpoint") is not None]
+    if cps:
+        for a in cps[:20]:
+            parts.append(f"\ncheckpoint of attempt {a['attempt']} ({a['state']}):")
+            parts.append(fmt.pretty_json(a["checkpoint"]))
+    else:
+        parts.append("\nno checkpoints")
+    return "\n".join(parts)
+
+
+class DetailScreen(Screen):
+    """One instance, refreshed every second; ``p k r s`` act on it."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("p", "command('toggle')", "Pause/Resume"),
+        Binding("k", "command('kill')", "Kill"),
+        Binding("r", "command('retry')", "Retry"),
+        Binding("s", "command('send')", "Send"),
+    ]
+
+    def __init__(self, instance_id: int) -> None:
+        super().__init__()
+        self.instance_id = instance_id
+        self.detail: Detail | None = None
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="detail"):
+            yield Static(f"loading instance {self.instance_id}…", id="summary")
+            yield Static("", id="budget", classes="section")
+            with Horizontal(id="detail-columns"):
+                with Vertical(id="graph-box", classes="section"):
+                    yield Static("", id="graph")
+                with Vertical(id="data-box", classes="section"):
+                    yield Static("", id="data")
+            yield DataTable(id="attempts", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="commands", cursor_type="row")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#budget").border_title = "error budget"
+        self.query_one("#graph-box").border_title = "state graph"
+        self.query_one("#data-box").border_title = "data and checkpoints"
+        att = self.query_one("#attempts", DataTable)
+        att.border_title = "attempts (newest first)"
+        att.add_columns("#", "state", "worker", "started", "duration", "outcome", "to", "error")
+        cmd = self.query_one("#commands", DataTable)
+        cmd.border_title = "commands"
+        cmd.add_columns("when", "command", "source", "status", "result")
+        self.refresh_data()
+        if self.app.refresh_interval > 0:
+            self.set_interval(max(1.0, self.app.refresh_interval), self.refresh_data)
+
+    def refresh_data(self) -> None:
+        """Re-read the instance in a thread worker."""
+        self._load()
+
+    @work(thread=True, exclusive=True, group="detail")
+    def _load(self) -> None:
+        d = self.app.data.detail(self.instance_id)
+        self.app.call_from_thread(self._show, d)
+
+    def _show(self, d: Detail | None) -> None:
+        if d is None:
+            self.query_one("#summary", Static).update(f"no instance {self.instance_id}")
+            return
+        self.detail = d
+        now = self.app.clock()
+        self.query_one("#summary", Static).update(summary_text(d, now))
+        self.query_one("#budget", Static).update(budget_text(d, now))
+        self.query_one("#graph", Static).update(graph_text(d))
+        self.query_one("#data", Static).update(checkpoints_text(d))
+        att = self.query_one("#attempts", DataTable)
+        att.clear()
+        for a in d.attempts:
+            att.add_row(*self._attempt_cells(a, now))
+        cmd = self.query_one("#commands", DataTable)
+        cmd.clear()
+        for c in d.commands:
+            cmd.add_row(
+                fmt.span(now - c["created_at"]) + " ago",
+                c["command"] + (f" {c['args'].get('event')}" if c["args"].get("event") else ""),
+                c["source"],
+                c["status"],
+                fmt.one_line(c["result"], 120),
+            )
+
+    @staticmethod
+    def _attempt_cells(a: dict[str, Any], now: float) -> tuple[Any, ...]:
+        dur = (a["finished_at"] - a["started_at"]) if a["finished_at"] else now - a["started_at"]
+        outcome = a["outcome"] or "running"
+        style = {"error": "red", "timeout": "red", "lost": "yellow", "moved": "green"}.get(
+            outcome, ""
+        )
+        return (
+            str(a["attempt"]),
+            a["state"],
+            a["worker"],
+            fmt.span(now - a["started_at"]) + " ago",
+            fmt.span(dur),
+            Text(outcome, style=style),
+            a["to_state"] or "",
+            fmt.one_line(a["error"], 120),
+        )
+
+    def action_command(self, command: str) -> None:
+        """Run ``command`` on this instance."""
+        self.app.request_command(command, [self.instance_id])

@@ -1,0 +1,132 @@
+"""Modal dialogs: confirm (kill), choose one of a list (send event, filters), and help."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Ask a yes/no question; dismisses with ``True`` on ``y``/Yes."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str, *, yes: str = "Yes") -> None:
+        super().__init__()
+        self.question = question
+        self.yes = yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label(self.question, id="question")
+            with Horizontal(id="buttons"):
+                yield Button(f"{self.yes} (y)", variant="error", id="yes")
+                yield Button("No (n)", variant="primary", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, value: bool) -> None:
+        """Dismiss with ``value``."""
+        self.dismiss(value)
+
+
+class ChoiceScreen(ModalScreen[str | None]):
+    """Pick one string from ``choices``; dismisses with it, or ``None`` on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, choices: list[str], *, empty: str = "nothing to choose") -> None:
+        super().__init__()
+        self.title_text = title
+        self.choices = choices
+        self.empty = empty
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label(self.title_text, id="question")
+            if self.choices:
+                yield OptionList(*[Option(c, id=c) for c in self.choices], id="choices")
+            else:
+                yield Label(self.empty, classes="muted")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        """Dismiss without a choice."""
+        self.dismiss(None)
+
+
+#: (group, [(keys, what)]) shown by ``?``.
+KEYS: list[tuple[str, list[tuple[str, str]]]] = [
+    (
+        "Views",
+        [
+            ("1", "instances"),
+            ("2", "workers"),
+            ("3", "sensors, events and commands"),
+            ("4", "flows and versions"),
+            ("ctrl+p", "command palette (every action below)"),
+            ("?", "this help"),
+            ("q", "quit"),
+        ],
+    ),
+    (
+        "Instances",
+        [
+            ("↑ ↓ pgup pgdn", "move"),
+            ("g / G  home end", "first / last row"),
+            ("space", "mark / unmark (commands act on the marked set)"),
+            ("enter", "detail of the instance"),
+            ("/", "filter by text (id, flow, state, status, error, data)"),
+            ("f", "filter by status"),
+            ("F", "filter by flow"),
+            ("o / O", "next sort column / reverse order (or click a header)"),
+            ("escape", "clear filters, then marks"),
+        ],
+    ),
+    (
+        "Commands (selected or marked)",
+        [
+            ("p", "pause, or resume when paused"),
+            ("k", "kill (asks first)"),
+            ("r", "retry a failed instance"),
+            ("s", "send an event its state accepts"),
+        ],
+    ),
+    ("Detail", [("p k r s", "as above, on this instance"), ("escape", "back")]),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key of the console, grouped."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        text = Text()
+        for group, keys in KEYS:
+            text.append(f"{group}\n", style="bold underline")
+            for key, what in keys:
+                text.append(f"  {key:<18}", style="bold cyan")
+                text.append(f"{what}\n")
+            text.append("\n")
+        with VerticalScroll(id="dialog", classes="dialog help"):
+            yield Label("Keys", id="question")
+            yield Static(text, id="help-text")
+
+    def action_close(self) -> None:
+        """Close the help."""
+        self.dismiss(None)

@@ -1,0 +1,219 @@
+"""The main screen: status header, the virtual instances table, the text filter input.
+
+Reads run in thread workers: the page (visible window) on every tick, the counts on a
+slower adaptive cadence (they scan an index: ~60 ms at 1M rows on SQLite), never on the
+UI loop. Results are installed with ``call_from_thread``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+from textual.worker import get_current_worker
+
+from ...models import STATUSES
+from ..data import SORTS, Counts, Page, Query
+from ..widgets import InstanceTable, StatusHeader
+from .dialogs import ChoiceScreen
+
+
+class InstancesScreen(Screen):
+    """Instances, refreshed live; every command a key (see ``?``)."""
+
+    BINDINGS = [
+        Binding("p", "command('toggle')", "Pause/Resume"),
+        Binding("k", "command('kill')", "Kill"),
+        Binding("r", "command('retry')", "Retry"),
+        Binding("s", "command('send')", "Send"),
+        Binding("enter", "detail", "Detail", show=False),
+        Binding("slash", "text_filter", "Filter"),
+        Binding("f", "status_filter", "Status"),
+        Binding("F", "flow_filter", "Flow", show=False),
+        Binding("o", "sort(1)", "Sort"),
+        Binding("O", "reverse", "Reverse", show=False),
+        Binding("escape", "clear", "Clear", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts_due = 0.0
+        self._counts_every = 0.0
+        self._counting = False
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        mode = "read-only" if app.readonly else ""
+        yield StatusHeader(mode=mode, id="status-header")
+        yield InstanceTable(clock=app.clock, id="instances")
+        yield Input(placeholder="filter: text, then enter (escape cancels)", id="text-filter")
+        yield Footer()
+
+    @property
+    def table(self) -> InstanceTable:
+        """The instances table."""
+        return self.query_one(InstanceTable)
+
+    @property
+    def header(self) -> StatusHeader:
+        """The status header."""
+        return self.query_one(StatusHeader)
+
+    def on_mount(self) -> None:
+        self.query_one("#text-filter", Input).display = False
+        self.table.focus()
+        self.refresh_data(counts=True)
+        if self.app.refresh_interval > 0:
+            self.set_interval(self.app.refresh_interval, self.refresh_data)
+
+    def on_screen_resume(self) -> None:
+        self.refresh_data(counts=True)
+
+    # -- live data -----------------------------------------------------------------
+
+    def refresh_data(self, counts: bool = False) -> None:
+        """Fetch the visible page (and the counts when due) in thread workers."""
+        if not self.is_attached:
+            return
+        table = self.table
+        offset, limit = table.window()
+        self._load_page(table.query_spec(), offset, limit, table.total, table.page)
+        now = time.monotonic()
+        if (counts or now >= self._counts_due) and not self._counting:
+            self._counting = True
+            self._load_counts(table.query_spec())
+
+    @work(thread=True, exclusive=True, group="page")
+    def _load_page(
+        self, query: Query, offset: int, limit: int, total: int, anchor: Page | None
+    ) -> None:
+        data = self.app.data
+        page = data.page(query, offset, limit, total=total or None, anchor=anchor)
+        spark = data.throughput(data.clock())
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._show_page, page, spark)
+
+    def _show_page(self, page: Page, spark: list[int]) -> None:
+        self.table.set_page(page)
+        self.header.set_spark(spark)
+        if not self.table.covers_window():
+            self.refresh_data()
+
+    @work(thread=True, group="counts")
+    def _load_counts(self, query: Query) -> None:
+        try:
+            counts = self.app.data.counts(query)
+        finally:
+            self._counting = False
+        self.app.call_from_thread(self._show_counts, query, counts)
+
+    def _show_counts(self, query: Query, counts: Counts) -> None:
+        # Counts cost a scan of an index: keep them under ~10% of the time.
+        self._counts_every = max(self.app.refresh_interval, 10 * counts.elapsed)
+        self._counts_due = time.monotonic() + self._counts_every
+        if query != self.table.query_spec():
+            return
+        self.table.set_total(counts.total)
+        self.header.set_counts(counts.by_status, counts.total)
+
+    def on_instance_table_window_changed(self, _msg: InstanceTable.WindowChanged) -> None:
+        self.refresh_data()
+
+    def on_instance_table_selected(self, msg: InstanceTable.Selected) -> None:
+        self.app.open_detail(msg.instance_id)
+
+    def on_instance_table_sort_requested(self, msg: InstanceTable.SortRequested) -> None:
+        q = self.table.query_spec()
+        self.set_query(q.with_(sort=msg.sort, desc=not q.desc if q.sort == msg.sort else False))
+
+    def set_query(self, query: Query) -> None:
+        """Show ``query`` (filters/order) from the top and fetch it now."""
+        self.table.set_query(query)
+        self.header.set_query(query, len(self.table.marked))
+        self.refresh_data(counts=True)
+
+    # -- actions -------------------------------------------------------------------
+
+    def action_command(self, command: str) -> None:
+        """Run ``command`` on the marked rows, or on the row under the cursor."""
+        self.app.request_command(command, self.table.selected_ids())
+
+    def action_detail(self) -> None:
+        """Open the detail of the row under the cursor."""
+        row = self.table.cursor_row
+        if row is not None:
+            self.app.open_detail(row.id)
+
+    def action_text_filter(self) -> None:
+        """Show the text filter input."""
+        box = self.query_one("#text-filter", Input)
+        box.value = self.table.query_spec().text
+        box.display = True
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.table.focus()
+        self.set_query(self.table.query_spec().with_(text=event.value.strip()))
+
+    def on_key(self, event) -> None:
+        box = self.query_one("#text-filter", Input)
+        if event.key == "escape" and box.has_focus:
+            event.stop()
+            box.display = False
+            self.table.focus()
+
+    def action_status_filter(self) -> None:
+        """Choose a status to filter by (``all`` clears it)."""
+
+        def chosen(value: str | None) -> None:
+            if value is not None:
+                status = None if value == "all" else value
+                self.set_query(self.table.query_spec().with_(status=status))
+
+        self.app.push_screen(ChoiceScreen("Filter by status", ["all", *STATUSES]), chosen)
+
+    @work(thread=True, group="flows")
+    def action_flow_filter(self) -> None:
+        """Choose a flow to filter by (``all`` clears it)."""
+        names = self.app.data.flow_names()
+
+        def chosen(value: str | None) -> None:
+            if value is not None:
+                flow = None if value == "all" else value
+                self.set_query(self.table.query_spec().with_(flow=flow))
+
+        self.app.call_from_thread(
+            self.app.push_screen, ChoiceScreen("Filter by flow", ["all", *names]), chosen
+        )
+
+    def action_sort(self, step: int) -> None:
+        """Sort by the next column."""
+        q = self.table.query_spec()
+        i = SORTS.index(q.sort) if q.sort in SORTS else 0
+        self.set_query(q.with_(sort=SORTS[(i + step) % len(SORTS)], desc=False))
+
+    def action_reverse(self) -> None:
+        """Reverse the order."""
+        q = self.table.query_spec()
+        self.set_query(q.with_(desc=not q.desc))
+
+    def action_clear(self) -> None:
+        """Clear the filters; when there are none, clear the marks."""
+        q = self.table.query_spec()
+        if q.status or q.flow or q.text:
+            self.set_query(q.with_(status=None, flow=None, text=""))
+        elif self.table.marked:
+            self.table.marked.clear()
+            self.table.refresh()
+            self.header.set_query(q, 0)
+
+    def on_instance_table_marks_changed(self, _msg: InstanceTable.MarksChanged) -> None:
+        self.header.set_query(self.table.query_spec(), len(self.table.marked))
+
+    def on_descendant_focus(self) -> None:
+        self.header.set_query(self.table.query_spec(), len(self.table.marked))

@@ -1,0 +1,127 @@
+"""The files sensor: bursts, restarts, partial writes, reconciliation — exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
+
+FILES_FLOW = """\
+sensors:
+  inbox: {files: {path: inbox, glob: "*.txt", settle: 100ms}}
+rules:
+  - when: inbox
+    start: drop
+    data: {path: "{event.path}", size: "{event.size}"}
+"""
+
+
+def setup(tmp_path: Path, settle: str = "100ms") -> tuple[Path, Path]:
+    flows = tmp_path / "flows"
+    write_flow(flows, "drop", FILES_FLOW.replace("100ms", settle))
+    inbox = flows / "inbox"
+    inbox.mkdir()
+    return flows, inbox
+
+
+def drop(inbox: Path, name: str, body: str, *, rename: bool = False) -> None:
+    if rename:
+        tmp = inbox / f".{name}.part"
+        tmp.write_text(body)
+        os.rename(tmp, inbox / name)
+    else:
+        (inbox / name).write_text(body)
+
+
+def assert_once(engine, expected: set[str]) -> None:
+    """Every file has exactly one event and exactly one instance, nothing else."""
+    events = rows(engine, "SELECT payload, handled_at, action FROM events")
+    import json
+
+    names = [json.loads(p)["name"] for p, _, _ in events]
+    assert sorted(names) == sorted(expected)
+    assert all(h is not None and a.startswith("started drop") for _, h, a in events)
+    paths = [json.loads(d)["path"] for (d,) in rows(engine, "SELECT data FROM instances")]
+    assert sorted(os.path.basename(p) for p in paths) == sorted(expected)
+    ids = rows(engine, "SELECT event_id FROM instances WHERE event_id IS NULL")
+    assert not ids
+
+
+async def test_burst_of_2000_files_each_acted_on_once(tmp_path: Path) -> None:
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    names = {f"f{i:04d}.txt" for i in range(2000)}
+    async with running_hub(engine, flows) as hub:
+        for i, name in enumerate(sorted(names)):
+            drop(inbox, name, "x" * (i % 50), rename=i % 2 == 0)
+            if i % 200 == 0:
+                await asyncio.sleep(0)
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") >= 2000, 60)
+        await settled(hub)
+    assert_once(engine, names)
+
+
+async def test_hub_restarted_mid_burst_still_exactly_once(tmp_path: Path) -> None:
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    names = [f"g{i:04d}.txt" for i in range(1200)]
+    async with running_hub(engine, flows, "first"):
+        for i, name in enumerate(names[:600]):
+            drop(inbox, name, f"line {i}\n", rename=i % 3 == 0)
+            if i % 100 == 0:
+                await asyncio.sleep(0.01)
+        # stop while files are still being noticed/settling/handled
+    for i, name in enumerate(names[600:900]):  # dropped while no daemon runs
+        drop(inbox, name, f"line {i}\n")
+    async with running_hub(engine, flows, "second") as hub:
+        for i, name in enumerate(names[900:]):
+            drop(inbox, name, f"line {i}\n", rename=i % 2 == 0)
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") >= 1200, 60)
+        await settled(hub)
+    # a third start reconciles the same files again and must add nothing
+    async with running_hub(engine, flows, "third") as hub:
+        await settled(hub)
+    assert_once(engine, set(names))
+
+
+async def test_growing_file_is_not_picked_up_early(tmp_path: Path) -> None:
+    flows, inbox = setup(tmp_path, settle="1s")
+    engine = engine_at(tmp_path)
+    async with running_hub(engine, flows) as hub:
+        path = inbox / "big.txt"
+        with open(path, "w") as f:
+            for i in range(25):  # grows every 0.1 s for 2.5 s: 2.5 settle periods
+                f.write(f"chunk {i}\n")
+                f.flush()
+                await asyncio.sleep(0.1)
+                assert scalar(engine, "SELECT count(*) FROM events") == 0
+            assert hub.pending()
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 1)
+        await settled(hub)
+    (size,) = rows(engine, "SELECT payload FROM events")[0]
+    import json
+
+    assert json.loads(size)["size"] == path.stat().st_size
+
+
+async def test_files_present_at_start_are_reconciled_and_rename_counts(tmp_path: Path) -> None:
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    for i in range(5):
+        drop(inbox, f"old{i}.txt", "x")
+    (inbox / "ignored.csv").write_text("not matching the glob")
+    (inbox / ".hidden.txt").write_text("hidden")
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        assert scalar(engine, "SELECT count(*) FROM instances") == 5
+        drop(inbox, "new.txt", "y", rename=True)
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 6)
+        # the same name dropped again with new content is a new event
+        (inbox / "new.txt").unlink()
+        await asyncio.sleep(0.05)
+        drop(inbox, "new.txt", "yy", rename=True)
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 7)
+        await settled(hub)
+    assert scalar(engine, "SELECT count(*) FROM events") == 7
