@@ -92,7 +92,9 @@ def apply(
             continue
         values.update(fence=instances.c.fence + 1, updated_at=at)
         conn.execute(update(instances).where(instances.c.id == iid).values(**values))
-        _close_orphan_attempt(conn, row, at)
+        _close_orphan_attempt(
+            conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
+        )
         _log(conn, iid, command, event, source, at, "applied", message)
         results.append(CommandResult(iid, command, True, message))
     return results
@@ -141,8 +143,12 @@ def _enter_state(flow, target: str, at: float) -> dict:
     }
 
 
-def _close_orphan_attempt(conn: Connection, row, at: float) -> None:
-    """An attempt left open by a worker whose lease already expired is closed now."""
+def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool) -> None:
+    """An attempt left open by a worker whose lease already expired is closed now.
+
+    Like a lost attempt found by a claim, it counts one restart (the state's too, unless
+    the command moved the instance to another state, whose counters start at zero).
+    """
     if row["running_attempt"] is None:
         return
     if row["locked_until"] is not None and row["locked_until"] >= at:
@@ -159,7 +165,13 @@ def _close_orphan_attempt(conn: Connection, row, at: float) -> None:
     conn.execute(
         update(instances)
         .where(instances.c.id == row["id"])
-        .values(running_attempt=None, locked_by=None, locked_until=None)
+        .values(
+            running_attempt=None,
+            locked_by=None,
+            locked_until=None,
+            restarts=instances.c.restarts + 1,
+            state_restarts=instances.c.state_restarts + (1 if same_state else 0),
+        )
     )
 
 

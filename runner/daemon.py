@@ -96,12 +96,9 @@ async def serve(
     """
     hub = None
     if sensors and registry is not None:
-        try:
-            from .sensors import SensorHub
-        except ImportError:  # TEMP until the sensors package lands
-            SensorHub = None
-        if SensorHub is not None:
-            hub = SensorHub(engine, registry, config.worker_id, config.lease)
+        from .sensors import SensorHub
+
+        hub = SensorHub(engine, registry, config.worker_id, config.lease)
 
     def busy() -> bool:
         if hub is None:
@@ -109,7 +106,7 @@ async def serve(
         return not hub.ready.is_set() or hub.pending()
 
     worker = Worker(engine, config, idle_hint=busy)
-    if hub is not None and hasattr(hub, "on_work"):
+    if hub is not None:
         hub.on_work = worker.wake
     if worker_ready is not None:
         worker_ready.set_result(worker)

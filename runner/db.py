@@ -16,7 +16,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from .errors import ConfigError
-from .models import metadata
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
@@ -44,7 +43,10 @@ def is_sqlite(engine: Engine) -> bool:
 
 
 def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
-    """Create an engine for ``url`` and (with ``create``) the tables.
+    """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
+
+    ``create`` runs the alembic migrations (``runner.migrate.upgrade``): an empty database
+    gets every table, an older one is upgraded, one made before migrations is stamped.
 
     For a SQLite file URL the parent folder is created. Raises ``ConfigError`` (one clear
     line, password redacted) for a malformed URL or an unreachable database.
@@ -68,14 +70,20 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
     if create:
+        from .migrate import upgrade  # alembic is imported only when creating/upgrading
+
         try:
-            with engine.begin() as conn:
-                metadata.create_all(conn)
+            upgrade(engine)
+        except ConfigError as exc:
+            engine.dispose()
+            raise ConfigError(f"database {redact(url)}: {exc}") from None
         except OperationalError as exc:
+            engine.dispose()
             raise ConfigError(
                 f"cannot reach database {redact(url)}: {_first_line(exc.orig or exc)}"
             ) from None
         except SQLAlchemyError as exc:
+            engine.dispose()
             raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
     return engine
 

@@ -37,18 +37,16 @@ def now() -> float:
     return time.time()
 
 
-_recorded_versions: set[str] = set()
-
-
 def record_version(conn: Connection, flow: Any) -> None:
-    """Store ``flow``'s source under its content hash (once per process and version).
+    """Store ``flow``'s source under its content hash (a no-op when already stored).
+
+    Runs in the caller's transaction, so the version row commits (or rolls back) together
+    with the instances that refer to it.
 
     Args:
         conn: a connection inside the caller's transaction.
         flow: a ``CompiledFlow`` (needs ``version``, ``name``, ``path``, ``source``).
     """
-    if flow.version in _recorded_versions:
-        return
     insert_ignore(
         conn,
         flow_versions,
@@ -60,7 +58,6 @@ def record_version(conn: Connection, flow: Any) -> None:
             "loaded_at": now(),
         },
     )
-    _recorded_versions.add(flow.version)
 
 
 def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float) -> dict:
@@ -136,6 +133,7 @@ class Claim:
     state_restarts: int
     event_id: int | None
     lost: list[str] = field(default_factory=list)
+    chain: int = 0  # moves made since this instance was last claimed from the table
 
 
 _CLAIM_COLS = (
@@ -204,9 +202,10 @@ class _Hot:
                     "state_changed": func.coalesce(
                         bindparam("state_changed", type_=Float()), instances.c.state_changed
                     ),
-                    "locked_by": bindparam("b_none1"),
-                    "locked_until": bindparam("b_none2"),
-                    "running_attempt": bindparam("b_none3"),
+                    "locked_by": bindparam("b_lock"),
+                    "locked_until": bindparam("b_until"),
+                    "running_attempt": bindparam("b_next"),
+                    "attempts": bindparam("b_attempts"),
                     "updated_at": bindparam("b_at"),
                 }
             ),
@@ -407,6 +406,7 @@ class Outcome:
     fence: int
     values: dict
     attempt_values: dict
+    chain: Claim | None = None  # set: keep the lease and start the next attempt at once
 
 
 _INSTANCE_COMMIT_KEYS = (
@@ -425,16 +425,24 @@ _JSON_KEYS = ("data", "state_errors")
 
 
 def commit_outcomes(
-    conn: Connection, worker_id: str, outcomes: Iterable[Outcome], at: float | None = None
-) -> list[int]:
-    """Commit finished attempts in one batch, fenced; returns the ids whose fence was lost.
+    conn: Connection,
+    worker_id: str,
+    outcomes: Iterable[Outcome],
+    at: float | None = None,
+    *,
+    lease: float = 60.0,
+) -> tuple[list[int], list[Claim]]:
+    """Commit finished attempts in one batch, fenced.
 
-    For a lost fence only the attempt row is closed (as ``cancelled``, unless a new owner
-    already closed it as ``lost``) and this worker's lock, if still held, is released.
+    Returns ``(lost_ids, chained)``: the ids whose fence was lost (only their attempt row
+    is closed, as ``cancelled`` unless a new owner already closed it as ``lost``, and our
+    lock released if still held), and a new :class:`Claim` for every outcome marked
+    ``chain``: its instance stays locked by this worker (lease renewed) and its next
+    attempt row is opened in the same transaction.
     """
     outcomes = list(outcomes)
     if not outcomes:
-        return []
+        return [], []
     at = now() if at is None else at
     q = select(instances.c.id, instances.c.fence).where(
         instances.c.id.in_([o.instance_id for o in outcomes]), instances.c.locked_by == worker_id
@@ -446,20 +454,20 @@ def commit_outcomes(
     lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
     hot = _hot_for(conn)
     js = hot.json
-    rows = []
+    rows, chained = [], []
     for o in good:
         row = {k: o.values[k] for k in _INSTANCE_COMMIT_KEYS}
         for k in _JSON_KEYS:
             row[k] = js(row[k])
-        row.update(
-            b_id=o.instance_id,
-            b_worker=worker_id,
-            b_fence=o.fence,
-            b_at=at,
-            b_none1=None,
-            b_none2=None,
-            b_none3=None,
-        )
+        row.update(b_id=o.instance_id, b_worker=worker_id, b_fence=o.fence, b_at=at)
+        if o.chain is not None:
+            nxt = _next_claim(o)
+            chained.append(nxt)
+            row.update(
+                b_lock=worker_id, b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt
+            )
+        else:
+            row.update(b_lock=None, b_until=None, b_next=None, b_attempts=o.attempt)
         rows.append(row)
     hot.commit_instances.executemany(conn, rows)
     hot.commit_attempts.executemany(
@@ -477,9 +485,36 @@ def commit_outcomes(
             for o in good
         ],
     )
+    hot.insert_attempts.executemany(
+        conn,
+        [
+            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
+            for c in chained
+        ],
+    )
     for o in lost:
         cancel_attempt(conn, worker_id, o.instance_id, o.attempt, "lease or fence lost", at=at)
-    return [o.instance_id for o in lost]
+    return [o.instance_id for o in lost], chained
+
+
+def _next_claim(o: Outcome) -> Claim:
+    prev, v = o.chain, o.values
+    assert prev is not None
+    return Claim(
+        id=prev.id,
+        flow=prev.flow,
+        version=prev.version,
+        state=v["state"],
+        data=v["data"],
+        fence=prev.fence,
+        attempt=prev.attempt + 1,
+        errors=v["errors"],
+        restarts=v["restarts"],
+        state_errors=list(v["state_errors"]),
+        state_restarts=v["state_restarts"],
+        event_id=prev.event_id,
+        chain=prev.chain + 1,
+    )
 
 
 def cancel_attempt(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import DBAPIError
 
 from . import store, versions
 from .db import insert_ignore
@@ -49,6 +50,28 @@ from .models import events, workers
 from .outcomes import decide
 
 log = logging.getLogger("flowrun.worker")
+
+#: Moves one claim may chain through before its instance is released and claimed anew.
+MAX_CHAIN = 16
+
+
+class _Backoff:
+    """Exponential backoff for database outages: 0.5 s doubling to 10 s."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def fail(self) -> float:
+        self.failures += 1
+        return min(10.0, 0.5 * 2 ** (self.failures - 1))
+
+    def ok(self) -> None:
+        self.failures = 0
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 @dataclass
@@ -99,10 +122,11 @@ class Worker:
         self.idle_hint = idle_hint
         self.running: dict[int, _Running] = {}
         self.finished: list[tuple[_Running, AttemptResult]] = []
-        self.stats = {"claimed": 0, "committed": 0, "cancelled": 0, "lost_fence": 0}
+        self.stats = {"claimed": 0, "chained": 0, "committed": 0, "cancelled": 0, "lost_fence": 0}
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._abort = False
+        self._poke = False
         self._db = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
         self._threads = ThreadPoolExecutor(
             max(4, self.config.concurrency), thread_name_prefix="flowrun-call"
@@ -112,7 +136,8 @@ class Worker:
     # -- control -----------------------------------------------------------------------
 
     def wake(self) -> None:
-        """Look for due work now (thread-safe)."""
+        """Look for due work now (thread-safe): the next loop turn claims at once."""
+        self._poke = True
         if self._loop and self._wake:
             self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -137,11 +162,17 @@ class Worker:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     async def run(self) -> None:
-        """Run until stopped (or idle, with ``exit_when_idle``)."""
+        """Run until stopped (or idle, with ``exit_when_idle``).
+
+        At most one database cycle is in flight at a time, on the worker's database
+        thread, while handlers keep running on the loop (a pipeline: SQLite and the
+        driver release the GIL while they work). A cycle that fails because the database
+        went away is retried with backoff, with its finished attempts kept: nothing is lost.
+        """
         cfg = self.config
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        await self._in_db(self._register)
+        await self._retrying(self._register)
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
             cfg.worker_id,
@@ -149,34 +180,64 @@ class Worker:
             cfg.lease,
         )
         now = time.monotonic()
-        next_renew, next_fence, next_beat, next_idle = now, now, now, now
+        next_renew, next_fence, next_beat, next_idle, next_probe = now, now, now, now, now
         grace_deadline: float | None = None
         want_claim = True
+        cycle: asyncio.Future | None = None
+        sent: list = []
+        backoff = _Backoff()
         try:
             while not self._abort:
+                now = time.monotonic()
                 if self._stopping:
                     if grace_deadline is None:
-                        grace_deadline = time.monotonic() + cfg.grace
+                        grace_deadline = now + cfg.grace
                         log.info(
                             "stopping: %d attempts running, grace %gs", len(self.running), cfg.grace
                         )
-                    if not self.running and not self.finished:
+                    if not self.running and not self.finished and cycle is None:
                         break
-                    if time.monotonic() > grace_deadline:
+                    if now > grace_deadline:
                         self._cancel_all("worker shutting down (grace period over)")
-                free = 0 if self._stopping else cfg.concurrency - len(self.running)
-                batch, self.finished = self.finished, []
-                claims: list[store.Claim] = []
-                if batch or (free > 0 and (want_claim or await self._in_db(self._has_due))):
-                    outcomes, cancels = self._decide(batch)
-                    claims, failed, lost = await self._in_db(self._cycle, outcomes, cancels, free)
-                    self.stats["committed"] += len(outcomes) - len(lost)
-                    self.stats["lost_fence"] += len(lost)
-                    for iid in failed:
-                        log.warning("instance %d failed: restarts spent", iid)
-                    self._start(claims)
-                want_claim = free > 0 and len(claims) == free
-                now = time.monotonic()
+                if cycle is not None and cycle.done():
+                    try:
+                        claims, chained, failed, lost, limit = cycle.result()
+                    except DBAPIError as exc:
+                        self.finished[:0] = sent  # commit them with the next cycle
+                        delay = backoff.fail()
+                        log.warning(
+                            "database unavailable (%s); retrying in %.1fs", _short(exc), delay
+                        )
+                        await asyncio.sleep(delay)
+                        claims, chained, failed, lost, limit = [], [], [], [], 0
+                        want_claim = True
+                    else:
+                        if backoff.failures:
+                            log.warning("database reachable again")
+                        backoff.ok()
+                        self.stats["committed"] += len(sent) - len(lost)
+                        self.stats["lost_fence"] += len(lost)
+                        for iid in failed:
+                            log.warning("instance %d failed: restarts spent", iid)
+                        self._start(chained + claims)
+                        want_claim = limit > 0 and len(claims) == limit
+                    cycle, sent = None, []
+                if self._poke:
+                    self._poke, want_claim = False, True
+                if cycle is None:
+                    free = 0 if self._stopping else cfg.concurrency - len(self.running)
+                    probe = free > 0 and not want_claim and now >= next_probe
+                    if self.finished or (free > 0 and (want_claim or probe)):
+                        sent, self.finished = self.finished, []
+                        outcomes, cancels, chain = self._decide(sent, free)
+                        cycle = loop.run_in_executor(
+                            self._db, self._cycle, outcomes, cancels, chain, free, probe
+                        )
+                        cycle.add_done_callback(lambda _f: self._wake and self._wake.set())
+                        want_claim = False
+                        if probe:
+                            next_probe = now + cfg.poll
+                        continue
                 if self.running and (now >= next_fence or now >= next_renew):
                     renew = now >= next_renew
                     await self._check_leases(renew)
@@ -184,32 +245,76 @@ class Worker:
                     if renew:
                         next_renew = now + cfg.lease / 3
                 if now >= next_beat:
-                    await self._in_db(self._heartbeat)
+                    await self._guard(self._heartbeat)
                     next_beat = now + cfg.heartbeat
-                if claims or batch or self.finished:
-                    await asyncio.sleep(0)
-                    continue
-                if cfg.exit_when_idle and not self.running and now >= next_idle:
+                if (
+                    cfg.exit_when_idle
+                    and cycle is None
+                    and not self.running
+                    and not self.finished
+                    and now >= next_idle
+                ):
                     next_idle = now + 0.2
-                    if await self._in_db(self._idle):
+                    if await self._guard(self._idle):
                         log.info("nothing runnable, due, running or pending: exiting")
                         break
-                await self._wait(
-                    cfg.poll if not self.running else min(cfg.poll * 4, cfg.fence_poll)
-                )
+                if cycle is not None:
+                    timeout = 1.0  # its done-callback wakes us
+                elif not self._stopping and len(self.running) < cfg.concurrency:
+                    timeout = max(0.0, next_probe - time.monotonic())
+                else:
+                    timeout = cfg.fence_poll
+                if self.running:
+                    timeout = min(timeout, cfg.fence_poll)
+                await self._wait(timeout)
         finally:
+            if cycle is not None:
+                try:
+                    await cycle
+                except DBAPIError:
+                    self.finished[:0] = sent
             await self._finish()
+
+    async def _retrying(self, fn: Callable, *args: Any) -> Any:
+        """Run ``fn`` on the database thread, retrying with backoff while it is down."""
+        backoff = _Backoff()
+        while True:
+            try:
+                return await self._in_db(fn, *args)
+            except DBAPIError as exc:
+                if self._abort:
+                    raise
+                delay = backoff.fail()
+                log.warning("database unavailable (%s); retrying in %.1fs", _short(exc), delay)
+                await asyncio.sleep(delay)
+
+    async def _guard(self, fn: Callable, *args: Any) -> Any:
+        """Run ``fn`` on the database thread; a database error is logged, not raised."""
+        try:
+            return await self._in_db(fn, *args)
+        except DBAPIError as exc:
+            log.warning("database unavailable (%s)", _short(exc))
+            return None
 
     async def _wait(self, timeout: float) -> None:
         assert self._wake is not None
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
+        if not self._wake.is_set() and timeout > 0:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(0)  # always let the handlers run
         self._wake.clear()
 
-    def _decide(self, batch):
-        outcomes, cancels = [], []
+    def _decide(self, batch, free: int):
+        """Outcomes to commit, attempts to close as cancelled, and which outcomes chain.
+
+        An instance that moved to a state runnable at once continues in this worker
+        without being released and claimed again (at most ``MAX_CHAIN`` moves per claim,
+        so one instance cannot hold a slot forever).
+        """
+        outcomes, cancels, chain = [], [], []
         at = time.time()
         for run, result in batch:
             if result.outcome == "cancelled":
@@ -218,28 +323,44 @@ class Worker:
             try:
                 flow = versions.compiled(self.engine, run.claim.version)
             except UserError as exc:  # the stored definition no longer compiles
-                flow, result = None, AttemptResult("error", run.durable[0], error=str(exc))
-            if flow is None:
-                cancels.append((run.claim, result.error))
+                cancels.append((run.claim, str(exc)))
                 continue
-            outcomes.append(decide(flow, run.claim, result, run.durable[0], at))
-        return outcomes, cancels
+            outcome = decide(flow, run.claim, result, run.durable[0], at)
+            outcomes.append(outcome)
+            v = outcome.values
+            if (
+                not self._stopping
+                and result.outcome == "moved"
+                and v["status"] == "runnable"
+                and v["due_at"] is not None
+                and v["due_at"] <= at
+                and run.claim.chain < MAX_CHAIN
+                and len(chain) < free
+            ):
+                chain.append(outcome)
+                outcome.chain = run.claim
+        return outcomes, cancels, chain
 
-    def _cycle(self, outcomes, cancels, free):
-        """One transaction: commit finished attempts, close cancelled ones, claim more."""
+    def _cycle(self, outcomes, cancels, chain, free, probe):
+        """One transaction: commit finished attempts (fenced), continue the chained ones,
+        close cancelled ones, and claim up to the free slots left."""
         cfg = self.config
+        limit = max(0, free - len(chain))
+        if probe and not outcomes and not cancels and not self._has_due():
+            return [], [], [], [], 0
         with self.engine.begin() as conn:
-            lost = store.commit_outcomes(conn, cfg.worker_id, outcomes)
+            lost, chained = store.commit_outcomes(conn, cfg.worker_id, outcomes, lease=cfg.lease)
             for claim, why in cancels:
                 store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt, why)
             claims, failed = ([], [])
-            if free > 0:
+            if limit > 0:
                 claims, failed = store.claim_batch(
-                    conn, cfg.worker_id, cfg.lease, free, lambda v, s: _max_restarts(conn, v, s)
+                    conn, cfg.worker_id, cfg.lease, limit, lambda v, s: _max_restarts(conn, v, s)
                 )
         self.stats["claimed"] += len(claims)
+        self.stats["chained"] += len(chained)
         self.stats["cancelled"] += len(cancels)
-        return claims, failed, lost
+        return claims, chained, failed, lost, limit
 
     def _has_due(self) -> bool:
         with self.engine.connect() as conn:
@@ -367,16 +488,13 @@ class Worker:
             with self.engine.connect() as conn:
                 return store.taken_away(conn, self.config.worker_id, held)
 
-        for iid in await self._in_db(check):
+        for iid in await self._guard(check) or ():
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
                 log.info(
                     "instance %d: taken away (command or lease lost); cancelling its attempt", iid
                 )
-                run.cancel.reason = (
-                    "cancelled: the instance was paused, killed, moved or taken over"  # type: ignore[attr-defined]
-                )
-                run.cancel.set()
+                run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
 
     def _cancel_all(self, reason: str) -> None:
         for run in self.running.values():
@@ -430,10 +548,17 @@ class Worker:
             for run in self.running.values():
                 run.task.cancel()
         else:
-            batch, self.finished = self.finished, []
-            if batch:
-                outcomes, cancels = self._decide(batch)
-                await self._in_db(self._cycle, outcomes, cancels, 0)
+            for _ in range(5):  # the last outcomes; the database may be briefly away
+                batch, self.finished = self.finished, []
+                if not batch:
+                    break
+                outcomes, cancels, _chain = self._decide(batch, 0)
+                try:
+                    await self._in_db(self._cycle, outcomes, cancels, [], 0, False)
+                except DBAPIError as exc:
+                    self.finished[:0] = batch
+                    log.warning("database unavailable at stop (%s); retrying", _short(exc))
+                    await asyncio.sleep(1.0)
 
         def close():
             with self.engine.begin() as conn:
@@ -446,7 +571,7 @@ class Worker:
                 )
 
         try:
-            await self._in_db(close)
+            await self._guard(close)
         finally:
             self._db.shutdown(wait=False)
             self._threads.shutdown(wait=False, cancel_futures=True)

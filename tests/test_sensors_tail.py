@@ -92,10 +92,13 @@ async def test_rename_rotation_with_lines_around_it(tmp_path: Path) -> None:
     async with running_hub(engine, flows) as hub:
         n = 0
         for rotation in range(3):
-            for _ in range(5):
+            for _ in range(4):
                 append(log, n, n + 20)
                 n += 20
                 await asyncio.sleep(0.01)
+            await until_events(engine, n)
+            append(log, n, n + 20)  # not read yet when the rotation happens
+            n += 20
             os.rename(log, log.with_name(f"app.log.{rotation + 1}"))
             append(log.with_name(f"app.log.{rotation + 1}"), n, n + 10)  # late writes, old fd
             n += 10
@@ -112,10 +115,13 @@ async def test_copytruncate_with_lines_around_it(tmp_path: Path) -> None:
     async with running_hub(engine, flows) as hub:
         n = 0
         for rotation in range(3):
-            for _ in range(5):
+            for _ in range(4):
                 append(log, n, n + 20)
                 n += 20
                 await asyncio.sleep(0.01)
+            await until_events(engine, n)  # one rotation per look (see the module doc)
+            append(log, n, n + 20)  # not read yet when the rotation happens
+            n += 20
             shutil.copyfile(log, log.with_name(f"app.log.{rotation + 1}"))
             with open(log, "r+") as f:
                 f.truncate(0)

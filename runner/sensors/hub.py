@@ -75,7 +75,7 @@ class SensorHub:
         lease: float = 15.0,
         *,
         force_polling: bool | None = None,
-        debounce: int = 50,
+        debounce: int = 20,
         step: int = 10,
         poll: float = 0.5,
     ) -> None:

@@ -1,8 +1,8 @@
 """Rules: turn stored sensor events into actions, each event exactly once.
 
-For each pending event (``handled_at IS NULL``), in one transaction: claim it with
-``UPDATE events SET handled_at=now WHERE id=? AND handled_at IS NULL`` (another daemon that
-got there first makes the rowcount 0 and the event is skipped), run every rule of the
+For a batch of pending events (``handled_at IS NULL``), in one transaction: claim them with
+``UPDATE events SET handled_at=now WHERE id IN (...) AND handled_at IS NULL RETURNING id``
+(an event another daemon got first is not returned and is skipped), run every rule of the
 event's flow whose ``when`` is the event's sensor and whose ``match`` regexes all
 ``re.search`` the event's fields, and write what was done to ``events.action``. A crash
 before the commit undoes the claim and the actions together; nothing is lost or doubled.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy import Connection, Engine, bindparam, select, update
 
 from .. import commands, lifecycle, store
 from ..errors import IllegalMove, UserError
@@ -32,6 +32,9 @@ _ACTIONABLE = {event: sources for event, sources, _ in lifecycle.TABLE}
 
 #: Errors of a rule that are the flow author's, not the database's: recorded, not retried.
 RULE_ERRORS = (UserError, IllegalMove, KeyError, ValueError, LookupError, re.error)
+
+
+_SET_ACTION = update(events).where(events.c.id == bindparam("eid")).values(action=bindparam("text"))
 
 
 def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
@@ -73,19 +76,23 @@ class RuleEngine:
                 .order_by(events.c.id)
                 .limit(self.batch)
             ).all()
-            for event_id, sensor, payload in rows:
-                claimed = conn.execute(
+            claimed = set(
+                conn.execute(
                     update(events)
-                    .where(events.c.id == event_id, events.c.handled_at.is_(None))
+                    .where(events.c.id.in_([r[0] for r in rows]), events.c.handled_at.is_(None))
                     .values(handled_at=at)
-                ).rowcount
-                if not claimed:
-                    continue
+                    .returning(events.c.id)
+                ).scalars()
+            )
+            done = []
+            for event_id, sensor, payload in rows:
+                if event_id not in claimed:
+                    continue  # another daemon handled it first
                 texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
                 acted += n
-                conn.execute(
-                    update(events).where(events.c.id == event_id).values(action="; ".join(texts))
-                )
+                done.append({"eid": event_id, "text": "; ".join(texts)})
+            if done:
+                conn.execute(_SET_ACTION, done)
         return len(rows), acted
 
     def _apply_rules(

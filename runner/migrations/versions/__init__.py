@@ -1,0 +1,1 @@
+"""Revisions of the flowrun schema, oldest first (``0001_initial`` → ...)."""

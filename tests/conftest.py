@@ -1,0 +1,88 @@
+"""Shared fixtures: ``pg_url``, a fresh PostgreSQL database per test.
+
+The server is ``FLOWRUN_TEST_PG`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``,
+an admin connection used only to create and drop databases). When it cannot be reached the
+test is skipped with the reason; set ``FLOWRUN_PG_REQUIRED=1`` (as CI does) to make that a
+failure instead, so a missing server never passes silently.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+ADMIN_URL = os.environ.get("FLOWRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _libpq(url: str) -> str:
+    """``postgresql+psycopg://...`` → the ``postgresql://...`` conninfo psycopg takes."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _admin(connect_timeout: int = 5):
+    import psycopg
+
+    return psycopg.connect(_libpq(ADMIN_URL), autocommit=True, connect_timeout=connect_timeout)
+
+
+def _unreachable(reason: str) -> None:
+    if os.environ.get("FLOWRUN_PG_REQUIRED") == "1":
+        pytest.fail(f"PostgreSQL required (FLOWRUN_PG_REQUIRED=1) but {reason}")
+    pytest.skip(reason)
+
+
+def pg_database_url(name: str) -> str:
+    """The SQLAlchemy URL of database ``name`` on the test server."""
+    base, _, _ = ADMIN_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A new, empty PostgreSQL database (``flowrun_test_<random>``), dropped afterwards.
+
+    Yields its ``postgresql+psycopg://`` URL. Skips (or fails, with
+    ``FLOWRUN_PG_REQUIRED=1``) when the server cannot be reached.
+    """
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        _unreachable("psycopg is not installed")
+    try:
+        admin = _admin()
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _unreachable(f"PostgreSQL server not reachable at {_redacted(ADMIN_URL)}: {first}")
+    name = f"flowrun_test_{uuid.uuid4().hex[:12]}"
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_database_url(name)
+    finally:
+        _drop(name)
+
+
+def _drop(name: str, patience: float = 60.0) -> None:
+    """Drop database ``name``, retrying while the server restarts (a test may restart it)."""
+    import psycopg
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with _admin() as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _redacted(url: str) -> str:
+    from runner.db import redact
+
+    return redact(url)
