@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from . import queries, versions
+from . import lifecycle, queries, versions
 from .commands import CommandResult, allowed_events, select_ids, submit
 from .db import DEFAULT_URL, make_engine
 from .errors import ConfigError, FlowErrors, UserError
@@ -310,11 +310,12 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
     if not ids and not flow:
         raise UserError(f"{command}: give instance ids or --flow F", 2)
     id_list = list(ids)
-    if flow:
+    if flow:  # every instance of the flow this command can act on (no refusal spam)
         with c.engine.connect() as conn:
-            id_list += select_ids(conn, flow=flow)
+            id_list += select_ids(conn, flow=flow, status=lifecycle.sources(command))
         if not id_list:
-            click.echo(f"no instances of flow {flow!r}")
+            done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}
+            click.echo(f"no instance of flow {flow!r} can be {done[command]}")
             return
     results: list[CommandResult] = submit(c.engine, id_list, command, event=event, source="cli")
     code = 0

@@ -71,10 +71,8 @@ def apply(
     """Like :func:`submit`, inside the caller's transaction (rules mark their event handled
     in the same one). Unknown ids yield a refused result "no instance N"."""
     if command not in lifecycle.OPERATOR_COMMANDS:
-        raise UserError(
-            f"unknown command {command!r} (expected one of: {', '.join(lifecycle.OPERATOR_COMMANDS)})",
-            2,
-        )
+        expected = ", ".join(lifecycle.OPERATOR_COMMANDS)
+        raise UserError(f"unknown command {command!r} (expected one of: {expected})", 2)
     if command == "send" and not event:
         raise UserError("send needs an event name", 2)
     at = time.time()

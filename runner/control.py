@@ -6,8 +6,9 @@ descriptor named by ``FLOWRUN_CONTROL_FD``. A handler writes one line per messag
 ``keepalive``
     "still working": resets the state's ``keepalive`` deadline (majordomo's keepalive).
 ``checkpoint <json object>``
-    merges the object into the instance's data, durably, before the line is acknowledged;
-    the next attempt or restart starts from it (majordomo's "update state").
+    merges the object into the instance's data and stores it durably (fenced: nothing is
+    stored once the instance was taken away); the next attempt or restart starts from it
+    (majordomo's "update state").
 ``goto <state>``
     on exit 0, move to ``<state>`` (one of the state's ``next``/``to``) instead of ``next``.
 
@@ -17,8 +18,14 @@ From Python::
     checkpoint({"rows_done": 1000})
     goto("quarantine")
 
-From a shell (or any language): ``echo keepalive >&"$FLOWRUN_CONTROL_FD"``, or
-``python -m runner.control checkpoint '{"rows_done": 1000}'``.
+From a shell (or any language): ``echo keepalive > "/dev/fd/$FLOWRUN_CONTROL_FD"``, or
+``python -m runner.control checkpoint '{"rows_done": 1000}'``. (bash also accepts
+``>&"$FLOWRUN_CONTROL_FD"``; POSIX ``sh``/dash does not, since the descriptor number is
+usually above 9.)
+
+Lines are not acknowledged: flowrun stores a ``checkpoint`` as soon as it reads the line,
+while the handler carries on. A handler that must know its checkpoint is stored before
+going on should be a ``call`` handler (``ctx.checkpoint`` returns once it is durable).
 
 Outside flowrun (no ``FLOWRUN_CONTROL_FD``) every call is a no-op, so handlers can be run
 by hand.

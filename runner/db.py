@@ -21,11 +21,31 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 
 def redact(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (for logs and errors)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    """Return ``url`` with any password replaced by ``***`` (for logs and errors).
+
+    A ``password=`` query parameter is masked too. When the string does not parse, or has
+    more than one ``@`` (an unencoded ``@`` in a password), everything between the scheme
+    and the LAST ``@`` except the user name is masked, so no part of a password can leak.
+    """
+    url = _mask_query_password(url)
+    if url.count("@") <= 1:
+        try:
+            return _mask_query_password(make_url(url).render_as_string(hide_password=True))
+        except (ArgumentError, ValueError):
+            pass
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    creds, at, tail = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = creds.partition(":")
+    masked = f"{user}:***" if colon else creds
+    return f"{scheme}{sep}{masked}@{tail}"
+
+
+def _mask_query_password(url: str) -> str:
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def normalize_url(url: str) -> str:
@@ -54,8 +74,12 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
     url = normalize_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
+    if "@" in (parsed.host or ""):
+        raise ConfigError(
+            f"bad database URL {redact(url)!r}: write an '@' in the user name or password as %40"
+        )
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database)

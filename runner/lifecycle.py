@@ -82,6 +82,11 @@ def events() -> list[str]:
     return [e for e, _, _ in TABLE]
 
 
+def sources(event: str) -> tuple[str, ...]:
+    """The statuses ``event`` may fire from (empty for an unknown event)."""
+    return next((src for e, src, _ in TABLE if e == event), ())
+
+
 def is_terminal(status: str) -> bool:
     """True for ``completed``, ``failed`` and ``killed``."""
     return status in TERMINAL_STATUSES

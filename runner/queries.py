@@ -197,13 +197,47 @@ def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) 
     return out
 
 
-def list_workers(engine: Engine) -> list[dict]:
-    """Every worker row, newest heartbeat first, timestamps as ISO 8601 UTC."""
-    from .models import workers
+def list_workers(engine: Engine, *, now: float | None = None) -> list[dict]:
+    """Every worker row, newest heartbeat first, timestamps as ISO 8601 UTC.
 
+    Each row adds the liveness verdict of ``runner.liveness.judge``: ``alive`` (bool),
+    ``verdict`` (alive/late/dead/stopped), ``heartbeat_age`` (seconds), ``leases`` (valid
+    instance and sensor leases it holds) and ``lease_until`` (when the last expires). A
+    worker is dead only when its heartbeat is stale AND it holds no valid lease.
+    """
+    import time
+
+    from .liveness import judge
+    from .models import sensors, workers
+
+    at = time.time() if now is None else now
+    held: dict[str, list] = {}
     with engine.connect() as conn:
         rows = conn.execute(select(workers).order_by(workers.c.heartbeat_at.desc())).mappings()
-        return [
-            {**dict(r), **{k: iso(r[k]) for k in ("started_at", "heartbeat_at", "stopped_at")}}
-            for r in rows
-        ]
+        rows = [dict(r) for r in rows]
+        for table in (instances, sensors):
+            q = (
+                select(table.c.locked_by, func.count(), func.max(table.c.locked_until))
+                .where(table.c.locked_by.is_not(None), table.c.locked_until > at)
+                .group_by(table.c.locked_by)
+            )
+            for who, count, until in conn.execute(q):
+                entry = held.setdefault(who, [0, None])
+                entry[0] += count
+                entry[1] = until if entry[1] is None else max(entry[1], until)
+    out = []
+    for r in rows:
+        count, until = held.get(r["id"], (0, None))
+        verdict = judge(r["heartbeat_at"], r["stopped_at"], at, leases=count, lease_until=until)
+        out.append(
+            {
+                **r,
+                **{k: iso(r[k]) for k in ("started_at", "heartbeat_at", "stopped_at")},
+                "alive": verdict.alive,
+                "verdict": verdict.verdict,
+                "heartbeat_age": round(verdict.heartbeat_age, 3),
+                "leases": verdict.leases,
+                "lease_until": iso(verdict.lease_until),
+            }
+        )
+    return out

@@ -69,9 +69,11 @@ def load(path: Path) -> CompiledFlow:
 def row(engine: Engine, instance_id: int) -> dict[str, Any]:
     """The instance row as a dict (JSON columns decoded)."""
     with engine.connect() as conn:
-        r = conn.execute(
-            text("SELECT * FROM instances WHERE id = :i"), {"i": instance_id}
-        ).mappings().one()
+        r = (
+            conn.execute(text("SELECT * FROM instances WHERE id = :i"), {"i": instance_id})
+            .mappings()
+            .one()
+        )
     out = dict(r)
     for k in ("data", "state_errors"):
         if isinstance(out[k], str):

@@ -159,7 +159,8 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
             row = conn.execute(select(instances)).mappings().one()
             assert row["data"] == {"k": 1}
             att = conn.execute(select(attempts)).mappings().one()
-            assert (att["instance_id"], att["attempt"], att["checkpoint"]) == (iid, 1, {"x": [1, 2]})
+            assert (att["instance_id"], att["attempt"]) == (iid, 1)
+            assert att["checkpoint"] == {"x": [1, 2]}
     finally:
         engine.dispose()
 
@@ -229,7 +230,7 @@ def test_concurrent_upgrades_all_succeed(db_url, legacy):
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(6)
+        for _ in range(4)
     ]
     results = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, results, strict=True):

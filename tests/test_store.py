@@ -75,7 +75,9 @@ def test_two_workers_never_claim_the_same_instance(tmp_path: Path, world) -> Non
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(n, e)) for n, e in zip("ab", engines)]
+    threads = [
+        threading.Thread(target=work, args=(n, e)) for n, e in zip("ab", engines, strict=True)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -301,7 +301,12 @@ async def test_command_palette_runs_actions(db):
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Pause selected")
-        await settle(app, pilot)
+        from textual.command import CommandList
+
+        for _ in range(50):  # the palette searches asynchronously
+            await pilot.pause(0.05)
+            if app.screen.query_one(CommandList).option_count:
+                break
         await pilot.press("enter")
         await settle(app, pilot)
         assert status_of(engine, 9)[0] == "paused"
