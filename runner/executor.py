@@ -362,24 +362,85 @@ async def run_call(
     """Run a ``call`` handler (sync in ``threads``, async on the loop)."""
     watch = _Watch(limits)
     ctx._signal = watch.signal
-    if inspect.iscoroutinefunction(func):
-        task: asyncio.Future = asyncio.ensure_future(func(ctx))
-    else:
-        task = asyncio.get_running_loop().run_in_executor(threads, func, ctx)
+    if _is_async(func):
+        return await _run_coroutine(func, ctx, watch, cancel, next_state)
+    task = asyncio.get_running_loop().run_in_executor(threads, func, ctx)
     how, why = await _supervise(task, watch, cancel)
     if how != "done":
         ctx._cancelled = True
-        task.cancel()
+        task.cancel()  # the thread cannot be stopped: ctx.cancelled tells the handler
         outcome = "timeout" if how == "timeout" else "cancelled"
         return AttemptResult(outcome, ctx.data, error=why, checkpoint=ctx._last_checkpoint)
     try:
         value = task.result()
-    except LeaseLost as exc:
-        return AttemptResult("cancelled", ctx.data, error=str(exc), checkpoint=ctx._last_checkpoint)
     except Exception as exc:  # noqa: BLE001 - a handler error is data, not a crash
-        return AttemptResult(
-            "error", ctx.data, error=_describe(exc), checkpoint=ctx._last_checkpoint
-        )
+        return _raised(exc, ctx)
+    return _returned(value, ctx, next_state)
+
+
+async def _run_coroutine(
+    func: Callable[..., Any], ctx: Context, watch: _Watch, cancel: Cancel, next_state: str | None
+) -> AttemptResult:
+    """Await an async handler inside the attempt's own task (no extra task per attempt);
+    a deadline or a cancel cancels this task and is reported as timeout / cancelled."""
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    verdict: list[tuple[str, str | None]] = []
+    timer: list[asyncio.TimerHandle] = []
+
+    def stop(how: str, why: str | None) -> None:
+        if not verdict and me is not None and not me.done():
+            verdict.append((how, why))
+            ctx._cancelled = True
+            me.cancel()
+
+    def arm() -> None:
+        left, why = watch.remaining()
+        if left is None or verdict:
+            return
+        if left <= 0:
+            stop("timeout", why)
+        else:
+            timer[:] = [loop.call_later(left, arm)]
+
+    cancel.on_set(lambda reason: stop("cancelled", reason))
+    arm()
+    try:
+        value = await func(ctx)
+    except asyncio.CancelledError:
+        if not verdict:
+            raise  # the worker itself is being torn down
+        how, why = verdict[0]
+        outcome = "timeout" if how == "timeout" else "cancelled"
+        return AttemptResult(outcome, ctx.data, error=why, checkpoint=ctx._last_checkpoint)
+    except Exception as exc:  # noqa: BLE001 - a handler error is data, not a crash
+        return _raised(exc, ctx)
+    finally:
+        verdict.append(("done", None))  # a late cancel must not hit the finished task
+        for t in timer:
+            t.cancel()
+    return _returned(value, ctx, next_state)
+
+
+_async_cache: dict[Callable[..., Any], bool] = {}
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    """``inspect.iscoroutinefunction``, remembered per handler (it runs per attempt)."""
+    known = _async_cache.get(func)
+    if known is None:
+        known = _async_cache[func] = inspect.iscoroutinefunction(func)
+    return known
+
+
+def _raised(exc: BaseException, ctx: Context) -> AttemptResult:
+    if isinstance(exc, LeaseLost):
+        return AttemptResult("cancelled", ctx.data, error=str(exc), checkpoint=ctx._last_checkpoint)
+    return AttemptResult("error", ctx.data, error=_describe(exc), checkpoint=ctx._last_checkpoint)
+
+
+def _returned(value: Any, ctx: Context, next_state: str | None) -> AttemptResult:
+    """Interpret a handler's return value (see the module docstring)."""
     if value is None:
         return AttemptResult("not_yet", ctx.data, checkpoint=ctx._last_checkpoint)
     if value is True:

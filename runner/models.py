@@ -38,9 +38,9 @@ class Instance(SQLModel, table=True):
     ``external`` state, or not scheduled at all). ``attempts``/``errors``/``restarts`` are
     totals over the instance's life; ``state_errors`` (error timestamps inside the error
     budget window) and ``state_restarts`` belong to the current state and reset when the
-    state changes or an operator retries. ``running_attempt`` is the number (``attempts.attempt``) of
-    the attempt in progress; an attempt row a dead worker left open is closed as ``lost`` by
-    the next claim.
+    state changes or an operator retries. ``running_attempt`` is the number
+    (``attempts.attempt``) of the attempt in progress; an attempt row a dead worker left
+    open is closed as ``lost`` by the next claim.
     """
 
     __tablename__ = "instances"

@@ -127,7 +127,13 @@ def decide(
                 f"restarts spent ({values['state_restarts']} > max_restarts "
                 f"{policy.max_restarts}); last: {error}"
             )
+    unchanged = tuple(
+        k
+        for k, before in (("data", claim.data), ("state_errors", claim.state_errors))
+        if values[k] == before
+    )
     return Outcome(
+        unchanged=unchanged,
         instance_id=claim.id,
         attempt=claim.attempt,
         fence=claim.fence,

@@ -92,7 +92,8 @@ def instance_detail(item: dict) -> None:
     if b:
         _out.print(
             f"[bold]{'error budget':>13}[/bold]  {b['used']} used, {b['left']} left of {b['max']} "
-            f"in {b['window']:g}s (then {b['on_exhausted']}); restarts {b['restarts']}/{b['max_restarts']}"
+            f"in {b['window']:g}s (then {b['on_exhausted']}); "
+            f"restarts {b['restarts']}/{b['max_restarts']}"
         )
     _out.print(f"[bold]{'data':>13}[/bold]  {json.dumps(item['data'])}")
     t = Table(title="attempts", box=None, header_style="bold", title_justify="left")
@@ -112,7 +113,8 @@ def instance_detail(item: dict) -> None:
     _out.print(t)
     for cmd in item.get("commands", []):
         _out.print(
-            f"command {cmd['command']} from {cmd['source']} at {cmd['at']}: {cmd['status']}: {cmd['result']}"
+            f"command {cmd['command']} from {cmd['source']} at {cmd['at']}: "
+            f"{cmd['status']}: {cmd['result']}"
         )
 
 

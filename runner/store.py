@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Float, and_, bindparam, func, insert, or_, select, update
 
 from .db import Prepared, insert_ignore, json_adapter, skip_locked
-from .models import attempts, flow_versions, instances
+from .models import JSONType, attempts, flow_versions, instances
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
 CLAIMABLE = ("runnable", "sleeping")
@@ -198,9 +198,14 @@ class _Hot:
             )
             .values(
                 {
-                    **{k: bindparam(k) for k in _INSTANCE_COMMIT_KEYS if k != "state_changed"},
+                    **{k: bindparam(k) for k in _INSTANCE_COMMIT_KEYS if k not in _KEEP_IF_NONE},
+                    # None keeps the stored value: unchanged JSON is not rewritten
                     "state_changed": func.coalesce(
                         bindparam("state_changed", type_=Float()), instances.c.state_changed
+                    ),
+                    "data": func.coalesce(bindparam("data", type_=JSONType), instances.c.data),
+                    "state_errors": func.coalesce(
+                        bindparam("state_errors", type_=JSONType), instances.c.state_errors
                     ),
                     "locked_by": bindparam("b_lock"),
                     "locked_until": bindparam("b_until"),
@@ -407,6 +412,7 @@ class Outcome:
     values: dict
     attempt_values: dict
     chain: Claim | None = None  # set: keep the lease and start the next attempt at once
+    unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
 
 
 _INSTANCE_COMMIT_KEYS = (
@@ -422,6 +428,7 @@ _INSTANCE_COMMIT_KEYS = (
     "state_changed",
 )
 _JSON_KEYS = ("data", "state_errors")
+_KEEP_IF_NONE = ("state_changed", "data", "state_errors")
 
 
 def commit_outcomes(
@@ -458,7 +465,7 @@ def commit_outcomes(
     for o in good:
         row = {k: o.values[k] for k in _INSTANCE_COMMIT_KEYS}
         for k in _JSON_KEYS:
-            row[k] = js(row[k])
+            row[k] = None if k in o.unchanged else js(row[k])
         row.update(b_id=o.instance_id, b_worker=worker_id, b_fence=o.fence, b_at=at)
         if o.chain is not None:
             nxt = _next_claim(o)

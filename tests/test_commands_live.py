@@ -2,8 +2,10 @@
 
 One daemon serves the module; each test starts its own instances through ``flowrun
 start`` and steers them with ``flowrun pause|resume|kill|retry|send``, exactly as an
-operator would. Handlers are ``exec`` shell scripts that write their pids, so the tests
-can see a cancelled attempt's whole process group disappear.
+operator would (a `flowrun` process costs about a second here, so waiting polls the
+SQLite file directly and `flowrun show` is run once per check). Handlers are ``exec``
+shell scripts that write their pids, so the tests can see a cancelled attempt's whole
+process group disappear.
 """
 
 from __future__ import annotations
@@ -14,8 +16,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
-from tests.fault_support import Daemon, Flowrun, group_alive, pid_alive, poll, unique, write_flow
+from tests.fault_support import (
+    Daemon,
+    Flowrun,
+    attempts_of,
+    engine_at,
+    group_alive,
+    pid_alive,
+    poll,
+    row,
+    unique,
+    write_flow,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -60,7 +74,7 @@ states:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Daemon]]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Daemon, Engine]]:
     """A flows folder, a SQLite file and one daemon (lease 10 s) for the whole module."""
     home = tmp_path_factory.mktemp("live")
     fr = Flowrun(home)
@@ -68,7 +82,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Da
         write_flow(fr.flows, name, body)
     daemon = fr.daemon("--concurrency", "8", lease=10, worker_id=unique("live"))
     poll(lambda: "started" in daemon.log(), 60, what="daemon start")
-    yield fr, daemon
+    yield fr, daemon, engine_at(home)
     daemon.signal(signal.SIGINT)
     try:
         daemon.wait(60)
@@ -94,8 +108,8 @@ def start(fr: Flowrun, flow: str) -> int:
     return int(res.stdout.strip())
 
 
-def history(fr: Flowrun, iid: int) -> list[dict]:
-    return fr.show(iid)["history"]
+def status(db: Engine, iid: int) -> str:
+    return row(db, iid)["status"]
 
 
 def running_pids(fr: Flowrun, iid: int, attempt: int = 1) -> tuple[int, int]:
@@ -105,21 +119,21 @@ def running_pids(fr: Flowrun, iid: int, attempt: int = 1) -> tuple[int, int]:
     return int((fr.flows / f"pid.{iid}.{attempt}").read_text()), int(child.read_text())
 
 
-def outcome_of(fr: Flowrun, iid: int, attempt: int) -> str | None:
-    for h in history(fr, iid):
-        if h["attempt"] == attempt:
-            return h["outcome"]
+def outcome_of(db: Engine, iid: int, attempt: int) -> str | None:
+    for a in attempts_of(db, iid):
+        if a["attempt"] == attempt:
+            return a["outcome"]
     return None
 
 
 @pytest.mark.parametrize("command", ["pause", "kill"])
 def test_pause_or_kill_cancels_the_running_exec_at_once(live, command: str) -> None:
-    fr, daemon = live
+    fr, daemon, db = live
     iid = start(fr, "live")
     leader, child = running_pids(fr, iid)
     res = fr(command, str(iid))
     assert res.returncode == 0, res.stderr
-    poll(lambda: outcome_of(fr, iid, 1) == "cancelled", 30, 0.1, what="attempt cancelled")
+    poll(lambda: outcome_of(db, iid, 1) == "cancelled", 30, 0.1, what="attempt cancelled")
     poll(lambda: not group_alive(leader) and not pid_alive(child), 30, 0.05, what="group gone")
     shown = fr.show(iid)
     assert shown["status"] == ("paused" if command == "pause" else "killed")
@@ -135,14 +149,14 @@ def test_pause_or_kill_cancels_the_running_exec_at_once(live, command: str) -> N
     # resume: the instance continues (this time the handler is told to finish)
     (fr.flows / f"release.{iid}").touch()
     assert fr("resume", str(iid)).returncode == 0
-    poll(lambda: fr.show(iid)["status"] == "completed", 60, what="completed after resume")
-    assert [h["outcome"] for h in history(fr, iid)] == ["cancelled", "moved"]
+    poll(lambda: status(db, iid) == "completed", 60, what="completed after resume")
+    assert [h["outcome"] for h in fr.show(iid)["history"]] == ["cancelled", "moved"]
 
 
 def test_retry_of_failed_resets_the_state_counters(live) -> None:
-    fr, _ = live
+    fr, _, db = live
     iid = start(fr, "flaky")
-    poll(lambda: fr.show(iid)["status"] == "failed", 60, what="failed")
+    poll(lambda: status(db, iid) == "failed", 60, what="failed")
     shown = fr.show(iid)
     assert shown["errors"] == 1 and shown["state_errors"] == 1
     assert shown["budget"]["used"] == 1 and shown["budget"]["left"] == 0
@@ -151,19 +165,19 @@ def test_retry_of_failed_resets_the_state_counters(live) -> None:
     (fr.flows / f"ok.{iid}").touch()
     res = fr("retry", str(iid))
     assert res.returncode == 0, res.stderr
-    poll(lambda: fr.show(iid)["status"] == "completed", 60, what="completed after retry")
+    poll(lambda: status(db, iid) == "completed", 60, what="completed after retry")
     shown = fr.show(iid)
     assert shown["errors"] == 1, "the lifetime total keeps the error"
     assert [h["outcome"] for h in shown["history"]] == ["error", "moved"]
 
 
 def test_send_along_an_on_edge_and_exit_codes(live) -> None:
-    fr, _ = live
+    fr, _, db = live
     a, b = start(fr, "gated"), start(fr, "gated")
     res = fr("send", str(a), "go")
     assert res.returncode == 0 and "gate --go--> step" in res.stdout
-    poll(lambda: fr.show(a)["status"] == "completed", 60, what="a completed")
-    assert [h["to_state"] for h in history(fr, a)] == ["done"]
+    poll(lambda: status(db, a) == "completed", 60, what="a completed")
+    assert [h["to_state"] for h in fr.show(a)["history"]] == ["done"]
 
     bad = fr("send", str(b), "nope")
     assert bad.returncode == 2
@@ -174,19 +188,19 @@ def test_send_along_an_on_edge_and_exit_codes(live) -> None:
     unknown = fr("send", "987654", "go")
     assert unknown.returncode == 1 and "no instance 987654" in unknown.stderr
     assert fr("send", str(b), "skip").returncode == 0
-    assert fr.show(b)["status"] == "completed"
+    assert status(db, b) == "completed"
 
 
 @pytest.mark.parametrize("command", ["pause", "resume", "kill", "retry"])
 def test_unknown_id_exits_1(live, command: str) -> None:
-    fr, _ = live
+    fr, _, db = live
     res = fr(command, "987654")
     assert res.returncode == 1
     assert res.stderr.strip() == "flowrun: no instance 987654"
 
 
 def test_flow_option_acts_on_every_applicable_instance(live) -> None:
-    fr, _ = live
+    fr, _, db = live
     ids = [start(fr, "live") for _ in range(3)]
     for iid in ids:
         running_pids(fr, iid)
@@ -197,16 +211,16 @@ def test_flow_option_acts_on_every_applicable_instance(live) -> None:
     assert paused.returncode == 0, paused.stderr
     for iid in ids:
         assert f"instance {iid}: runnable -> paused" in paused.stdout
-        poll(lambda iid=iid: outcome_of(fr, iid, 1) == "cancelled", 30, what=f"{iid} cancelled")
+        poll(lambda iid=iid: outcome_of(db, iid, 1) == "cancelled", 30, what=f"{iid} cancelled")
     for iid in ids:
         (fr.flows / f"release.{iid}").touch()
     resumed = fr("resume", "--flow", "live")
     assert resumed.returncode == 0, resumed.stderr
     for iid in ids:
-        poll(lambda iid=iid: fr.show(iid)["status"] == "completed", 60, what=f"{iid} done")
+        poll(lambda iid=iid: status(db, iid) == "completed", 60, what=f"{iid} done")
     # nothing left to act on: still exit 0; the completed `gated` one is not touched
     assert fr("kill", "--flow", "live").returncode == 0
     assert fr("kill", "--flow", "gated").returncode == 0
-    assert fr.show(finished)["status"] == "completed"
+    assert status(db, finished) == "completed"
     listed = json.loads(fr("ls", "--flow", "live", "--json").stdout)
     assert {i["id"] for i in listed} >= set(ids)
