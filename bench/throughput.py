@@ -80,22 +80,37 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle",
-         "--concurrency", str(concurrency), "--log-format", "json"],
-        check=True, env=env, cwd=workdir, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "runner.cli",
+            "--daemon",
+            "--exit-when-idle",
+            "--concurrency",
+            str(concurrency),
+            "--log-format",
+            "json",
+        ],
+        check=True,
+        env=env,
+        cwd=workdir,
+        stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - t0
     with engine.connect() as conn:
         first, last = conn.execute(
             select(func.min(attempts.c.started_at), func.max(attempts.c.finished_at))
         ).one()
-        moved = conn.execute(
-            select(func.count()).where(attempts.c.outcome == "moved")
-        ).scalar_one()
+        moved = conn.execute(select(func.count()).where(attempts.c.outcome == "moved")).scalar_one()
         total = conn.execute(select(func.count()).select_from(attempts)).scalar_one()
     secs = last - first
-    return {"transitions": moved, "attempts": total, "seconds": secs,
-            "per_s": moved / secs, "wall": wall}
+    return {
+        "transitions": moved,
+        "attempts": total,
+        "seconds": secs,
+        "per_s": moved / secs,
+        "wall": wall,
+    }
 
 
 def run_huey(n: int, sync: str, case: str, workdir: Path) -> dict:
@@ -103,7 +118,10 @@ def run_huey(n: int, sync: str, case: str, workdir: Path) -> dict:
     path = workdir / f"huey-{sync}.db"
     out = subprocess.run(
         [sys.executable, str(HERE / "huey_peer.py"), str(n), str(path), sync, case],
-        check=True, capture_output=True, text=True, timeout=600,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -119,16 +137,20 @@ def main() -> None:
     for case in cases:
         with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
             fr = run_flowrun(args.n, args.concurrency, case, Path(tmp))
-            print(f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} attempts) "
-                  f"in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
-                  f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})")
+            print(
+                f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} attempts) "
+                f"in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
+                f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})"
+            )
             if args.skip_huey:
                 continue
             for sync in ("default", "normal"):
                 hr = run_huey(args.n, sync, case, Path(tmp))
-                print(f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
-                      f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
-                      f"{fr['per_s'] / hr['per_s']:.2f}x")
+                print(
+                    f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
+                    f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
+                    f"{fr['per_s'] / hr['per_s']:.2f}x"
+                )
 
 
 if __name__ == "__main__":

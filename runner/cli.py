@@ -18,7 +18,7 @@ import click
 
 from . import lifecycle, queries, versions
 from .commands import CommandResult, allowed_events, select_ids, submit
-from .db import DEFAULT_URL, make_engine
+from .db import DEFAULT_URL, make_engine, reading
 from .errors import ConfigError, FlowErrors, UserError
 from .worker import WorkerConfig
 
@@ -311,7 +311,7 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
         raise UserError(f"{command}: give instance ids or --flow F", 2)
     id_list = list(ids)
     if flow:  # every instance of the flow this command can act on (no refusal spam)
-        with c.engine.connect() as conn:
+        with reading(c.engine) as conn:
             id_list += select_ids(conn, flow=flow, status=lifecycle.sources(command))
         if not id_list:
             done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}

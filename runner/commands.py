@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from . import lifecycle
+from .db import reading
 from .errors import IllegalMove, UserError
 from .models import attempts, commands, instances
 from .versions import compiled
@@ -219,7 +220,7 @@ def select_ids(
 
 def allowed_events(engine: Engine, instance_id: int) -> list[str]:
     """The ``on:`` events the instance's current state accepts (empty when none)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = conn.execute(
             select(instances.c.version, instances.c.state).where(instances.c.id == instance_id)
         ).first()

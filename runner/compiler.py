@@ -343,13 +343,19 @@ def _check(spec: FlowSpec, err: Callable[..., None]) -> None:
         elif not edges:
             err(f"state '{name}' has no next:, to: or on: (it could never be left)", here, key=True)
 
-    # reachability from initial, over next/to/on
+    # reachability from initial, over next/to/on and a handler state's on_exhausted
+    def exhausted_target(st: StateSpec) -> str | None:
+        if not (st.exec_ or st.call):
+            return None
+        budget = st.error_budget or spec.defaults.error_budget
+        return budget.on_exhausted
+
     if spec.initial in states:
         seen = {spec.initial}
         queue = deque([spec.initial])
         while queue:
             st = states[queue.popleft()]
-            for t in [st.next_, *st.to, *st.on_.values()]:
+            for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]:
                 if t in states and t not in seen:
                     seen.add(t)
                     queue.append(t)

@@ -134,9 +134,20 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # pragma: no cover - trivial
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # writers take the write lock up front (no deadlocking lock upgrades); readers
+        # opened with reading() take a plain snapshot and never wait on a writer (WAL)
+        read = conn.get_execution_options().get("flowrun_read")
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def reading(engine: Engine):
+    """A connection for reads only: on SQLite its transactions do not take the write lock.
+
+    Use as ``with reading(engine) as conn: ...``.
+    """
+    return engine.connect().execution_options(flowrun_read=True)
 
 
 def ping(engine: Engine) -> None:

@@ -271,11 +271,13 @@ async def run_exec(
     control_task = asyncio.ensure_future(_read_control(read_fd, on_line))
     out_task = asyncio.ensure_future(_tail(proc.stdout))
     err_task = asyncio.ensure_future(_tail(proc.stderr))
-    wait_task = asyncio.ensure_future(proc.wait())
+    exited = _leader_exited(proc)
     try:
-        how, why = await _supervise(wait_task, watch, cancel)
+        how, why = await _supervise(exited, watch, cancel)
         if how != "done":
             await _kill_group(proc, limits.kill_grace)
+        else:  # the handler is done: nothing it started in its group outlives it
+            await _kill_group(proc, limits.kill_grace, leader_done=True)
     finally:
         live_groups.discard(proc.pid)
     await asyncio.wait({control_task, out_task, err_task}, timeout=2.0)
@@ -332,8 +334,57 @@ async def _read_control(fd: int, on_line: Callable[[str], Any]) -> None:
         transport.close()
 
 
-async def _kill_group(proc: asyncio.subprocess.Process, grace: float) -> None:
-    """SIGTERM the handler's process group, then SIGKILL after ``grace`` seconds."""
+def _leader_exited(proc: asyncio.subprocess.Process) -> asyncio.Future:
+    """A future done when the handler's own process exits.
+
+    ``proc.wait()`` also waits for every copy of its stdout/stderr to close, which a
+    background child it left behind may hold forever; a pidfd (Linux) watches the leader
+    alone. Elsewhere, fall back to ``proc.wait()``.
+    """
+    loop = asyncio.get_running_loop()
+    if proc.returncode is not None:
+        fut = loop.create_future()
+        fut.set_result(None)
+        return fut
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:  # already exited and reaped
+        fut = loop.create_future()
+        fut.set_result(None)
+        return fut
+    except (AttributeError, OSError):
+        return asyncio.ensure_future(proc.wait())
+    fut = loop.create_future()
+
+    def ready() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
+    fut.add_done_callback(lambda f: f.cancelled() and ready())
+    return fut
+
+
+async def _kill_group(
+    proc: asyncio.subprocess.Process, grace: float, *, leader_done: bool = False
+) -> None:
+    """SIGTERM the handler's process group, then SIGKILL after ``grace`` seconds.
+
+    With ``leader_done`` the handler itself has exited: only what it left in its group is
+    ended, and its exit status is collected.
+    """
+    if leader_done:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+            return
+        except TimeoutError:
+            pass
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)

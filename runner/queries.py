@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, String, cast, func, or_, select
 
+from .db import reading
 from .models import attempts, commands, instances
 
 INSTANCE_KEYS = (
@@ -88,7 +89,7 @@ def list_instances(
     )
     if limit is not None:
         q = q.limit(limit).offset(offset)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return [instance_json(r) for r in conn.execute(q).mappings()]
 
 
@@ -116,7 +117,7 @@ def count_instances(
 ) -> int:
     """How many instances match the same filters as :func:`list_instances`."""
     q = _filtered(select(func.count()).select_from(instances), flow, status, text)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return conn.execute(q).scalar_one()
 
 
@@ -125,7 +126,7 @@ def count_by_status(engine: Engine, flow: str | None = None) -> dict[str, int]:
     q = select(instances.c.status, func.count()).group_by(instances.c.status)
     if flow:
         q = q.where(instances.c.flow == flow)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return dict(conn.execute(q).all())
 
 
@@ -150,7 +151,7 @@ def attempt_json(row: Any) -> dict:
 def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) -> dict | None:
     """One instance with ``history`` (its attempts, oldest first, the last
     ``history_limit``), ``checkpoints`` and ``commands``; ``None`` when unknown."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = (
             conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
         )
@@ -212,7 +213,7 @@ def list_workers(engine: Engine, *, now: float | None = None) -> list[dict]:
 
     at = time.time() if now is None else now
     held: dict[str, list] = {}
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         rows = conn.execute(select(workers).order_by(workers.c.heartbeat_at.desc())).mappings()
         rows = [dict(r) for r in rows]
         for table in (instances, sensors):

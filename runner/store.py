@@ -604,10 +604,13 @@ def release_all(conn: Connection, worker_id: str) -> int:
 
 
 def busy_count(conn: Connection, at: float | None = None) -> int:
-    """Instances with work left: runnable/sleeping with a due time, or an attempt running."""
+    """Instances with work left: runnable/sleeping with a due time, or an attempt running
+    under a lease still valid (an orphan of a dead worker on a paused instance is not
+    work: it is closed when the instance is resumed or killed)."""
+    at = now() if at is None else at
     q = select(func.count()).where(
         or_(
-            instances.c.running_attempt.is_not(None),
+            and_(instances.c.running_attempt.is_not(None), instances.c.locked_until > at),
             and_(instances.c.status.in_(CLAIMABLE), instances.c.due_at.is_not(None)),
         )
     )

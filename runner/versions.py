@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
+from .db import reading
 from .errors import FlowErrors, UserError
 from .models import flow_versions
 
@@ -47,7 +48,7 @@ def compiled(bind: Engine | Connection, version: str) -> Any:
         if isinstance(bind, Connection):
             row = bind.execute(q).first()
         else:
-            with bind.connect() as conn:
+            with reading(bind) as conn:
                 row = conn.execute(q).first()
         if row is None:
             raise UserError(f"flow version {version} is not stored in the database", 2)

@@ -33,7 +33,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
 from . import store, versions
-from .db import insert_ignore
+from .db import insert_ignore, reading
 from .errors import UserError
 from .executor import (
     AttemptResult,
@@ -363,13 +363,13 @@ class Worker:
         return claims, chained, failed, lost, limit
 
     def _has_due(self) -> bool:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return store.has_due(conn, time.time())
 
     def _idle(self) -> bool:
         if self.idle_hint is not None and self.idle_hint():
             return False
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             if store.busy_count(conn):
                 return False
             pending = conn.execute(
@@ -472,7 +472,7 @@ class Worker:
             return None
 
         def load():
-            with self.engine.connect() as conn:
+            with reading(self.engine) as conn:
                 q = select(events.c.payload).where(events.c.id == claim.event_id)
                 return conn.execute(q).scalar()
 
@@ -485,7 +485,7 @@ class Worker:
             if renew:
                 with self.engine.begin() as conn:
                     return store.renew(conn, self.config.worker_id, held, self.config.lease)
-            with self.engine.connect() as conn:
+            with reading(self.engine) as conn:
                 return store.taken_away(conn, self.config.worker_id, held)
 
         for iid in await self._guard(check) or ():

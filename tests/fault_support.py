@@ -39,8 +39,8 @@ def write_flow(folder: Path, name: str, body: str, modules: dict[str, str] | Non
     for mod, source in (modules or {}).items():
         (folder / f"{mod}.py").write_text(source)
     path = folder / f"{name}.yaml"
-    # a unique comment gives each test its own version hash: store.record_version
-    # remembers recorded versions per process, not per database (see test_store.py)
+    # a unique comment gives each test its own version hash (versions.compiled caches
+    # compiled flows per process by hash)
     path.write_text(f"# {unique('test')}\nflow: {name}\n{body}")
     return path
 

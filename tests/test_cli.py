@@ -23,7 +23,12 @@ states:
     call: hello_tasks:greet
     next: shout
   shout:
-    exec: [python, -c, "import sys; open('out-' + sys.argv[2], 'w').write(sys.argv[1])", "{data.name}", "{data.tag}"]
+    exec:
+      - python
+      - -c
+      - "import sys; open('out-' + sys.argv[2], 'w').write(sys.argv[1])"
+      - "{data.name}"
+      - "{data.tag}"
     to: [parked]
     next: done
   parked:

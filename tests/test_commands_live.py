@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from runner.store import create_instance
 from tests.fault_support import (
     Daemon,
     Flowrun,
     attempts_of,
     engine_at,
     group_alive,
+    load,
     pid_alive,
     poll,
     row,
@@ -201,7 +203,8 @@ def test_unknown_id_exits_1(live, command: str) -> None:
 
 def test_flow_option_acts_on_every_applicable_instance(live) -> None:
     fr, _, db = live
-    ids = [start(fr, "live") for _ in range(3)]
+    with db.begin() as conn:  # setup without three `flowrun start` processes
+        ids = [create_instance(conn, load(fr.flows / "live.yaml")) for _ in range(3)]
     for iid in ids:
         running_pids(fr, iid)
     finished = start(fr, "gated")

@@ -331,3 +331,27 @@ def test_rules_must_name_sensors_states_and_events_of_this_flow(tmp_path: Path) 
         "11:33: state 'c' is not a state of this flow (states: a, b)",
         "12:33: no state 'b' accepts event 'go' (events: none)",
     ]
+
+
+def test_state_reached_only_through_on_exhausted_is_reachable(tmp_path: Path) -> None:
+    mod = handler_module(tmp_path)
+    path = write(
+        tmp_path,
+        f"""\
+        initial: work
+        states:
+          work:
+            call: {mod}:summarise
+            next: done
+            error_budget: {{max_errors: 2, on_exhausted: review}}
+          review:
+            external: true
+            on: {{retry: work}}
+          done: {{terminal: true}}
+        """,
+    )
+    flow = load_flow(path)
+    assert flow.states["work"].policy.on_exhausted == "review"
+    # without the on_exhausted edge, review is unreachable
+    bad = path.read_text().replace("on_exhausted: review", "on_exhausted: failed")
+    assert any("'review' is unreachable" in e for e in errors(tmp_path, bad))

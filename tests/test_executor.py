@@ -412,3 +412,12 @@ def test_handler_env_puts_runner_on_pythonpath(tmp_path: Path) -> None:
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path)
     assert (Path(parts[1]) / "runner" / "control.py").exists()
+
+
+async def test_clean_exit_ends_what_the_handler_left_in_its_group(tmp_path: Path) -> None:
+    """A handler that exits 0 with a background child: the child does not outlive it."""
+    script = "echo $$ > pid; sleep 1000 & echo $! > child; exit 0"
+    res = await run(["sh", "-c", script], tmp_path)
+    assert res.outcome == "moved"
+    leader, child = _pids(tmp_path)
+    assert gone(leader, child), "a background child outlived its handler"

@@ -311,6 +311,8 @@ def test_server_restart_mid_run_everything_completes(cluster):
     codes = cluster.wait_all(timeout=150)
     assert codes == {f"w{i}": 0 for i in range(1, 5)}, {n: cluster.log_text(n) for n in codes}
     cluster.engine.dispose()  # its pooled connections died with the server
+    logs = "".join(cluster.log_text(n) for n in codes)
+    assert "database unavailable" in logs, "the restart did not reach the daemons mid-run"
     figures = cluster.check_exactly_once()
     print(f"\nserver restart: outcomes {figures['outcomes']}, re-executions {figures['reruns']}")
 

@@ -228,12 +228,9 @@ def test_command_closing_an_orphan_attempt_counts_a_restart(world) -> None:
     assert attempts_of(engine, iid)[0]["outcome"] == "lost"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store.record_version caches recorded versions per process, not per database: "
-    "a second database never gets the flow_versions row",
-)
 def test_record_version_per_database(tmp_path: Path) -> None:
+    """Each database gets the version row, even when one process already stored it
+    elsewhere (once a process-wide cache skipped it: instances with no stored version)."""
     from runner.compiler import compile_source
 
     flow = compile_source(FLOW.replace("initial", "flow: same\ninitial", 1), "same.yaml")
@@ -242,3 +239,33 @@ def test_record_version_per_database(tmp_path: Path) -> None:
         with eng.begin() as conn:
             store.create_instance(conn, flow)
     assert sql(two, "SELECT count(*) FROM flow_versions") == [(1,)]
+
+
+def test_orphan_on_a_paused_instance_is_not_work(tmp_path: Path) -> None:
+    """--exit-when-idle must not wait forever on an attempt whose worker died while the
+    instance was paused: only attempts under a valid lease count as running."""
+    from sqlalchemy import insert
+
+    from runner.db import make_engine
+    from runner.models import instances
+    from runner.store import busy_count
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'o.db'}")
+    with engine.begin() as conn:
+        conn.execute(
+            insert(instances).values(
+                flow="f",
+                version="v",
+                state="s",
+                status="paused",
+                data={},
+                state_errors=[],
+                running_attempt=1,
+                locked_by="dead",
+                locked_until=1.0,
+                due_at=None,
+            )
+        )
+        assert busy_count(conn) == 0
+        conn.execute(instances.update().values(locked_until=4e9))
+        assert busy_count(conn) == 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
-from ..db import insert_ignore
+from ..db import insert_ignore, reading
 from ..models import events, sensors
 from ..queries import iso
 
@@ -64,7 +64,7 @@ def record_events(
 
 def load_cursor(engine: Engine, sensor: str) -> dict[str, Any]:
     """The stored cursor JSON of ``sensor`` (``{}`` when none)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         value = conn.execute(select(sensors.c.cursor).where(sensors.c.name == sensor)).scalar()
     return dict(value or {})
 
@@ -116,7 +116,7 @@ def release_leases(engine: Engine, worker_id: str, names: Iterable[str] | None =
 
 def pending_events(engine: Engine) -> int:
     """Number of stored events no rule has handled yet."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return int(
             conn.execute(
                 select(func.count()).select_from(events).where(events.c.handled_at.is_(None))
@@ -131,7 +131,7 @@ def list_events(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
     ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
     (what the rules did, e.g. ``"started csv_ingest instance 42"``).
     """
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         rows = conn.execute(select(events).order_by(events.c.id.desc()).limit(limit)).mappings()
         return [
             {
