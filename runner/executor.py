@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -434,10 +435,8 @@ async def _run_coroutine(
 ) -> AttemptResult:
     """Await an async handler inside the attempt's own task (no extra task per attempt);
     a deadline or a cancel cancels this task and is reported as timeout / cancelled."""
-    loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     verdict: list[tuple[str, str | None]] = []
-    timer: list[asyncio.TimerHandle] = []
 
     def stop(how: str, why: str | None) -> None:
         if not verdict and me is not None and not me.done():
@@ -445,17 +444,9 @@ async def _run_coroutine(
             ctx._cancelled = True
             me.cancel()
 
-    def arm() -> None:
-        left, why = watch.remaining()
-        if left is None or verdict:
-            return
-        if left <= 0:
-            stop("timeout", why)
-        else:
-            timer[:] = [loop.call_later(left, arm)]
-
     cancel.on_set(lambda reason: stop("cancelled", reason))
-    arm()
+    deadlines = _Deadlines.of(asyncio.get_running_loop())
+    deadlines.add(watch, stop)
     try:
         value = await func(ctx)
     except asyncio.CancelledError:
@@ -468,9 +459,54 @@ async def _run_coroutine(
         return _raised(exc, ctx)
     finally:
         verdict.append(("done", None))  # a late cancel must not hit the finished task
-        for t in timer:
-            t.cancel()
+        deadlines.remove(watch)
     return _returned(value, ctx, next_state)
+
+
+class _Deadlines:
+    """One periodic check of every running async attempt's deadlines, per event loop.
+
+    Cheaper than a timer per attempt (these run thousands of times a second); a timeout
+    or missed keepalive is noticed within ``TICK`` seconds.
+    """
+
+    TICK = 0.05
+    _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: dict[_Watch, Callable[[str, str | None], None]] = {}
+        self.handle: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Deadlines:
+        """The sweeper of ``loop`` (created on first use)."""
+        found = cls._per_loop.get(loop)
+        if found is None:
+            found = cls._per_loop[loop] = cls(loop)
+        return found
+
+    def add(self, watch: _Watch, stop: Callable[[str, str | None], None]) -> None:
+        """Watch ``watch``'s deadlines; ``stop("timeout", why)`` when one passes."""
+        if watch.limits.timeout is None and watch.limits.keepalive is None:
+            return
+        self.items[watch] = stop
+        if self.handle is None:
+            self.handle = self.loop.call_later(self.TICK, self._tick)
+
+    def remove(self, watch: _Watch) -> None:
+        """Stop watching (the attempt ended)."""
+        self.items.pop(watch, None)
+
+    def _tick(self) -> None:
+        self.handle = None
+        for watch, stop in list(self.items.items()):
+            left, why = watch.remaining()
+            if left is not None and left <= 0:
+                self.items.pop(watch, None)
+                stop("timeout", why)
+        if self.items:
+            self.handle = self.loop.call_later(self.TICK, self._tick)
 
 
 _async_cache: dict[Callable[..., Any], bool] = {}
