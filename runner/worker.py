@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
-from . import store, versions
+from . import lifecycle, store, versions
 from .db import insert_ignore, reading
 from .errors import UserError
 from .executor import (
@@ -310,7 +310,8 @@ class Worker:
     def _decide(self, batch, free: int):
         """Outcomes to commit, attempts to close as cancelled, and which outcomes chain.
 
-        An instance that moved to a state runnable at once continues in this worker
+        An instance due again at once (it moved to a runnable state, or its retry has no
+        backoff) continues in this worker
         without being released and claimed again (at most ``MAX_CHAIN`` moves per claim,
         so one instance cannot hold a slot forever).
         """
@@ -330,13 +331,14 @@ class Worker:
             v = outcome.values
             if (
                 not self._stopping
-                and result.outcome == "moved"
-                and v["status"] == "runnable"
+                and v["status"] in ("runnable", "sleeping")
                 and v["due_at"] is not None
                 and v["due_at"] <= at
                 and run.claim.chain < MAX_CHAIN
                 and len(chain) < free
-            ):
+            ):  # due again at once (a move, or a retry with no backoff): keep the lease
+                if v["status"] == "sleeping":
+                    v["status"] = lifecycle.check("sleeping", "wake")
                 chain.append(outcome)
                 outcome.chain = run.claim
         return outcomes, cancels, chain
