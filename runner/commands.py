@@ -105,7 +105,7 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
         lifecycle.check(status, "send", iid)
         flow = compiled(conn, row["version"])
         target = flow.event_target(row["state"], event)
-        values = _enter_state(flow, target, at)
+        values = lifecycle.enter_state(flow, target, at)
         if status == "paused" and values["status"] == "runnable":
             values["status"] = "paused"  # a paused instance moves but stays paused
         return values, f"instance {iid}: {row['state']} --{event}--> {target}"
@@ -128,18 +128,6 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
 def _resume_due(conn: Connection, row, at: float) -> float | None:
     flow = compiled(conn, row["version"])
     return None if flow.states[row["state"]].kind == "external" else at
-
-
-def _enter_state(flow, target: str, at: float) -> dict:
-    kind = flow.states[target].kind
-    return {
-        "state": target,
-        "status": "completed" if kind == "terminal" else "runnable",
-        "due_at": None if kind in ("terminal", "external") else at,
-        "state_changed": at,
-        "state_errors": [],
-        "state_restarts": 0,
-    }
 
 
 def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool) -> None:

@@ -112,6 +112,12 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
     return engine
 
 
+def short_error(exc: BaseException) -> str:
+    """The first line of a database error, for a one-line log (an outage is not a bug)."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
 def _first_line(exc: object) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return lines[0] if lines else type(exc).__name__

@@ -10,6 +10,8 @@ refused move is one clear message, never a half-written row.
 
 from __future__ import annotations
 
+from typing import Any
+
 from transitions import Machine, MachineError
 
 from .errors import IllegalMove
@@ -85,6 +87,23 @@ def events() -> list[str]:
 def sources(event: str) -> tuple[str, ...]:
     """The statuses ``event`` may fire from (empty for an unknown event)."""
     return next((src for e, src, _ in TABLE if e == event), ())
+
+
+def enter_state(flow: Any, target: str, at: float) -> dict:
+    """Instance column values for entering state ``target`` of ``flow`` at ``at`` (epoch s).
+
+    The status follows the state's kind (terminal → ``completed``; external → runnable but
+    unscheduled, waiting for an event) and the state's counters start afresh.
+    """
+    kind = flow.states[target].kind
+    return {
+        "state": target,
+        "status": "completed" if kind == "terminal" else "runnable",
+        "due_at": None if kind in ("terminal", "external") else at,
+        "state_changed": at,
+        "state_errors": [],
+        "state_restarts": 0,
+    }
 
 
 def is_terminal(status: str) -> bool:

@@ -7,8 +7,9 @@ Pure functions (no I/O), so every rule is tested directly:
 - not yet → due again after the state's ``try_interval``; nothing spent (Stator);
 - error → one error in the state's sliding window (Metafora's DefaultErrHandler: 8 in
   4 h by default); with budget left the instance sleeps for the backoff
-  (``initial * factor**(n-1)``, capped at ``max``, with full/equal/no jitter, after AWS's
-  "Exponential Backoff and Jitter"); with the budget spent it goes to ``on_exhausted``;
+  (``compiler.Backoff.delay``: ``initial * factor**(n-1)``, capped at ``max``, with
+  full/equal/no jitter, after AWS's "Exponential Backoff and Jitter"); with the budget
+  spent it goes to ``on_exhausted``;
 - timeout / missed keepalive → a restart (majordomo): tried again at once from the last
   checkpoint until ``max_restarts`` is spent, then ``failed``.
 """
@@ -23,21 +24,6 @@ from . import lifecycle
 from .errors import IllegalMove
 from .executor import AttemptResult
 from .store import Claim, Outcome
-
-
-def backoff_delay(backoff: Any, n: int, rand: Callable[[], float] = random.random) -> float:
-    """Seconds to sleep after the ``n``-th error (1-based) under ``backoff``.
-
-    ``backoff`` has ``initial``, ``factor``, ``max`` (seconds) and ``jitter`` (full:
-    uniform in [0, d]; equal: d/2 + uniform in [0, d/2]; none: d).
-    """
-    d = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
-    if backoff.jitter == "full":
-        return d * rand()
-    if backoff.jitter == "equal":
-        return d / 2 + d / 2 * rand()
-    return d
-
 
 _verdicts: dict[tuple[str, str, str], str | None] = {}
 
@@ -57,19 +43,6 @@ def check_move(flow: Any, source: str, target: str) -> None:
             _verdicts[key] = str(exc)
     if _verdicts[key] is not None:
         raise IllegalMove(_verdicts[key])
-
-
-def enter(flow: Any, target: str, at: float) -> dict:
-    """Column values for entering ``target``: fresh state counters, status by kind."""
-    kind = flow.states[target].kind
-    return {
-        "state": target,
-        "status": "completed" if kind == "terminal" else "runnable",
-        "due_at": None if kind in ("terminal", "external") else at,
-        "state_changed": at,
-        "state_errors": [],
-        "state_restarts": 0,
-    }
 
 
 def decide(
@@ -110,7 +83,7 @@ def decide(
         except IllegalMove as exc:
             outcome, error, to_state = "error", str(exc), None
         else:
-            values.update(enter(flow, to_state, at), data=result.data)
+            values.update(lifecycle.enter_state(flow, to_state, at), data=result.data)
             if values["status"] == "completed":
                 lifecycle.check("runnable", "complete")
     if outcome == "not_yet":
@@ -153,7 +126,7 @@ def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand)
     if len(window) < policy.max_errors:
         values.update(
             status=lifecycle.check("runnable", "backoff"),
-            due_at=at + backoff_delay(policy.backoff, len(window), rand),
+            due_at=at + policy.backoff.delay(len(window), rand),
         )
         return
     spent = f"error budget spent ({len(window)} errors in {policy.window:g}s): {error}"
@@ -163,5 +136,5 @@ def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand)
     elif target == "paused":
         values.update(status=lifecycle.check("runnable", "exhaust_pause"), due_at=None)
     else:
-        values.update(enter(flow, target, at))
+        values.update(lifecycle.enter_state(flow, target, at))
     values["last_error"] = spent

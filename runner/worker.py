@@ -33,7 +33,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
 from . import lifecycle, store, versions
-from .db import insert_ignore, reading
+from .db import insert_ignore, reading, short_error
 from .errors import UserError
 from .executor import (
     AttemptResult,
@@ -67,11 +67,6 @@ class _Backoff:
 
     def ok(self) -> None:
         self.failures = 0
-
-
-def _short(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
 
 
 @dataclass
@@ -206,7 +201,7 @@ class Worker:
                         self.finished[:0] = sent  # commit them with the next cycle
                         delay = backoff.fail()
                         log.warning(
-                            "database unavailable (%s); retrying in %.1fs", _short(exc), delay
+                            "database unavailable (%s); retrying in %.1fs", short_error(exc), delay
                         )
                         await asyncio.sleep(delay)
                         claims, chained, failed, lost, limit = [], [], [], [], 0
@@ -285,7 +280,7 @@ class Worker:
                 if self._abort:
                     raise
                 delay = backoff.fail()
-                log.warning("database unavailable (%s); retrying in %.1fs", _short(exc), delay)
+                log.warning("database unavailable (%s); retrying in %.1fs", short_error(exc), delay)
                 await asyncio.sleep(delay)
 
     async def _guard(self, fn: Callable, *args: Any) -> Any:
@@ -293,7 +288,7 @@ class Worker:
         try:
             return await self._in_db(fn, *args)
         except DBAPIError as exc:
-            log.warning("database unavailable (%s)", _short(exc))
+            log.warning("database unavailable (%s)", short_error(exc))
             return None
 
     async def _wait(self, timeout: float) -> None:
@@ -559,7 +554,7 @@ class Worker:
                     await self._in_db(self._cycle, outcomes, cancels, [], 0, False)
                 except DBAPIError as exc:
                     self.finished[:0] = batch
-                    log.warning("database unavailable at stop (%s); retrying", _short(exc))
+                    log.warning("database unavailable at stop (%s); retrying", short_error(exc))
                     await asyncio.sleep(1.0)
 
         def close():

@@ -8,13 +8,12 @@ attempt row it asks to write. Backoff math uses a fixed ``rand``.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from runner.compiler import CompiledFlow
+from runner.compiler import Backoff, CompiledFlow
 from runner.executor import AttemptResult
-from runner.outcomes import backoff_delay, decide
+from runner.outcomes import decide
 from runner.store import Claim
 from tests.fault_support import load, write_flow
 
@@ -227,8 +226,8 @@ def test_restarts_spent_fail(flow: CompiledFlow) -> None:
     ],
 )
 def test_backoff_math(jitter: str, n: int, rand: float, expected: float) -> None:
-    b = SimpleNamespace(initial=10.0, factor=2.0, max=25.0, jitter=jitter)
-    assert backoff_delay(b, n, lambda: rand) == pytest.approx(expected)
+    b = Backoff(initial=10.0, factor=2.0, max=25.0, jitter=jitter)
+    assert b.delay(n, lambda: rand) == pytest.approx(expected)
 
 
 def test_decide_uses_the_given_rand(tmp_path: Path) -> None:

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from watchfiles import awatch
 
 from .. import store
+from ..db import short_error
 from ..flows import SUFFIXES
 from .base import FileChange, Sensor, first_of, log
 from .clock import ClockSensor
@@ -75,8 +77,8 @@ class SensorHub:
         lease: float = 15.0,
         *,
         force_polling: bool | None = None,
-        debounce: int = 20,
-        step: int = 10,
+        debounce: int = 10,
+        step: int = 5,
         poll: float = 0.5,
     ) -> None:
         self.engine = engine
@@ -155,6 +157,8 @@ class SensorHub:
             held = await asyncio.to_thread(
                 claim_leases, self.engine, desired, self.worker_id, self.lease
             )
+        except DBAPIError as exc:
+            log.warning("sensor leases: database unavailable (%s)", short_error(exc))
         except Exception:
             log.exception("sensor leases: cannot claim or renew")
             return
@@ -179,6 +183,10 @@ class SensorHub:
             await sensor.run(stop)
         except asyncio.CancelledError:
             raise
+        except DBAPIError as exc:
+            log.warning(
+                "sensor %s: database unavailable (%s); restarting it", sensor.name, short_error(exc)
+            )
         except Exception:
             log.exception("sensor %s failed; restarting it within %gs", sensor.name, self.lease / 3)
         finally:
@@ -201,6 +209,8 @@ class SensorHub:
         while not stop.is_set():
             try:
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+            except DBAPIError as exc:
+                log.warning("rules: database unavailable (%s); retrying", short_error(exc))
             except Exception:
                 log.exception("rules: handling events failed; retrying")
                 seen, acted = 0, 0
