@@ -1,8 +1,9 @@
 """Throughput: flowrun transitions/s against huey's SqliteHuey tasks/s (not a test).
 
 flowrun: N instances of a 3-state flow (two ``call`` states with no-op ``async def``
-handlers, then a terminal state) drained by ONE ``flowrun --daemon --exit-when-idle`` process on a SQLite
-file; a "transition" is one committed attempt that moved an instance (2 per instance).
+handlers, then a terminal state) drained by ONE ``flowrun --daemon --exit-when-idle``
+process on a SQLite file; a "transition" is one committed attempt that moved an instance
+(2 per instance).
 The rate is transitions / (last attempt finished - first attempt started), read back from
 the attempts table; the wall time of the whole process (start-up included) is printed too.
 
