@@ -31,6 +31,12 @@ def _ago(iso_ts: str | None, *, future: bool = False) -> str:
     return sign + text
 
 
+def _due(r: dict) -> str:
+    if r["due_at"]:
+        return _ago(r["due_at"], future=True)
+    return "event" if r["status"] in ("runnable", "paused") else "-"  # waits for an event
+
+
 def instance_table(rows: list[dict]) -> None:
     """Print instances: id, flow, state, status, attempts, errors, restarts, due, lock, error."""
     t = Table(box=None, pad_edge=False, header_style="bold")
@@ -61,7 +67,7 @@ def instance_table(rows: list[dict]) -> None:
             str(r["attempts"]),
             str(r["errors"]),
             str(r["restarts"]),
-            _ago(r["due_at"], future=True) if r["due_at"] else "-",
+            _due(r),
             lock,
             (r.get("last_error") or "").splitlines()[0][:60] if r.get("last_error") else "",
         )
