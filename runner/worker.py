@@ -17,6 +17,7 @@ the open attempts are left for the next claim to close as ``lost``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import os
@@ -448,7 +449,7 @@ class Worker:
                 next_state=state.next,
             )
         ctx = Context(
-            data=dict(claim.data),
+            data=_own_copy(claim.data),
             instance_id=claim.id,
             flow=flow.name,
             state=claim.state,
@@ -593,6 +594,14 @@ def _max_restarts(conn, version: str, state: str) -> int:
 @functools.lru_cache(maxsize=256)
 def _flow_dir(path: str) -> Path:
     return Path(path).resolve().parent
+
+
+def _own_copy(data: dict) -> dict:
+    """A copy the handler may change freely: nested values are copied too (else a change
+    deep inside would also change the claim's data and look like no change at all)."""
+    if any(isinstance(v, (dict, list)) for v in data.values()):
+        return copy.deepcopy(data)
+    return dict(data)
 
 
 def _uses_event(argv: tuple[str, ...] | None) -> bool:
