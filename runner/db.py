@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
@@ -55,11 +55,6 @@ def normalize_url(url: str) -> str:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
-
-
-def is_sqlite(engine: Engine) -> bool:
-    """True when ``engine`` talks to SQLite."""
-    return engine.dialect.name == "sqlite"
 
 
 def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
@@ -154,17 +149,6 @@ def reading(engine: Engine):
     Use as ``with reading(engine) as conn: ...``.
     """
     return engine.connect().execution_options(flowrun_read=True)
-
-
-def ping(engine: Engine) -> None:
-    """Run ``SELECT 1``; raise ``ConfigError`` when the database cannot be reached."""
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except SQLAlchemyError as exc:
-        raise ConfigError(
-            f"cannot reach database {redact(str(engine.url))}: {_first_line(exc)}"
-        ) from None
 
 
 def skip_locked(engine: Engine) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from transitions import Machine, MachineError
 
 from .errors import IllegalMove
-from .models import STATUSES, TERMINAL_STATUSES
+from .models import STATUSES
 
 #: (event, sources, destination). The single source of truth for status moves.
 TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -104,8 +104,3 @@ def enter_state(flow: Any, target: str, at: float) -> dict:
         "state_errors": [],
         "state_restarts": 0,
     }
-
-
-def is_terminal(status: str) -> bool:
-    """True for ``completed``, ``failed`` and ``killed``."""
-    return status in TERMINAL_STATUSES

@@ -24,7 +24,6 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 #: The fixed lifecycle statuses of an instance (Metafora's states, minus ``fault``).
 STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
-TERMINAL_STATUSES = ("completed", "failed", "killed")
 
 #: Outcomes of one attempt.
 OUTCOMES = ("moved", "not_yet", "error", "timeout", "lost", "cancelled")

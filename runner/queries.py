@@ -112,15 +112,6 @@ def _filtered(q, flow, status, text):
     return q
 
 
-def count_instances(
-    engine: Engine, *, flow: str | None = None, status: str | None = None, text: str | None = None
-) -> int:
-    """How many instances match the same filters as :func:`list_instances`."""
-    q = _filtered(select(func.count()).select_from(instances), flow, status, text)
-    with reading(engine) as conn:
-        return conn.execute(q).scalar_one()
-
-
 def count_by_status(engine: Engine, flow: str | None = None) -> dict[str, int]:
     """``{status: count}`` over all instances (or one flow's)."""
     q = select(instances.c.status, func.count()).group_by(instances.c.status)

@@ -166,12 +166,6 @@ def has_due(conn: Connection, at: float) -> bool:
     return conn.execute(q).first() is not None
 
 
-def next_due(conn: Connection) -> float | None:
-    """The earliest ``due_at`` of a claimable instance, or ``None``."""
-    q = select(func.min(instances.c.due_at)).where(instances.c.status.in_(CLAIMABLE))
-    return conn.execute(q).scalar()
-
-
 class _Hot:
     """The worker's hot statements, compiled once per engine (see ``db.Prepared``)."""
 
