@@ -22,7 +22,7 @@ from typing import Any
 
 from . import lifecycle
 from .errors import IllegalMove
-from .executor import AttemptResult
+from .attempt import AttemptResult
 from .store import Claim, Outcome
 
 _verdicts: dict[tuple[str, str, str], str | None] = {}

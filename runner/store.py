@@ -19,14 +19,35 @@ The protocol (after Takahē's Stator, made sharper by a fence):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Float, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
-from .db import Prepared, insert_ignore, json_adapter, skip_locked
-from .models import JSONType, attempts, flow_versions, instances
+from .commit import cancel_attempt, commit_outcomes, save_checkpoint
+from .db import insert_ignore, skip_locked
+from .models import attempts, flow_versions, instances
+from .rows import Claim, Outcome, hot_for
+
+__all__ = [
+    "CLAIMABLE",
+    "Claim",
+    "Outcome",
+    "busy_count",
+    "cancel_attempt",
+    "claim_batch",
+    "commit_outcomes",
+    "create_instance",
+    "create_instances",
+    "has_due",
+    "initial_row",
+    "now",
+    "record_version",
+    "release_all",
+    "renew",
+    "save_checkpoint",
+    "taken_away",
+]
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
 CLAIMABLE = ("runnable", "sleeping")
@@ -116,26 +137,6 @@ def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) 
     return len(rows)
 
 
-@dataclass
-class Claim:
-    """One claimed instance with the attempt just opened for it (``attempt`` is 1-based)."""
-
-    id: int
-    flow: str
-    version: str
-    state: str
-    data: dict
-    fence: int
-    attempt: int
-    errors: int
-    restarts: int
-    state_errors: list[float]
-    state_restarts: int
-    event_id: int | None
-    lost: list[str] = field(default_factory=list)
-    chain: int = 0  # moves made since this instance was last claimed from the table
-
-
 _CLAIM_COLS = (
     instances.c.id,
     instances.c.flow,
@@ -164,77 +165,6 @@ def has_due(conn: Connection, at: float) -> bool:
     """Cheap read (no write lock): is any instance due and unlocked at ``at``?"""
     q = select(instances.c.id).where(_due_clause(at)).limit(1)
     return conn.execute(q).first() is not None
-
-
-class _Hot:
-    """The worker's hot statements, compiled once per engine (see ``db.Prepared``)."""
-
-    def __init__(self, engine: Engine):
-        self.json = json_adapter(engine)
-        self.insert_attempts = Prepared(
-            engine,
-            insert(attempts).values(
-                instance_id=bindparam("i"),
-                attempt=bindparam("a"),
-                state=bindparam("s"),
-                worker=bindparam("w"),
-                fence=bindparam("f"),
-                started_at=bindparam("t"),
-            ),
-        )
-        self.commit_instances = Prepared(
-            engine,
-            update(instances)
-            .where(
-                instances.c.id == bindparam("b_id"),
-                instances.c.locked_by == bindparam("b_worker"),
-                instances.c.fence == bindparam("b_fence"),
-            )
-            .values(
-                {
-                    **{k: bindparam(k) for k in _INSTANCE_COMMIT_KEYS if k not in _KEEP_IF_NONE},
-                    # None keeps the stored value: unchanged JSON is not rewritten
-                    "state_changed": func.coalesce(
-                        bindparam("state_changed", type_=Float()), instances.c.state_changed
-                    ),
-                    "data": func.coalesce(bindparam("data", type_=JSONType), instances.c.data),
-                    "state_errors": func.coalesce(
-                        bindparam("state_errors", type_=JSONType), instances.c.state_errors
-                    ),
-                    "locked_by": bindparam("b_lock"),
-                    "locked_until": bindparam("b_until"),
-                    "running_attempt": bindparam("b_next"),
-                    "attempts": bindparam("b_attempts"),
-                    "updated_at": bindparam("b_at"),
-                }
-            ),
-        )
-        self.commit_attempts = Prepared(
-            engine,
-            update(attempts)
-            .where(
-                attempts.c.instance_id == bindparam("b_id"),
-                attempts.c.attempt == bindparam("b_attempt"),
-            )
-            .values(
-                finished_at=bindparam("b_at"),
-                outcome=bindparam("outcome"),
-                to_state=bindparam("to_state"),
-                error=bindparam("error"),
-                checkpoint=bindparam("checkpoint"),
-            ),
-        )
-
-
-_hot: dict[int, _Hot] = {}
-
-
-def _hot_for(conn: Connection) -> _Hot:
-    engine = conn.engine
-    hot = _hot.get(id(engine))
-    if hot is None:
-        hot = _hot[id(engine)] = _Hot(engine)
-    return hot
 
 
 def claim_batch(
@@ -304,7 +234,7 @@ def claim_batch(
     if failed:
         dead = set(failed)
         claims = [c for c in claims if c.id not in dead]
-    _hot_for(conn).insert_attempts.executemany(
+    hot_for(conn).insert_attempts.executemany(
         conn,
         [
             {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
@@ -389,202 +319,6 @@ def taken_away(conn: Connection, worker_id: str, held: dict[int, int]) -> list[i
     )
     seen = {i: (owner, fence) for i, owner, fence in conn.execute(q)}
     return [i for i, f in held.items() if seen.get(i) != (worker_id, f)]
-
-
-@dataclass
-class Outcome:
-    """What one finished attempt does to its instance and attempt rows.
-
-    ``values`` holds the instance columns to write (the worker computes them from the
-    flow's policy); ``attempt_values`` the attempt columns (outcome, to_state, error,
-    checkpoint). ``values`` is ignored when the fence no longer matches.
-    """
-
-    instance_id: int
-    attempt: int
-    fence: int
-    values: dict
-    attempt_values: dict
-    chain: Claim | None = None  # set: keep the lease and start the next attempt at once
-    unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
-
-
-_INSTANCE_COMMIT_KEYS = (
-    "state",
-    "status",
-    "data",
-    "due_at",
-    "errors",
-    "restarts",
-    "state_errors",
-    "state_restarts",
-    "last_error",
-    "state_changed",
-)
-_JSON_KEYS = ("data", "state_errors")
-_KEEP_IF_NONE = ("state_changed", "data", "state_errors")
-
-
-def commit_outcomes(
-    conn: Connection,
-    worker_id: str,
-    outcomes: Iterable[Outcome],
-    at: float | None = None,
-    *,
-    lease: float = 60.0,
-) -> tuple[list[int], list[Claim]]:
-    """Commit finished attempts in one batch, fenced.
-
-    Returns ``(lost_ids, chained)``: the ids whose fence was lost (only their attempt row
-    is closed, as ``cancelled`` unless a new owner already closed it as ``lost``, and our
-    lock released if still held), and a new :class:`Claim` for every outcome marked
-    ``chain``: its instance stays locked by this worker (lease renewed) and its next
-    attempt row is opened in the same transaction.
-    """
-    outcomes = list(outcomes)
-    if not outcomes:
-        return [], []
-    at = now() if at is None else at
-    q = select(instances.c.id, instances.c.fence).where(
-        instances.c.id.in_([o.instance_id for o in outcomes]), instances.c.locked_by == worker_id
-    )
-    if skip_locked(conn.engine):
-        q = q.with_for_update()
-    current = dict(conn.execute(q).all())
-    good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
-    lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
-    hot = _hot_for(conn)
-    js = hot.json
-    rows, chained = [], []
-    for o in good:
-        row = {k: o.values[k] for k in _INSTANCE_COMMIT_KEYS}
-        for k in _JSON_KEYS:
-            row[k] = None if k in o.unchanged else js(row[k])
-        row.update(b_id=o.instance_id, b_worker=worker_id, b_fence=o.fence, b_at=at)
-        if o.chain is not None:
-            nxt = _next_claim(o)
-            chained.append(nxt)
-            row.update(
-                b_lock=worker_id, b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt
-            )
-        else:
-            row.update(b_lock=None, b_until=None, b_next=None, b_attempts=o.attempt)
-        rows.append(row)
-    hot.commit_instances.executemany(conn, rows)
-    hot.commit_attempts.executemany(
-        conn,
-        [
-            {
-                "b_id": o.instance_id,
-                "b_attempt": o.attempt,
-                "b_at": at,
-                "outcome": o.attempt_values.get("outcome"),
-                "to_state": o.attempt_values.get("to_state"),
-                "error": o.attempt_values.get("error"),
-                "checkpoint": js(o.attempt_values.get("checkpoint")),
-            }
-            for o in good
-        ],
-    )
-    hot.insert_attempts.executemany(
-        conn,
-        [
-            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
-            for c in chained
-        ],
-    )
-    for o in lost:
-        cancel_attempt(conn, worker_id, o.instance_id, o.attempt, "lease or fence lost", at=at)
-    return [o.instance_id for o in lost], chained
-
-
-def _next_claim(o: Outcome) -> Claim:
-    prev, v = o.chain, o.values
-    assert prev is not None
-    return Claim(
-        id=prev.id,
-        flow=prev.flow,
-        version=prev.version,
-        state=v["state"],
-        data=v["data"],
-        fence=prev.fence,
-        attempt=prev.attempt + 1,
-        errors=v["errors"],
-        restarts=v["restarts"],
-        state_errors=list(v["state_errors"]),
-        state_restarts=v["state_restarts"],
-        event_id=prev.event_id,
-        chain=prev.chain + 1,
-    )
-
-
-def cancel_attempt(
-    conn: Connection,
-    worker_id: str,
-    instance_id: int,
-    attempt: int,
-    reason: str,
-    *,
-    outcome: str = "cancelled",
-    at: float | None = None,
-) -> None:
-    """Close an attempt whose instance was taken away, and release our lock if still ours.
-
-    Writes nothing to the instance but the lock columns, and only while ``locked_by`` is
-    still this worker and ``running_attempt`` is this attempt.
-    """
-    at = now() if at is None else at
-    conn.execute(
-        update(attempts)
-        .where(
-            attempts.c.instance_id == instance_id,
-            attempts.c.attempt == attempt,
-            attempts.c.outcome.is_(None),
-        )
-        .values(outcome=outcome, finished_at=at, error=reason)
-    )
-    conn.execute(
-        update(instances)
-        .where(
-            instances.c.id == instance_id,
-            instances.c.locked_by == worker_id,
-            instances.c.running_attempt == attempt,
-        )
-        .values(locked_by=None, locked_until=None, running_attempt=None, updated_at=at)
-    )
-
-
-def save_checkpoint(
-    conn: Connection,
-    worker_id: str,
-    instance_id: int,
-    fence: int,
-    attempt: int,
-    data: dict,
-    checkpoint: dict,
-) -> bool:
-    """Durably store a handler's checkpoint mid-attempt; False when the fence was lost.
-
-    ``data`` is the instance's whole data after merging ``checkpoint`` into it; the next
-    attempt (or restart) starts from it (majordomo's "update state" message).
-    """
-    res = conn.execute(
-        update(instances)
-        .where(
-            instances.c.id == instance_id,
-            instances.c.locked_by == worker_id,
-            instances.c.fence == fence,
-        )
-        .values(data=data, updated_at=now())
-    )
-    if res.rowcount != 1:
-        return False
-    conn.execute(
-        update(attempts)
-        .where(attempts.c.instance_id == instance_id, attempts.c.attempt == attempt)
-        .values(checkpoint=checkpoint)
-    )
-    return True
 
 
 def release_all(conn: Connection, worker_id: str) -> int:

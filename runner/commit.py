@@ -1,0 +1,179 @@
+"""The commit side of the worker: fenced outcomes, cancelled attempts, checkpoints.
+
+Every write here is fenced: it lands only while ``locked_by`` and ``fence`` still match the
+claim, so a worker that lost its lease (or whose instance an operator paused, killed or
+moved) can write nothing to the instance (see ``runner.store`` for the protocol).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, select, update
+
+from .db import skip_locked
+from .models import attempts, instances
+from .rows import COMMIT_KEYS, JSON_KEYS, Claim, Outcome, hot_for
+
+
+def commit_outcomes(
+    conn: Connection,
+    worker_id: str,
+    outcomes: Iterable[Outcome],
+    at: float | None = None,
+    *,
+    lease: float = 60.0,
+) -> tuple[list[int], list[Claim]]:
+    """Commit finished attempts in one batch, fenced.
+
+    Returns ``(lost_ids, chained)``: the ids whose fence was lost (only their attempt row
+    is closed, as ``cancelled`` unless a new owner already closed it as ``lost``, and our
+    lock released if still held), and a new :class:`Claim` for every outcome marked
+    ``chain``: its instance stays locked by this worker (lease renewed) and its next
+    attempt row is opened in the same transaction.
+    """
+    outcomes = list(outcomes)
+    if not outcomes:
+        return [], []
+    at = time.time() if at is None else at
+    q = select(instances.c.id, instances.c.fence).where(
+        instances.c.id.in_([o.instance_id for o in outcomes]), instances.c.locked_by == worker_id
+    )
+    if skip_locked(conn.engine):
+        q = q.with_for_update()
+    current = dict(conn.execute(q).all())
+    good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
+    lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
+    hot = hot_for(conn)
+    js = hot.json
+    rows, chained = [], []
+    for o in good:
+        row = {k: o.values[k] for k in COMMIT_KEYS}
+        for k in JSON_KEYS:
+            row[k] = None if k in o.unchanged else js(row[k])
+        row.update(b_id=o.instance_id, b_worker=worker_id, b_fence=o.fence, b_at=at)
+        if o.chain is not None:
+            nxt = _next_claim(o)
+            chained.append(nxt)
+            row.update(
+                b_lock=worker_id, b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt
+            )
+        else:
+            row.update(b_lock=None, b_until=None, b_next=None, b_attempts=o.attempt)
+        rows.append(row)
+    hot.commit_instances.executemany(conn, rows)
+    hot.commit_attempts.executemany(
+        conn,
+        [
+            {
+                "b_id": o.instance_id,
+                "b_attempt": o.attempt,
+                "b_at": at,
+                "outcome": o.attempt_values.get("outcome"),
+                "to_state": o.attempt_values.get("to_state"),
+                "error": o.attempt_values.get("error"),
+                "checkpoint": js(o.attempt_values.get("checkpoint")),
+            }
+            for o in good
+        ],
+    )
+    hot.insert_attempts.executemany(
+        conn,
+        [
+            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
+            for c in chained
+        ],
+    )
+    for o in lost:
+        cancel_attempt(conn, worker_id, o.instance_id, o.attempt, "lease or fence lost", at=at)
+    return [o.instance_id for o in lost], chained
+
+
+def _next_claim(o: Outcome) -> Claim:
+    prev, v = o.chain, o.values
+    assert prev is not None
+    return Claim(
+        id=prev.id,
+        flow=prev.flow,
+        version=prev.version,
+        state=v["state"],
+        data=v["data"],
+        fence=prev.fence,
+        attempt=prev.attempt + 1,
+        errors=v["errors"],
+        restarts=v["restarts"],
+        state_errors=list(v["state_errors"]),
+        state_restarts=v["state_restarts"],
+        event_id=prev.event_id,
+        chain=prev.chain + 1,
+    )
+
+
+def cancel_attempt(
+    conn: Connection,
+    worker_id: str,
+    instance_id: int,
+    attempt: int,
+    reason: str,
+    *,
+    outcome: str = "cancelled",
+    at: float | None = None,
+) -> None:
+    """Close an attempt whose instance was taken away, and release our lock if still ours.
+
+    Writes nothing to the instance but the lock columns, and only while ``locked_by`` is
+    still this worker and ``running_attempt`` is this attempt.
+    """
+    at = time.time() if at is None else at
+    conn.execute(
+        update(attempts)
+        .where(
+            attempts.c.instance_id == instance_id,
+            attempts.c.attempt == attempt,
+            attempts.c.outcome.is_(None),
+        )
+        .values(outcome=outcome, finished_at=at, error=reason)
+    )
+    conn.execute(
+        update(instances)
+        .where(
+            instances.c.id == instance_id,
+            instances.c.locked_by == worker_id,
+            instances.c.running_attempt == attempt,
+        )
+        .values(locked_by=None, locked_until=None, running_attempt=None, updated_at=at)
+    )
+
+
+def save_checkpoint(
+    conn: Connection,
+    worker_id: str,
+    instance_id: int,
+    fence: int,
+    attempt: int,
+    data: dict,
+    checkpoint: dict,
+) -> bool:
+    """Durably store a handler's checkpoint mid-attempt; False when the fence was lost.
+
+    ``data`` is the instance's whole data after merging ``checkpoint`` into it; the next
+    attempt (or restart) starts from it (majordomo's "update state" message).
+    """
+    res = conn.execute(
+        update(instances)
+        .where(
+            instances.c.id == instance_id,
+            instances.c.locked_by == worker_id,
+            instances.c.fence == fence,
+        )
+        .values(data=data, updated_at=time.time())
+    )
+    if res.rowcount != 1:
+        return False
+    conn.execute(
+        update(attempts)
+        .where(attempts.c.instance_id == instance_id, attempts.c.attempt == attempt)
+        .values(checkpoint=checkpoint)
+    )
+    return True
