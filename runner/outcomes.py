@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import lifecycle
-from .errors import IllegalMove
 from .attempt import AttemptResult
+from .errors import IllegalMove
 from .store import Claim, Outcome
 
 _verdicts: dict[tuple[str, str, str], str | None] = {}
