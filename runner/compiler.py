@@ -21,6 +21,7 @@ from typing import Any
 from transitions import Machine, MachineError
 
 from runner.errors import FlowError, FlowErrors, IllegalMove
+from runner.flowfile import did_you_mean, load_flow_text
 from runner.spec import (
     BackoffSpec,
     Defaults,
@@ -29,8 +30,6 @@ from runner.spec import (
     RuleSpec,
     SensorSpec,
     StateSpec,
-    did_you_mean,
-    load_flow_text,
 )
 
 STATUS_OUTCOMES = ("failed", "paused")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runner.compiler import CompiledFlow, load_flow
 from runner.errors import FlowError, FlowErrors, UserError
-from runner.spec import did_you_mean
+from runner.flowfile import did_you_mean
 
 SUFFIXES = (".yaml", ".yml")
 

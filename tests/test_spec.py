@@ -9,7 +9,8 @@ import pytest
 
 from runner.durations import format_duration, parse_duration
 from runner.errors import FlowError, FlowErrors
-from runner.spec import FlowSpec, StateSpec, load_flow_text
+from runner.flowfile import load_flow_text
+from runner.spec import FlowSpec, StateSpec
 
 EXAMPLE = """\
 # yaml-language-server: $schema=../schemas/flow.schema.json
