@@ -17,8 +17,6 @@ the open attempts are left for the next claim to close as ``lost``.
 from __future__ import annotations
 
 import asyncio
-import copy
-import functools
 import logging
 import os
 import signal
@@ -27,27 +25,21 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError
 
-from . import lifecycle, store, versions
-from .db import insert_ignore, reading, short_error
+from . import heartbeat, lifecycle, store, versions
+from .attempt_run import load_event_payload, run_attempt
+from .db import reading, short_error
 from .errors import UserError
 from .executor import (
     AttemptResult,
     Cancel,
-    Context,
-    Limits,
-    handler_env,
     live_groups,
-    render_argv,
-    run_call,
-    run_exec,
 )
-from .models import events, workers
+from .models import events
 from .outcomes import decide
 
 log = logging.getLogger("flowrun.worker")
@@ -168,7 +160,7 @@ class Worker:
         cfg = self.config
         loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        await self._retrying(self._register)
+        await self._retrying(heartbeat.register, self.engine, cfg.worker_id)
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
             cfg.worker_id,
@@ -241,7 +233,7 @@ class Worker:
                     if renew:
                         next_renew = now + cfg.lease / 3
                 if now >= next_beat:
-                    await self._guard(self._heartbeat)
+                    await self._guard(heartbeat.beat, self.engine, cfg.worker_id, len(self.running))
                     next_beat = now + cfg.heartbeat
                 if (
                     cfg.exit_when_idle
@@ -406,75 +398,16 @@ class Worker:
             self._wake.set()
 
     async def _attempt(self, run: _Running) -> AttemptResult:
-        claim, cfg = run.claim, self.config
-        try:
-            flow = versions.compiled(self.engine, claim.version)
-        except UserError as exc:
-            return AttemptResult("error", claim.data, error=str(exc))
-        state = flow.states.get(claim.state)
-        if state is None or state.kind not in ("exec", "call"):
-            return AttemptResult(
-                "error", claim.data, error=f"state {claim.state!r} has no handler to run"
-            )
-        policy = state.policy
-        limits = Limits(policy.timeout, policy.keepalive, cfg.kill_grace)
-
-        def checkpoint(new_data: dict, values: dict) -> bool:
-            with self.engine.begin() as conn:
-                ok = store.save_checkpoint(
-                    conn, cfg.worker_id, claim.id, claim.fence, claim.attempt, new_data, values
-                )
-            if ok:
-                run.durable[0] = new_data
-            return ok
-
-        cwd = _flow_dir(flow.path)
-        if state.kind == "exec":
-            event = await self._event_payload(claim) if _uses_event(state.argv) else None
-            try:
-                argv = render_argv(state.argv, claim.data, event)
-            except KeyError as exc:
-                return AttemptResult(
-                    "error", claim.data, error=f"argv placeholder {exc} has no value"
-                )
-            env = handler_env(flow.name, claim.state, claim.id, claim.attempt, claim.data, cwd)
-            return await run_exec(
-                argv,
-                cwd=cwd,
-                env=env,
-                data=claim.data,
-                limits=limits,
-                cancel=run.cancel,
-                checkpoint=checkpoint,
-                next_state=state.next,
-            )
-        ctx = Context(
-            data=_own_copy(claim.data),
-            instance_id=claim.id,
-            flow=flow.name,
-            state=claim.state,
-            attempt=claim.attempt,
-            _checkpoint=checkpoint,
-        )
-        return await run_call(
-            state.func,
-            ctx,
-            limits=limits,
-            cancel=run.cancel,
+        return await run_attempt(
+            self.engine,
+            run.claim,
+            run.cancel,
+            run.durable,
+            worker_id=self.config.worker_id,
+            kill_grace=self.config.kill_grace,
             threads=self._threads,
-            next_state=state.next,
+            load_event=lambda: self._in_db(load_event_payload, self.engine, run.claim.event_id),
         )
-
-    async def _event_payload(self, claim: store.Claim) -> dict | None:
-        if claim.event_id is None:
-            return None
-
-        def load():
-            with reading(self.engine) as conn:
-                q = select(events.c.payload).where(events.c.id == claim.event_id)
-                return conn.execute(q).scalar()
-
-        return await self._in_db(load)
 
     async def _check_leases(self, renew: bool) -> None:
         held = {iid: r.claim.fence for iid, r in self.running.items()}
@@ -500,43 +433,6 @@ class Worker:
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def _register(self) -> None:
-        at = time.time()
-        cfg = self.config
-        with self.engine.begin() as conn:
-            insert_ignore(
-                conn,
-                workers,
-                {
-                    "id": cfg.worker_id,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "started_at": at,
-                    "heartbeat_at": at,
-                    "running": 0,
-                },
-            )
-            conn.execute(
-                update(workers)
-                .where(workers.c.id == cfg.worker_id)
-                .values(
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    started_at=at,
-                    heartbeat_at=at,
-                    running=0,
-                    stopped_at=None,
-                )
-            )
-
-    def _heartbeat(self) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(workers)
-                .where(workers.c.id == self.config.worker_id)
-                .values(heartbeat_at=time.time(), running=len(self.running))
-            )
-
     async def _finish(self) -> None:
         if self._abort:
             self._kill_groups()
@@ -558,18 +454,14 @@ class Worker:
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
                     await asyncio.sleep(1.0)
 
-        def close():
-            with self.engine.begin() as conn:
-                if not self._abort:
-                    store.release_all(conn, self.config.worker_id)
-                conn.execute(
-                    update(workers)
-                    .where(workers.c.id == self.config.worker_id)
-                    .values(stopped_at=time.time(), running=len(self.running))
-                )
-
         try:
-            await self._guard(close)
+            await self._guard(
+                heartbeat.stopped,
+                self.engine,
+                self.config.worker_id,
+                len(self.running),
+                not self._abort,
+            )
         finally:
             self._db.shutdown(wait=False)
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -589,20 +481,3 @@ def _max_restarts(conn, version: str, state: str) -> int:
         return versions.compiled(conn, version).states[state].policy.max_restarts
     except (UserError, KeyError):
         return 0
-
-
-@functools.lru_cache(maxsize=256)
-def _flow_dir(path: str) -> Path:
-    return Path(path).resolve().parent
-
-
-def _own_copy(data: dict) -> dict:
-    """A copy the handler may change freely: nested values are copied too (else a change
-    deep inside would also change the claim's data and look like no change at all)."""
-    if any(isinstance(v, (dict, list)) for v in data.values()):
-        return copy.deepcopy(data)
-    return dict(data)
-
-
-def _uses_event(argv: tuple[str, ...] | None) -> bool:
-    return any("{event." in a for a in argv or ())

@@ -1,0 +1,135 @@
+"""Prepare and run one claimed attempt: its flow version, limits, handler and checkpoints.
+
+The worker loop (``runner.worker``) decides *when* attempts run; this module decides *how*
+one runs: it compiles the instance's own flow version, renders an ``exec`` argv (each
+argument on its own) and environment, or builds a ``call`` handler's context, and wires
+checkpoints to a fenced, durable write (``store.save_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from sqlalchemy import Engine, select
+
+from . import store, versions
+from .db import reading
+from .errors import UserError
+from .executor import (
+    AttemptResult,
+    Cancel,
+    Context,
+    Limits,
+    handler_env,
+    render_argv,
+    run_call,
+    run_exec,
+)
+from .models import events
+
+
+async def run_attempt(
+    engine: Engine,
+    claim: store.Claim,
+    cancel: Cancel,
+    durable: list,
+    *,
+    worker_id: str,
+    kill_grace: float,
+    threads: Executor,
+    load_event: Callable[[], Awaitable[dict | None]],
+) -> AttemptResult:
+    """Run the handler of ``claim``'s state and return what it produced.
+
+    Args:
+        engine: the database (checkpoints are written through it, fenced by the claim).
+        claim: the claimed instance and its open attempt.
+        cancel: set by the worker to cancel the attempt (pause, kill, lost lease, stop).
+        durable: a one-item list holding the data as last stored; a checkpoint replaces it.
+        worker_id: this worker's id (the lock owner the checkpoint is fenced on).
+        kill_grace: seconds between SIGTERM and SIGKILL for an ``exec`` process group.
+        threads: the pool sync ``call`` handlers run in.
+        load_event: returns the payload of the sensor event that started the instance
+            (asked only when an ``exec`` argv uses ``{event.…}``).
+    """
+    try:
+        flow = versions.compiled(engine, claim.version)
+    except UserError as exc:
+        return AttemptResult("error", claim.data, error=str(exc))
+    state = flow.states.get(claim.state)
+    if state is None or state.kind not in ("exec", "call"):
+        return AttemptResult(
+            "error", claim.data, error=f"state {claim.state!r} has no handler to run"
+        )
+    policy = state.policy
+    limits = Limits(policy.timeout, policy.keepalive, kill_grace)
+
+    def checkpoint(new_data: dict, values: dict) -> bool:
+        with engine.begin() as conn:
+            ok = store.save_checkpoint(
+                conn, worker_id, claim.id, claim.fence, claim.attempt, new_data, values
+            )
+        if ok:
+            durable[0] = new_data
+        return ok
+
+    cwd = flow_dir(flow.path)
+    if state.kind == "exec":
+        event = await load_event() if uses_event(state.argv) else None
+        try:
+            argv = render_argv(state.argv, claim.data, event)
+        except KeyError as exc:
+            return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
+        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, claim.data, cwd)
+        return await run_exec(
+            argv,
+            cwd=cwd,
+            env=env,
+            data=claim.data,
+            limits=limits,
+            cancel=cancel,
+            checkpoint=checkpoint,
+            next_state=state.next,
+        )
+    ctx = Context(
+        data=own_copy(claim.data),
+        instance_id=claim.id,
+        flow=flow.name,
+        state=claim.state,
+        attempt=claim.attempt,
+        _checkpoint=checkpoint,
+    )
+    return await run_call(
+        state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
+    )
+
+
+def load_event_payload(engine: Engine, event_id: int | None) -> dict | None:
+    """The payload of sensor event ``event_id`` (``None`` when there is none)."""
+    if event_id is None:
+        return None
+    with reading(engine) as conn:
+        return conn.execute(select(events.c.payload).where(events.c.id == event_id)).scalar()
+
+
+@functools.lru_cache(maxsize=256)
+def flow_dir(path: str) -> Path:
+    """The folder of a flow file: the working directory of its ``exec`` handlers."""
+    return Path(path).resolve().parent
+
+
+def own_copy(data: dict) -> dict:
+    """A copy the handler may change freely: nested values are copied too (else a change
+    deep inside would also change the claim's data and look like no change at all)."""
+    if any(isinstance(v, (dict, list)) for v in data.values()):
+        return copy.deepcopy(data)
+    return dict(data)
+
+
+def uses_event(argv: tuple[str, ...] | None) -> bool:
+    """True when an argv has an ``{event.…}`` placeholder."""
+    return any("{event." in a for a in argv or ())
