@@ -11,12 +11,11 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from . import lifecycle, queries, versions
+from . import lifecycle, queries
 from .commands import CommandResult, allowed_events, select_ids, submit
 from .db import DEFAULT_URL, make_engine, reading
 from .errors import ConfigError, FlowErrors, UserError
@@ -271,39 +270,12 @@ def show(c: Ctx, instance_id: int, as_json: bool):
     item = queries.get_instance(c.engine, instance_id)
     if item is None:
         raise UserError(f"no instance {instance_id}", 1)
-    item["budget"] = _budget(c, item)
     if as_json:
         click.echo(json.dumps(item, indent=2))
         return
     from .render import instance_detail
 
     instance_detail(item)
-
-
-def _budget(c: Ctx, item: dict) -> dict | None:
-    """Error budget of the instance's current state: used, left, max, window (seconds)."""
-    try:
-        policy = versions.compiled(c.engine, item["version"]).states[item["state"]].policy
-    except (UserError, KeyError):
-        return None
-    cutoff = time.time() - policy.window
-    used = sum(1 for t in item["state_error_times"] if t and queries_ts(t) > cutoff)
-    return {
-        "used": used,
-        "left": max(0, policy.max_errors - used),
-        "max": policy.max_errors,
-        "window": policy.window,
-        "on_exhausted": policy.on_exhausted,
-        "restarts": item["state_restarts"],
-        "max_restarts": policy.max_restarts,
-    }
-
-
-def queries_ts(iso_ts: str) -> float:
-    """ISO 8601 (as written by ``queries.iso``) → epoch seconds."""
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso_ts.replace("Z", "+00:00")).timestamp()
 
 
 def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event=None) -> None:

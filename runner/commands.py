@@ -78,8 +78,13 @@ def apply(
         raise UserError("send needs an event name", 2)
     at = time.time()
     results = []
+    ids = list(dict.fromkeys(ids))  # each instance once, in the order given
+    rows = {
+        r["id"]: r
+        for r in conn.execute(select(instances).where(instances.c.id.in_(ids))).mappings()
+    }
     for iid in ids:
-        row = conn.execute(select(instances).where(instances.c.id == iid)).mappings().first()
+        row = rows.get(iid)
         if row is None:
             results.append(CommandResult(iid, command, False, f"no instance {iid}"))
             continue

@@ -80,6 +80,13 @@ def remember_all(engine: Engine, registry: FlowRegistry) -> None:
             versions.remember(flow)
 
 
+def _report_hub_end(task: asyncio.Task) -> None:
+    """Say at once if the sensors stopped on an error (the worker carries on without them)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("sensors and rules stopped: %s: %s", type(exc).__name__, exc, exc_info=exc)
+
+
 async def serve(
     engine: Engine,
     registry: FlowRegistry | None,
@@ -129,6 +136,8 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig.name)
     hub_task = asyncio.ensure_future(hub.run(stop)) if hub is not None else None
+    if hub_task is not None:
+        hub_task.add_done_callback(_report_hub_end)
     try:
         await worker.run()
     finally:

@@ -89,6 +89,33 @@ def sources(event: str) -> tuple[str, ...]:
     return next((src for e, src, _ in TABLE if e == event), ())
 
 
+def in_window(error_times: list[float] | None, now: float, window: float | None) -> list[float]:
+    """The error timestamps (epoch s) that still count against the error budget at ``now``:
+    those younger than ``window`` seconds (all of them when the window is unknown).
+
+    The one definition of the sliding window (Metafora's DefaultErrHandler), used by the
+    worker when it spends budget and by everything that shows what is left.
+    """
+    if window is None:
+        return list(error_times or [])
+    return [t for t in error_times or [] if t > now - window]
+
+
+def budget(error_times: list[float] | None, now: float, policy: Any, restarts: int) -> dict:
+    """The error budget of a state under ``policy``: used, left, max, window (s),
+    on_exhausted, and restarts used out of ``max_restarts``."""
+    used = len(in_window(error_times, now, policy.window))
+    return {
+        "used": used,
+        "left": max(0, policy.max_errors - used),
+        "max": policy.max_errors,
+        "window": policy.window,
+        "on_exhausted": policy.on_exhausted,
+        "restarts": restarts,
+        "max_restarts": policy.max_restarts,
+    }
+
+
 def enter_state(flow: Any, target: str, at: float) -> dict:
     """Instance column values for entering state ``target`` of ``flow`` at ``at`` (epoch s).
 

@@ -121,7 +121,7 @@ def decide(
 
 
 def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand) -> None:
-    window = [t for t in values["state_errors"] if t > at - policy.window] + [at]
+    window = lifecycle.in_window(values["state_errors"], at, policy.window) + [at]
     values.update(errors=values["errors"] + 1, state_errors=window, last_error=error)
     if len(window) < policy.max_errors:
         values.update(

@@ -6,6 +6,7 @@ keeps float epoch seconds.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -169,6 +170,7 @@ def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) 
         )
     out = instance_json(row)
     out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
+    out["budget"] = _budget(engine, row)
     out["history"] = [attempt_json(a) for a in reversed(att)]
     out["checkpoints"] = [
         {"attempt": a["attempt"], "state": a["state"], "checkpoint": a["checkpoint"]}
@@ -233,3 +235,16 @@ def list_workers(engine: Engine, *, now: float | None = None) -> list[dict]:
             }
         )
     return out
+
+
+def _budget(engine: Engine, row: Any) -> dict | None:
+    """The error budget of the instance's current state (``None`` when its flow version
+    no longer compiles), from the stored error timestamps."""
+    from . import lifecycle, versions
+    from .errors import UserError
+
+    try:
+        policy = versions.compiled(engine, row["version"]).states[row["state"]].policy
+    except (UserError, KeyError):
+        return None
+    return lifecycle.budget(row["state_errors"], time.time(), policy, row["state_restarts"])

@@ -10,6 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..lifecycle import in_window
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -51,10 +53,7 @@ def lock(locked_by: str | None, locked_until: float | None, now: float) -> str:
 
 def budget_used(state_errors: Sequence[float] | None, now: float, window: float | None) -> int:
     """Errors inside the sliding window (all recorded ones when the window is unknown)."""
-    errs = list(state_errors or [])
-    if window is None:
-        return len(errs)
-    return sum(1 for t in errs if t >= now - window)
+    return len(in_window(list(state_errors or []), now, window))
 
 
 def budget(used: int, max_errors: int | None) -> str:
