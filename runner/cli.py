@@ -1,4 +1,9 @@
-"""The ``flowrun`` command (the contract: ``shared/design/cli.md``).
+"""The ``flowrun`` command (the contract: ``shared/design/cli.md``): the group and its
+global options, the daemon and console entries, and ``main``.
+
+The subcommands live in ``runner.cli_operator`` (instances, commands, events, workers) and
+``runner.cli_flows`` (check, graph, schema); the options' context in
+``runner.cli_context``. Their public names are re-exported here.
 
 Every user mistake — a bad flow, an unknown id, a bad URL, an unreachable database — is one
 line on stderr and a non-zero exit, never a traceback.
@@ -7,7 +12,6 @@ line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -15,47 +19,52 @@ from pathlib import Path
 
 import click
 
-from . import lifecycle, queries
-from .commands import CommandResult, allowed_events, select_ids, submit
-from .db import DEFAULT_URL, make_engine, reading
+from . import cli_flows, cli_operator
+from .cli_context import Ctx, pass_ctx, worker_config
+from .cli_flows import check, graph, schema
+from .cli_operator import (
+    events,
+    kill,
+    ls_cmd,
+    pause,
+    resume,
+    retry,
+    send,
+    show,
+    start,
+    workers_cmd,
+)
+from .db import DEFAULT_URL
 from .errors import ConfigError, FlowErrors, UserError
-from .worker import WorkerConfig
+
+__all__ = [
+    "EPILOG",
+    "Ctx",
+    "check",
+    "events",
+    "graph",
+    "kill",
+    "ls_cmd",
+    "main",
+    "main_group",
+    "pass_ctx",
+    "pause",
+    "resume",
+    "retry",
+    "run_daemon",
+    "schema",
+    "send",
+    "show",
+    "start",
+    "tui",
+    "worker_config",
+    "workers_cmd",
+]
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
-
-
-class Ctx:
-    """What the global options resolve to; the engine is opened on first use."""
-
-    def __init__(self, flows: Path, db: str, lease: float):
-        self.flows, self.db, self.lease = flows, db, lease
-        self._engine = None
-
-    @property
-    def engine(self):
-        if self._engine is None:
-            self._engine = make_engine(self.db)
-        return self._engine
-
-    def registry(self, *, strict: bool = False):
-        """The flows folder loaded; with ``strict``, any error aborts (exit 2)."""
-        from .flows import FlowRegistry
-
-        if not self.flows.is_dir():
-            raise ConfigError(
-                f"{self.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)"
-            )
-        reg = FlowRegistry(self.flows)
-        errors = reg.load_all()
-        if errors and strict:
-            raise FlowErrors(errors)
-        return reg
-
-
-pass_ctx = click.make_pass_decorator(Ctx)
 
 
 @click.group(invoke_without_command=True, epilog=EPILOG)
@@ -131,22 +140,14 @@ def main_group(
         ctx.invoke(tui)
 
 
-def worker_config(c: Ctx) -> WorkerConfig:
-    """The ``WorkerConfig`` the global options describe."""
-    o = c.worker_options
-    cfg = WorkerConfig(
-        lease=c.lease,
-        concurrency=o["concurrency"],
-        grace=o["grace"],
-        exit_when_idle=o["exit_when_idle"],
-    )
-    if o["worker_id"]:
-        cfg.worker_id = o["worker_id"]
-    return cfg
-
-
 def run_daemon(c: Ctx) -> int:
-    """Run the headless daemon until stopped; returns the exit code."""
+    """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
+    the exit code (0).
+
+    Raises:
+        ConfigError: the flows folder does not exist, or the database cannot be opened.
+        FlowErrors: a flow file has errors (the daemon refuses to start).
+    """
     from .daemon import load_registry, serve, setup_logging
 
     setup_logging(c.worker_options["log_format"])
@@ -165,231 +166,33 @@ def run_daemon(c: Ctx) -> int:
 @click.option("--readonly", is_flag=True, help="Refuse every command.")
 @pass_ctx
 def tui(c: Ctx, attach: bool, readonly: bool):
-    """Open the operator console (with an embedded worker unless --attach)."""
+    """Open the operator console (with an embedded worker unless --attach).
+
+    \f
+    Raises:
+        ConfigError: no flows folder without ``--attach``, or the database cannot be
+            opened.
+        FlowErrors: a flow file has errors (the embedded worker refuses to start).
+    """
     from .console import run_console
 
     run_console(c, attach=attach or readonly, readonly=readonly)
 
 
-@main_group.command()
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@pass_ctx
-def check(c: Ctx, paths: tuple[Path, ...]):
-    """Validate flows (the flows folder, or PATH files/folders): exit 0 valid, 2 invalid."""
-    from .compiler import load_flow
-    from .flows import FlowRegistry
-
-    errors, count = [], 0
-    for p in paths or (c.flows,):
-        if p.is_dir():
-            reg = FlowRegistry(p)
-            errors += reg.load_all()
-            count += len(reg.flows)
-        elif p.exists():
-            try:
-                load_flow(p)
-                count += 1
-            except FlowErrors as exc:
-                errors += exc.errors
-        else:
-            raise ConfigError(f"{p}: no such file or folder")
-    for e in errors:
-        click.echo(str(e), err=True)
-    if errors:
-        raise SystemExit(2)
-    click.echo(f"ok: {count} flow{'s' if count != 1 else ''} valid")
-
-
-def _parse_kv(pairs: tuple[str, ...]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise UserError(f"bad data argument {pair!r}: expected key=value", 2)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-@main_group.command()
-@click.argument("flow")
-@click.argument("pairs", nargs=-1)
-@click.option("--data", "data_json", help="Instance data as a JSON object.")
-@pass_ctx
-def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
-    """Create an instance of FLOW (data from --data JSON and key=value pairs); prints its id."""
-    from .store import create_instance
-
-    data: dict = {}
-    if data_json:
-        try:
-            data = json.loads(data_json)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--data: not valid JSON: {exc}", 2) from None
-        if not isinstance(data, dict):
-            raise UserError("--data must be a JSON object", 2)
-    data.update(_parse_kv(pairs))
-    compiled = c.registry().get(flow)
-    with c.engine.begin() as conn:
-        iid = create_instance(conn, compiled, data)
-    click.echo(iid)
-
-
-@main_group.command(name="ls")
-@click.option("--flow")
-@click.option(
-    "--status",
-    type=click.Choice(["runnable", "sleeping", "paused", "completed", "failed", "killed"]),
-)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@click.option("--limit", type=int, default=None, help="At most this many (newest first).")
-@pass_ctx
-def ls_cmd(c: Ctx, flow, status, as_json, limit):
-    """List instances."""
-    rows = queries.list_instances(
-        c.engine, flow=flow, status=status, limit=limit, order_by="id", desc=limit is not None
-    )
-    if limit is not None:
-        rows.reverse()
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    from .render import instance_table
-
-    instance_table(rows)
-
-
-@main_group.command()
-@click.argument("instance_id", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@pass_ctx
-def show(c: Ctx, instance_id: int, as_json: bool):
-    """One instance with its attempts, errors, checkpoints and error budget."""
-    item = queries.get_instance(c.engine, instance_id)
-    if item is None:
-        raise UserError(f"no instance {instance_id}", 1)
-    if as_json:
-        click.echo(json.dumps(item, indent=2))
-        return
-    from .render import instance_detail
-
-    instance_detail(item)
-
-
-def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event=None) -> None:
-    if not ids and not flow:
-        raise UserError(f"{command}: give instance ids or --flow F", 2)
-    id_list = list(ids)
-    if flow:  # every instance of the flow this command can act on (no refusal spam)
-        with reading(c.engine) as conn:
-            id_list += select_ids(conn, flow=flow, status=lifecycle.sources(command))
-        if not id_list:
-            done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}
-            click.echo(f"no instance of flow {flow!r} can be {done[command]}")
-            return
-    results: list[CommandResult] = submit(c.engine, id_list, command, event=event, source="cli")
-    code = 0
-    for r in results:
-        if r.ok:
-            click.echo(r.message)
-        else:
-            click.echo(f"flowrun: {r.message}", err=True)
-            code = 1
-    if code:
-        raise SystemExit(code)
-
-
-def _make_command(name: str, help_text: str):
-    @click.argument("ids", nargs=-1, type=int)
-    @click.option("--flow", help="Every instance of this flow.")
-    @pass_ctx
-    def cmd(c: Ctx, ids, flow):
-        _command(c, name, ids, flow)
-
-    cmd.__doc__ = help_text
-    main_group.command(name=name)(cmd)
-
-
-_make_command("pause", "Pause instances (a running attempt is cancelled).")
-_make_command("resume", "Resume paused or sleeping instances.")
-_make_command("kill", "Kill instances (a running attempt is cancelled).")
-_make_command("retry", "Retry failed instances (the state's counters reset).")
-
-
-@main_group.command()
-@click.argument("instance_id", type=int)
-@click.argument("event")
-@pass_ctx
-def send(c: Ctx, instance_id: int, event: str):
-    """Move an instance along an `on:` edge of its state (exit 2 if not allowed)."""
-    results = submit(c.engine, [instance_id], "send", event=event, source="cli")
-    r = results[0]
-    if r.ok:
-        click.echo(r.message)
-        return
-    click.echo(f"flowrun: {r.message}", err=True)
-    if r.message.startswith("no instance"):
-        raise SystemExit(1)
-    events = allowed_events(c.engine, instance_id)
-    if events and event not in events:
-        click.echo(f"flowrun: events allowed here: {', '.join(events)}", err=True)
-    raise SystemExit(2)
-
-
-@main_group.command()
-@click.argument("flow")
-@click.option(
-    "--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid", show_default=True
-)
-@pass_ctx
-def graph(c: Ctx, flow: str, fmt: str):
-    """Print FLOW's state graph, from its compiled machine."""
-    click.echo(c.registry().get(flow).graph(fmt))
-
-
-@main_group.command()
-def schema():
-    """Print the JSON Schema of flow files."""
-    from .schema import render
-
-    click.echo(render(), nl=False)
-
-
-@main_group.command()
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--limit", type=int, default=50, show_default=True)
-@pass_ctx
-def events(c: Ctx, as_json: bool, limit: int):
-    """Recent sensor events and what the rules did with each."""
-    from .sensors import list_events
-
-    rows = list_events(c.engine, limit=limit)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    from .render import events_table
-
-    events_table(rows)
-
-
-@main_group.command(name="workers")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def workers_cmd(c: Ctx, as_json: bool):
-    """Workers with their heartbeats and running attempts."""
-    rows = queries.list_workers(c.engine)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    from .render import workers_table
-
-    workers_table(rows)
+for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
+    main_group.add_command(_sub)
+del _sub
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: runs the CLI and turns user mistakes into one line."""
+    """Console-script entry point: runs the CLI and turns user mistakes into one line.
+
+    Args:
+        argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
+
+    Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
+    usage, 130 interrupted); raises nothing for user mistakes.
+    """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
     except click.exceptions.Abort:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, update
 
-from .db import skip_locked
+from .db import ids_value
 from .models import attempts, instances
 from .rows import COMMIT_KEYS, JSON_KEYS, Claim, Outcome, hot_for
 
@@ -37,15 +37,11 @@ def commit_outcomes(
     if not outcomes:
         return [], []
     at = time.time() if at is None else at
-    q = select(instances.c.id, instances.c.fence).where(
-        instances.c.id.in_([o.instance_id for o in outcomes]), instances.c.locked_by == worker_id
-    )
-    if skip_locked(conn.engine):
-        q = q.with_for_update()
-    current = dict(conn.execute(q).all())
+    hot = hot_for(conn)
+    ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
+    current = dict(hot.fences.execute(conn, {"ids": ids, "w": worker_id}).all())
     good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
     lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
-    hot = hot_for(conn)
     js = hot.json
     rows, chained = [], []
     for o in good:

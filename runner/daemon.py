@@ -9,6 +9,7 @@ are killed; the leases expire and any worker recovers the instances as ``lost``)
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -135,6 +136,11 @@ async def serve(
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig.name)
+    # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
+    # thousands of objects) lives as long as the process: move it out of the collector's
+    # sight, so the collections the hot loop's short-lived objects trigger stay cheap
+    # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
+    gc.freeze()
     hub_task = asyncio.ensure_future(hub.run(stop)) if hub is not None else None
     if hub_task is not None:
         hub_task.add_done_callback(_report_hub_end)

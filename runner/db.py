@@ -172,28 +172,82 @@ def insert_ignore(conn, table, values: dict) -> None:
 
 
 class Prepared:
-    """A Core statement compiled once for one engine's dialect, run with ``executemany``.
+    """A Core statement compiled once for one engine's dialect, run through the driver.
 
     The worker's hot statements run thousands of times a second; compiling them once and
-    handing plain tuples to the driver removes SQLAlchemy's per-row parameter processing.
-    Every parameter must be an explicit ``bindparam`` supplied in each row dict; JSON
-    values must already be adapted with :func:`json_adapter`.
+    handing plain tuples to the driver removes SQLAlchemy's statement building, cache-key
+    generation and per-row parameter processing. Every parameter must be an explicit
+    ``bindparam`` supplied by name (those the compiler adds itself, such as SQLite's
+    ``OFFSET 0``, keep their compiled value); JSON values must already be adapted with
+    :func:`json_adapter`, and JSON results are raw driver values (see :func:`json_loader`).
     """
 
     def __init__(self, engine: Engine, stmt) -> None:
         compiled = stmt.compile(dialect=engine.dialect)
         self.sql = str(compiled)
         self.order = compiled.positiontup if compiled.positional else None
+        self.defaults = {k: v for k, v in compiled.params.items() if v is not None}
+
+    def _params(self, row: dict):
+        if self.order is None:
+            return {**self.defaults, **row} if self.defaults else row
+        if self.defaults:
+            row = {**self.defaults, **row}
+        return tuple(row[k] for k in self.order)
+
+    def execute(self, conn, params: dict):
+        """Run the statement once with ``params`` (by name); returns the driver result."""
+        return conn.exec_driver_sql(self.sql, self._params(params))
 
     def executemany(self, conn, rows: list[dict]) -> None:
         """Run the statement once per row dict, in one driver call."""
         if not rows:
             return
-        if self.order is not None:
-            params = [tuple(r[k] for k in self.order) for r in rows]
+        if self.order is not None and not self.defaults:
+            order = self.order
+            params = [tuple(r[k] for k in order) for r in rows]
         else:
-            params = rows
+            params = [self._params(r) for r in rows]
         conn.exec_driver_sql(self.sql, params)
+
+
+def ids_in(engine: Engine, column, name: str = "ids"):
+    """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
+
+    Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for every
+    list length) it compiles once, for :class:`Prepared`: ``= ANY(%(ids)s)`` with an
+    integer array on PostgreSQL, ``IN (SELECT value FROM json_each(?))`` on SQLite. Pass
+    the value through :func:`ids_value`.
+    """
+    from sqlalchemy import Integer, any_, bindparam, func, select
+
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return column == any_(bindparam(name, type_=ARRAY(Integer)))
+    each = func.json_each(bindparam(name)).table_valued("value")
+    return column.in_(select(each.c.value).scalar_subquery())
+
+
+def ids_value(engine: Engine, ids: list[int]):
+    """The parameter value for :func:`ids_in`: a list (PostgreSQL) or JSON text (SQLite)."""
+    if engine.dialect.name == "postgresql":
+        return list(ids)
+    import json
+
+    return json.dumps(list(ids))
+
+
+def json_loader(engine: Engine):
+    """The function that turns a raw JSON column value from the driver into Python.
+
+    psycopg decodes JSONB itself; SQLite hands back the stored text.
+    """
+    if engine.dialect.name == "postgresql":
+        return lambda v: v
+    import json
+
+    return lambda v: json.loads(v) if isinstance(v, str) else v
 
 
 def json_adapter(engine: Engine):

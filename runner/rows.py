@@ -10,10 +10,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, Float, bindparam, func, insert, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 
-from .db import Prepared, json_adapter
+from .db import Prepared, ids_in, json_adapter, json_loader, skip_locked
 from .models import JSONType, attempts, instances
+
+#: Statuses a claim may pick up (``sleeping`` ones wake once due).
+CLAIMABLE = ("runnable", "sleeping")
+
+#: The columns a claim reads back (``RETURNING``), in this order.
+CLAIM_COLS = (
+    instances.c.id,
+    instances.c.flow,
+    instances.c.version,
+    instances.c.state,
+    instances.c.data,
+    instances.c.fence,
+    instances.c.attempts,
+    instances.c.errors,
+    instances.c.restarts,
+    instances.c.state_errors,
+    instances.c.state_restarts,
+    instances.c.event_id,
+)
+
+
+def due_clause(at):
+    """Due and unlocked at ``at`` (epoch seconds, or a bind parameter): what a claim takes.
+
+    The statuses are literals, so the clause compiles to one fixed SQL string.
+    """
+    return and_(
+        instances.c.status.in_([literal_column(f"'{s}'") for s in CLAIMABLE]),
+        instances.c.due_at <= at,
+        or_(instances.c.locked_until.is_(None), instances.c.locked_until < at),
+    )
 
 
 @dataclass
@@ -75,6 +119,47 @@ class Hot:
 
     def __init__(self, engine: Engine):
         self.json = json_adapter(engine)
+        self.load_json = json_loader(engine)
+        at = bindparam("at", type_=Float())
+        inner = (
+            select(instances.c.id)
+            .where(due_clause(at))
+            .order_by(instances.c.due_at)
+            .limit(bindparam("n", type_=Integer()))
+        )
+        if skip_locked(engine):
+            inner = inner.with_for_update(skip_locked=True)
+        #: claim up to ``n`` due instances (params: at, n, w, until)
+        self.claim = Prepared(
+            engine,
+            update(instances)
+            .where(instances.c.id.in_(inner.scalar_subquery()))
+            .values(
+                locked_by=bindparam("w"),
+                locked_until=bindparam("until", type_=Float()),
+                fence=instances.c.fence + 1,
+                status="runnable",
+                attempts=instances.c.attempts + 1,
+                running_attempt=instances.c.attempts + 1,
+                state_attempted=at,
+                updated_at=at,
+            )
+            .returning(*CLAIM_COLS),
+        )
+        #: attempts still open on the given instances: lost by a dead worker (param: ids)
+        self.open_attempts = Prepared(
+            engine,
+            select(attempts.c.instance_id, attempts.c.attempt, attempts.c.worker).where(
+                ids_in(engine, attempts.c.instance_id), attempts.c.outcome.is_(None)
+            ),
+        )
+        #: the fences of the given instances this worker still holds (params: ids, w)
+        fences = select(instances.c.id, instances.c.fence).where(
+            ids_in(engine, instances.c.id), instances.c.locked_by == bindparam("w")
+        )
+        if skip_locked(engine):
+            fences = fences.with_for_update()
+        self.fences = Prepared(engine, fences)
         self.insert_attempts = Prepared(
             engine,
             insert(attempts).values(

@@ -25,9 +25,9 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
 from .commit import cancel_attempt, commit_outcomes, save_checkpoint
-from .db import insert_ignore, skip_locked
+from .db import ids_value, insert_ignore
 from .models import attempts, flow_versions, instances
-from .rows import Claim, Outcome, hot_for
+from .rows import CLAIMABLE, Claim, Outcome, due_clause, hot_for
 
 __all__ = [
     "CLAIMABLE",
@@ -48,9 +48,6 @@ __all__ = [
     "save_checkpoint",
     "taken_away",
 ]
-
-#: Statuses a claim may pick up (``sleeping`` ones wake once due).
-CLAIMABLE = ("runnable", "sleeping")
 
 
 def now() -> float:
@@ -137,33 +134,9 @@ def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) 
     return len(rows)
 
 
-_CLAIM_COLS = (
-    instances.c.id,
-    instances.c.flow,
-    instances.c.version,
-    instances.c.state,
-    instances.c.data,
-    instances.c.fence,
-    instances.c.attempts,
-    instances.c.errors,
-    instances.c.restarts,
-    instances.c.state_errors,
-    instances.c.state_restarts,
-    instances.c.event_id,
-)
-
-
-def _due_clause(at: float):
-    return and_(
-        instances.c.status.in_(CLAIMABLE),
-        instances.c.due_at <= at,
-        or_(instances.c.locked_until.is_(None), instances.c.locked_until < at),
-    )
-
-
 def has_due(conn: Connection, at: float) -> bool:
     """Cheap read (no write lock): is any instance due and unlocked at ``at``?"""
-    q = select(instances.c.id).where(_due_clause(at)).limit(1)
+    q = select(instances.c.id).where(due_clause(at)).limit(1)
     return conn.execute(q).first() is not None
 
 
@@ -192,49 +165,33 @@ def claim_batch(
     last checkpointed.
     """
     at = now() if at is None else at
-    inner = select(instances.c.id).where(_due_clause(at)).order_by(instances.c.due_at).limit(limit)
-    if skip_locked(conn.engine):
-        inner = inner.with_for_update(skip_locked=True)
-    stmt = (
-        update(instances)
-        .where(instances.c.id.in_(inner.scalar_subquery()))
-        .values(
-            locked_by=worker_id,
-            locked_until=at + lease,
-            fence=instances.c.fence + 1,
-            status="runnable",
-            attempts=instances.c.attempts + 1,
-            running_attempt=instances.c.attempts + 1,
-            state_attempted=at,
-            updated_at=at,
-        )
-        .returning(*_CLAIM_COLS)
-    )
-    rows = conn.execute(stmt).all()
-    if not rows:
-        return [], []
+    hot = hot_for(conn)
+    rows = hot.claim.execute(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
+    load = hot.load_json
     claims = [
         Claim(
-            id=r.id,
-            flow=r.flow,
-            version=r.version,
-            state=r.state,
-            data=r.data or {},
-            fence=r.fence,
-            attempt=r.attempts,
-            errors=r.errors,
-            restarts=r.restarts,
-            state_errors=list(r.state_errors or []),
-            state_restarts=r.state_restarts,
-            event_id=r.event_id,
+            id=r[0],
+            flow=r[1],
+            version=r[2],
+            state=r[3],
+            data=load(r[4]) or {},
+            fence=r[5],
+            attempt=r[6],
+            errors=r[7],
+            restarts=r[8],
+            state_errors=list(load(r[9]) or []),
+            state_restarts=r[10],
+            event_id=r[11],
         )
-        for r in rows
+        for r in rows.all()
     ]
+    if not claims:
+        return [], []
     failed = _close_lost(conn, claims, max_restarts_of, at)
     if failed:
         dead = set(failed)
         claims = [c for c in claims if c.id not in dead]
-    hot_for(conn).insert_attempts.executemany(
+    hot.insert_attempts.executemany(
         conn,
         [
             {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
@@ -247,11 +204,11 @@ def claim_batch(
 def _close_lost(conn: Connection, claims: list[Claim], max_restarts_of, at: float) -> list[int]:
     """Close attempts left open by dead workers; returns ids that spent their restarts."""
     by_id = {c.id: c for c in claims}
-    open_rows = conn.execute(
-        select(attempts.c.instance_id, attempts.c.attempt, attempts.c.worker).where(
-            attempts.c.instance_id.in_(list(by_id)), attempts.c.outcome.is_(None)
-        )
-    ).all()
+    open_rows = (
+        hot_for(conn)
+        .open_attempts.execute(conn, {"ids": ids_value(conn.engine, list(by_id))})
+        .all()
+    )
     failed: list[int] = []
     for iid, number, who in open_rows:
         conn.execute(

@@ -1,18 +1,12 @@
-"""The console's read queries (pages, counts, sparkline, workers, events, flows) and its
-one write path (``runner.commands.submit``).
+"""The console's door to the database: ``ConsoleData`` (its read queries: pages, counts,
+sparkline, workers, events, flows) and its one write path (``runner.commands.submit``).
 
 Every method here blocks on the database and is meant to run in a thread worker, never
-on the UI loop. Queries stay cheap on a million instances:
-
-* a page is read in two steps: the ids of the page (``LIMIT``/``OFFSET`` over an index
-  that covers the order: the rowid for ``id``, ``ix_instances_flow_status`` for ``flow``,
-  ``ix_instances_claim`` for ``status`` and for ``due`` under a status filter), then the
-  few rows by id;
-* counts per status are one ``count(*)`` per status, each a range of
-  ``ix_instances_claim`` (faster on SQLite than ``GROUP BY status`` over the same index:
-  59 ms against 94 ms at 1M rows), run on their own slower cadence;
-* the throughput sparkline reads only the last ``SPARK_LOOKBACK`` attempt ids (rowid
-  range) instead of scanning ``attempts`` for ``finished_at``, which has no index.
+on the UI loop. The instances view's page and counts live in ``runner.tui.paging`` (how
+they stay cheap on a million instances); the values handed to screens in
+``runner.tui.model`` (re-exported here). The throughput sparkline reads only the last
+``SPARK_LOOKBACK`` attempt ids (rowid range) instead of scanning ``attempts`` for
+``finished_at``, which has no index.
 
 On SQLite, reads go through a second engine on the same file whose transactions are
 plain deferred ``BEGIN`` with ``query_only``: the runner's engine begins every
@@ -25,15 +19,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, String, cast, create_engine, event, func, or_, select
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy import Engine, create_engine, event, func, select
 
 from ..models import (
-    STATUSES,
     attempts,
     commands,
     events,
@@ -43,133 +34,36 @@ from ..models import (
     workers,
 )
 from . import fmt
+from .model import SORTS, Counts, Detail, FlowsInfo, Page, Query, Row
+from .paging import ROWID_SCAN_ABOVE, count_by_status, read_counts, read_page
+
+__all__ = [
+    "ROWID_SCAN_ABOVE",
+    "SORTS",
+    "SPARK_LOOKBACK",
+    "ConsoleData",
+    "Counts",
+    "Detail",
+    "FlowsInfo",
+    "Page",
+    "Query",
+    "Row",
+    "read_engine",
+]
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
-#: Above this many matching rows, an ``id`` order scans the rowid instead of sorting.
-ROWID_SCAN_ABOVE = 20_000
-
-#: Sort keys offered by the console, in the order ``o`` cycles through them.
-SORTS = ("id", "flow", "state", "status", "attempts", "restarts", "errors", "due")
-
-_ROW_COLS = (
-    instances.c.id,
-    instances.c.flow,
-    instances.c.version,
-    instances.c.state,
-    instances.c.status,
-    instances.c.locked_by,
-    instances.c.locked_until,
-    instances.c.attempts,
-    instances.c.errors,
-    instances.c.restarts,
-    instances.c.state_errors,
-    instances.c.due_at,
-    instances.c.last_error,
-)
-
-
-@dataclass(frozen=True)
-class Query:
-    """What the instances view shows: filters and order."""
-
-    status: str | None = None
-    flow: str | None = None
-    text: str = ""
-    sort: str = "id"
-    desc: bool = False
-
-    def with_(self, **changes: Any) -> Query:
-        """A copy with ``changes`` applied."""
-        return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One instance as the instances view needs it (raw values, formatted at render)."""
-
-    id: int
-    flow: str
-    version: str
-    state: str
-    status: str
-    locked_by: str | None
-    locked_until: float | None
-    attempts: int
-    errors: int
-    restarts: int
-    state_errors: tuple[float, ...]
-    due_at: float | None
-    last_error: str | None
-    max_errors: int | None = None
-    window: float | None = None
-
-
-@dataclass
-class Page:
-    """Rows ``offset .. offset+len(rows)`` of ``query``'s ordering."""
-
-    query: Query
-    offset: int
-    rows: list[Row]
-    limit: int
-    elapsed: float = 0.0
-
-    def get(self, index: int) -> Row | None:
-        """The row at absolute position ``index`` when this page holds it."""
-        i = index - self.offset
-        return self.rows[i] if 0 <= i < len(self.rows) else None
-
-    def nearest_before(self, index: int) -> tuple[int, int] | None:
-        """``(position, id)`` of the held row closest before ``index`` (within 2 pages)."""
-        if not self.rows or index <= self.offset:
-            return None
-        pos = min(index - 1, self.offset + len(self.rows) - 1)
-        if index - pos > 2 * max(self.limit, 1):
-            return None
-        return pos, self.rows[pos - self.offset].id
-
-    @property
-    def exhausted(self) -> bool:
-        """True when the page ended before its limit: nothing follows it."""
-        return len(self.rows) < self.limit
-
-
-@dataclass
-class Counts:
-    """Counts per status in the current flow scope and the total matching the filters."""
-
-    by_status: dict[str, int]
-    total: int
-    elapsed: float = 0.0
-
-
-@dataclass
-class Detail:
-    """Everything the detail screen shows about one instance."""
-
-    row: dict[str, Any]
-    attempts: list[dict[str, Any]]
-    commands: list[dict[str, Any]]
-    flow: Any = None
-    flow_error: str | None = None
-    policy: Any = None
-
-
-@dataclass
-class FlowsInfo:
-    """Loaded flows (from the flows folder) and stored flow versions."""
-
-    loaded: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    versions: list[dict[str, Any]] = field(default_factory=list)
-    note: str | None = None
 
 
 def read_engine(engine: Engine) -> Engine:
     """An engine for reads that never takes SQLite's write lock (see module docstring).
 
-    For PostgreSQL, and for SQLite in memory, the engine itself is returned.
+    Args:
+        engine: the runner's engine.
+
+    Returns a new engine (deferred ``BEGIN``, ``query_only``, 30 s busy timeout) for a
+    SQLite file path; ``engine`` itself for PostgreSQL, SQLite in memory and ``file:``
+    URIs. Raises nothing (connections open lazily).
     """
     if engine.dialect.name != "sqlite":
         return engine
@@ -201,6 +95,9 @@ class ConsoleData:
         engine: the runner's engine (commands are written through it).
         clock: seconds since the epoch (injected: tests use a fixed clock).
         flows_dir: the flows folder, for the flows view (optional).
+
+    Unless a method says otherwise, it raises ``sqlalchemy.exc.SQLAlchemyError`` when the
+    database cannot be read, and nothing else.
     """
 
     def __init__(
@@ -218,51 +115,11 @@ class ConsoleData:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Dispose of the read engine (when it is our own)."""
+        """Dispose of the read engine (when it is our own); raises nothing."""
         if self.reader is not self.engine:
             self.reader.dispose()
 
-    # -- instances ------------------------------------------------------------------
-
-    def _where(self, q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
-        c = instances.c
-        # ``col || ''`` hides an index from SQLite's planner, so an id order walks the
-        # rowid and stops after the page instead of sorting every matching id.
-        status = (c.status + "") if rowid_scan else c.status
-        flow = (c.flow + "") if rowid_scan else c.flow
-        clauses: list[ColumnElement] = []
-        if q.status:
-            clauses.append(status == q.status)
-        if q.flow:
-            clauses.append(flow == q.flow)
-        if q.text:
-            like = f"%{q.text.lower()}%"
-            ors = [
-                func.lower(c.flow).like(like),
-                func.lower(c.state).like(like),
-                func.lower(c.status).like(like),
-                func.lower(func.coalesce(c.last_error, "")).like(like),
-                func.lower(cast(c.data, String)).like(like),
-            ]
-            if q.text.strip().isdigit():
-                ors.append(c.id == int(q.text.strip()))
-            clauses.append(or_(*ors))
-        return clauses
-
-    @staticmethod
-    def _order(q: Query) -> list[ColumnElement]:
-        c = instances.c
-        cols = {
-            "id": [c.id],
-            "flow": [c.flow, c.status, c.id],
-            "status": [c.status, c.due_at, c.id],
-            "due": [c.due_at, c.id],
-            "state": [c.state, c.id],
-            "attempts": [c.attempts, c.id],
-            "restarts": [c.restarts, c.id],
-            "errors": [c.errors, c.id],
-        }.get(q.sort, [c.id])
-        return [col.desc() for col in cols] if q.desc else [col.asc() for col in cols]
+    # -- instances (``runner.tui.paging``) -----------------------------------------
 
     def page(
         self,
@@ -277,111 +134,27 @@ class ConsoleData:
 
         ``total`` (the last known count of matching rows) lets an ``id`` order under a
         broad filter walk the rowid rather than sort every match. ``anchor`` (the page
-        shown before) lets an ``id`` order continue by key from a row it holds.
+        shown before) lets an ``id`` order continue by key from a row it holds. Each row
+        carries its state's error budget (``policy``). Raises ``SQLAlchemyError`` when
+        the database cannot be read.
         """
-        t0 = time.perf_counter()
-        offset = max(0, offset)
-        rowid_scan = (
-            self.reader.dialect.name == "sqlite"
-            and q.sort == "id"
-            and bool(q.status or q.flow)
-            and not q.text
-            and (total is None or total > ROWID_SCAN_ABOVE)
+        return read_page(
+            self.reader, q, offset, limit, total=total, anchor=anchor, policy=self.policy
         )
-        where = self._where(q, rowid_scan=rowid_scan)
-        skip = offset
-        if q.sort == "id" and anchor is not None and anchor.query == q:
-            # Keyset: continue from the nearest row we already hold before ``offset``,
-            # so scrolling costs the page, not the depth.
-            near = anchor.nearest_before(offset)
-            if near is not None:
-                pos, key = near
-                where.append(instances.c.id < key if q.desc else instances.c.id > key)
-                skip = offset - pos - 1
-        ids_q = (
-            select(instances.c.id).where(*where).order_by(*self._order(q)).limit(limit).offset(skip)
-        )
-        with self.reader.connect() as conn:
-            plain = q.sort == "id" and not (q.status or q.flow or q.text)
-            if skip == offset and offset and plain and total:
-                jump = self._dense_jump(conn, q, offset, limit, total)
-                if jump is not None:
-                    ids_q = jump
-            ids = list(conn.execute(ids_q).scalars())
-            by_id = {}
-            if ids:
-                for r in conn.execute(select(*_ROW_COLS).where(instances.c.id.in_(ids))):
-                    by_id[r.id] = r
-        rows = []
-        for iid in ids:
-            r = by_id.get(iid)
-            if r is None:
-                continue
-            pol = self.policy(r.version, r.state)
-            rows.append(
-                Row(
-                    id=r.id,
-                    flow=r.flow,
-                    version=r.version,
-                    state=r.state,
-                    status=r.status,
-                    locked_by=r.locked_by,
-                    locked_until=r.locked_until,
-                    attempts=r.attempts,
-                    errors=r.errors,
-                    restarts=r.restarts,
-                    state_errors=tuple(r.state_errors or ()),
-                    due_at=r.due_at,
-                    last_error=r.last_error,
-                    max_errors=pol[0] if pol else None,
-                    window=pol[1] if pol else None,
-                )
-            )
-        return Page(q, offset, rows, limit, time.perf_counter() - t0)
-
-    @staticmethod
-    def _dense_jump(conn: Any, q: Query, offset: int, limit: int, total: int) -> Any:
-        """For an unfiltered ``id`` order over gap-free ids (``max - min + 1`` equals the
-        known ``total``), position by key instead of walking ``offset`` rows."""
-        # two statements: SQLite answers a lone min() or max() from the b-tree edge
-        lo = conn.execute(select(func.min(instances.c.id))).scalar()
-        hi = conn.execute(select(func.max(instances.c.id))).scalar()
-        if lo is None or hi - lo + 1 != total:
-            return None
-        c = instances.c
-        if q.desc:
-            return select(c.id).where(c.id <= hi - offset).order_by(c.id.desc()).limit(limit)
-        return select(c.id).where(c.id >= lo + offset).order_by(c.id).limit(limit)
 
     def count_by_status(self, flow: str | None = None) -> dict[str, int]:
-        """``{status: count}`` for every status (zeros included), optionally for one flow."""
-        c = instances.c
-        subs = []
-        for status in STATUSES:
-            s = select(func.count()).select_from(instances).where(c.status == status)
-            if flow:
-                s = s.where(c.flow == flow)
-            subs.append(s.scalar_subquery().label(status))
-        with self.reader.connect() as conn:
-            row = conn.execute(select(*subs)).one()
-        return {status: int(row[i] or 0) for i, status in enumerate(STATUSES)}
+        """``{status: count}`` for every status (zeros included), optionally for one flow;
+        raises ``SQLAlchemyError`` when the database cannot be read."""
+        return count_by_status(self.reader, flow)
 
     def counts(self, q: Query) -> Counts:
-        """Counts per status in ``q``'s flow scope and the number of rows ``q`` matches."""
-        t0 = time.perf_counter()
-        by_status = self.count_by_status(q.flow)
-        if q.text:
-            stmt = select(func.count()).select_from(instances).where(*self._where(q))
-            with self.reader.connect() as conn:
-                total = int(conn.execute(stmt).scalar_one())
-        elif q.status:
-            total = by_status.get(q.status, 0)
-        else:
-            total = sum(by_status.values())
-        return Counts(by_status, total, time.perf_counter() - t0)
+        """Counts per status in ``q``'s flow scope and the number of rows ``q`` matches;
+        raises ``SQLAlchemyError`` when the database cannot be read."""
+        return read_counts(self.reader, q)
 
     def throughput(self, now: float, seconds: int = 60) -> list[int]:
-        """Attempts finished per second over the last ``seconds`` (oldest first)."""
+        """Attempts finished per second over the ``seconds`` seconds before ``now`` (epoch
+        seconds): a list of ``seconds`` counts, oldest first."""
         since = now - seconds
         a = attempts.c
         top = select(func.max(a.id)).scalar_subquery()
@@ -417,13 +190,18 @@ class ConsoleData:
     # -- policies and compiled flows -------------------------------------------------
 
     def compiled(self, version: str) -> Any:
-        """The ``CompiledFlow`` of a stored version (``runner.versions.compiled``)."""
+        """The ``CompiledFlow`` of a stored version (``runner.versions.compiled``, cached).
+
+        Raises:
+            UserError: the version is not stored or no longer compiles.
+        """
         from ..versions import compiled
 
         return compiled(self.engine, version)
 
     def policy(self, version: str, state: str) -> tuple[int, float] | None:
-        """``(max_errors, window)`` of a state's error budget, or ``None`` if unknown."""
+        """``(max_errors, window seconds)`` of a state's error budget, or ``None`` when
+        the version or state is unknown or does not compile (cached; raises nothing)."""
         key = (version, state)
         if key in self._policies:
             return self._policies[key]
@@ -441,7 +219,9 @@ class ConsoleData:
     # -- one instance ----------------------------------------------------------------
 
     def detail(self, instance_id: int, *, history: int = 200) -> Detail | None:
-        """One instance with its last ``history`` attempts and last 50 commands."""
+        """One instance with its last ``history`` attempts and last 50 commands, or
+        ``None`` when there is no such id. A flow version that cannot be compiled is
+        reported in ``Detail.flow_error``, never raised."""
         a, cm = attempts.c, commands.c
         with self.reader.connect() as conn:
             row = (
@@ -483,7 +263,7 @@ class ConsoleData:
     # -- other views -----------------------------------------------------------------
 
     def workers(self) -> list[dict[str, Any]]:
-        """Workers with their heartbeat and the attempts they hold right now."""
+        """Workers (their ``workers`` rows) with ``holding``: the attempts each runs now."""
         w, c = workers.c, instances.c
         with self.reader.connect() as conn:
             rows = [dict(r) for r in conn.execute(select(workers).order_by(w.id)).mappings()]
@@ -499,7 +279,7 @@ class ConsoleData:
         return rows
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:
-        """The newest sensor events with what the rules did."""
+        """The newest ``limit`` sensor events (rows, newest first) with what the rules did."""
         with self.reader.connect() as conn:
             stmt = select(events).order_by(events.c.id.desc()).limit(limit)
             return [dict(r) for r in conn.execute(stmt).mappings()]
@@ -511,13 +291,17 @@ class ConsoleData:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def commands_log(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest commands (operator, CLI and rule), applied or refused."""
+        """The newest ``limit`` commands (operator, CLI and rule; rows, newest first),
+        applied or refused."""
         with self.reader.connect() as conn:
             stmt = select(commands).order_by(commands.c.id.desc()).limit(limit)
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def flows(self) -> FlowsInfo:
-        """Flows loaded from the flows folder (with errors) and stored flow versions."""
+        """Flows loaded from the flows folder (with errors) and stored flow versions.
+
+        A folder that cannot be loaded is reported in ``FlowsInfo.note``, never raised.
+        """
         info = FlowsInfo()
         if self.flows_dir is not None:
             try:
@@ -555,7 +339,12 @@ class ConsoleData:
     # -- commands --------------------------------------------------------------------
 
     def allowed_events(self, ids: Iterable[int]) -> list[str]:
-        """Events every one of ``ids`` accepts in its current state (sorted)."""
+        """Events every one of ``ids`` (the first 50) accepts in its current state (sorted).
+
+        Raises:
+            UserError: an id is unknown, or its flow version is not stored or no longer
+                compiles.
+        """
         from ..commands import allowed_events
 
         common: set[str] | None = None
@@ -565,7 +354,15 @@ class ConsoleData:
         return sorted(common or ())
 
     def submit(self, ids: Sequence[int], command: str, event: str | None = None) -> list[Any]:
-        """Apply ``command`` through ``runner.commands.submit`` (source ``tui``)."""
+        """Apply ``command`` (pause, resume, kill, retry, send) to ``ids`` through
+        ``runner.commands.submit`` (source ``tui``) in one transaction; returns one
+        ``CommandResult`` per distinct id (a refusal is a result, not an exception).
+        ``event`` is the event for ``send``.
+
+        Raises:
+            UserError: an unknown command, or ``send`` without an event.
+            sqlalchemy.exc.SQLAlchemyError: the database cannot be written.
+        """
         from ..commands import submit
 
         return submit(self.engine, list(ids), command, event=event, source="tui")
