@@ -14,7 +14,7 @@ from sqlalchemy import Connection, update
 
 from .db import ids_value
 from .models import attempts, instances
-from .rows import COMMIT_KEYS, JSON_KEYS, Claim, Outcome, hot_for
+from .rows import Claim, Outcome, hot_for
 
 
 def commit_outcomes(
@@ -43,22 +43,34 @@ def commit_outcomes(
     good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
     lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
     js = hot.json
-    rows, chained = [], []
+    released, kept, chained = [], [], []
     for o in good:
-        row = {k: o.values[k] for k in COMMIT_KEYS}
-        for k in JSON_KEYS:
-            row[k] = None if k in o.unchanged else js(row[k])
-        row.update(b_id=o.instance_id, b_worker=worker_id, b_fence=o.fence, b_at=at)
+        v = o.values
+        row = {
+            "state": v["state"],
+            "errors": v["errors"],
+            "restarts": v["restarts"],
+            "state_restarts": v["state_restarts"],
+            "last_error": v["last_error"],
+            "state_changed": v["state_changed"],
+            "data": None if "data" in o.unchanged else js(v["data"]),
+            "state_errors": None if "state_errors" in o.unchanged else js(v["state_errors"]),
+            "b_id": o.instance_id,
+            "b_worker": worker_id,
+            "b_fence": o.fence,
+            "b_at": at,
+        }
         if o.chain is not None:
+            assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
             nxt = _next_claim(o)
             chained.append(nxt)
-            row.update(
-                b_lock=worker_id, b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt
-            )
+            row.update(b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt)
+            kept.append(row)
         else:
-            row.update(b_lock=None, b_until=None, b_next=None, b_attempts=o.attempt)
-        rows.append(row)
-    hot.commit_instances.executemany(conn, rows)
+            row.update(status=v["status"], due_at=v["due_at"], b_attempts=o.attempt)
+            released.append(row)
+    hot.commit_instances.executemany(conn, released)
+    hot.commit_chained.executemany(conn, kept)
     hot.commit_attempts.executemany(
         conn,
         [

@@ -186,7 +186,13 @@ class Prepared:
         compiled = stmt.compile(dialect=engine.dialect)
         self.sql = str(compiled)
         self.order = compiled.positiontup if compiled.positional else None
-        self.defaults = {k: v for k, v in compiled.params.items() if v is not None}
+        # values written into the statement itself (``.values(status="runnable")``, SQLite's
+        # ``OFFSET 0``); every other parameter is required in each call
+        self.defaults = {
+            name: compiled.params[name]
+            for name, bind in compiled.binds.items()
+            if not bind.required and name in compiled.params
+        }
 
     def _params(self, row: dict):
         if self.order is None:

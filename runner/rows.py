@@ -20,6 +20,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
     update,
@@ -112,6 +113,8 @@ COMMIT_KEYS = (
 )
 JSON_KEYS = ("data", "state_errors")
 KEEP_IF_NONE = ("state_changed", "data", "state_errors")
+#: Outcome columns in an index (``ix_instances_claim``, ``ix_instances_flow_status``).
+INDEXED = ("status", "due_at")
 
 
 class Hot:
@@ -171,30 +174,54 @@ class Hot:
                 started_at=bindparam("t"),
             ),
         )
+        fenced = (
+            instances.c.id == bindparam("b_id"),
+            instances.c.locked_by == bindparam("b_worker"),
+            instances.c.fence == bindparam("b_fence"),
+        )
+        outcome_cols = {
+            **{k: bindparam(k) for k in COMMIT_KEYS if k not in KEEP_IF_NONE + INDEXED},
+            # None keeps the stored value: unchanged JSON is not rewritten
+            "state_changed": func.coalesce(
+                bindparam("state_changed", type_=Float()), instances.c.state_changed
+            ),
+            "data": func.coalesce(bindparam("data", type_=JSONType), instances.c.data),
+            "state_errors": func.coalesce(
+                bindparam("state_errors", type_=JSONType), instances.c.state_errors
+            ),
+            "attempts": bindparam("b_attempts"),
+            "updated_at": bindparam("b_at"),
+        }
+        #: an outcome that releases its instance (params: COMMIT_KEYS and b_*)
         self.commit_instances = Prepared(
             engine,
             update(instances)
-            .where(
-                instances.c.id == bindparam("b_id"),
-                instances.c.locked_by == bindparam("b_worker"),
-                instances.c.fence == bindparam("b_fence"),
-            )
+            .where(*fenced)
             .values(
                 {
-                    **{k: bindparam(k) for k in COMMIT_KEYS if k not in KEEP_IF_NONE},
-                    # None keeps the stored value: unchanged JSON is not rewritten
-                    "state_changed": func.coalesce(
-                        bindparam("state_changed", type_=Float()), instances.c.state_changed
-                    ),
-                    "data": func.coalesce(bindparam("data", type_=JSONType), instances.c.data),
-                    "state_errors": func.coalesce(
-                        bindparam("state_errors", type_=JSONType), instances.c.state_errors
-                    ),
-                    "locked_by": bindparam("b_lock"),
-                    "locked_until": bindparam("b_until"),
+                    **outcome_cols,
+                    "status": bindparam("status"),
+                    "due_at": bindparam("due_at", type_=Float()),
+                    "locked_by": null(),
+                    "locked_until": null(),
+                    "running_attempt": null(),
+                }
+            ),
+        )
+        #: an outcome whose instance this worker keeps for its next attempt (chained): it
+        #: stays runnable and locked, so no indexed column is written (measured on SQLite:
+        #: 4 us a row against 9 us when the claim and lock indexes are rewritten); its
+        #: ``due_at`` keeps the past value it was claimed at, which is what a claim after
+        #: an expired lease needs (params: COMMIT_KEYS but status and due_at, and b_*)
+        self.commit_chained = Prepared(
+            engine,
+            update(instances)
+            .where(*fenced)
+            .values(
+                {
+                    **outcome_cols,
+                    "locked_until": bindparam("b_until", type_=Float()),
                     "running_attempt": bindparam("b_next"),
-                    "attempts": bindparam("b_attempts"),
-                    "updated_at": bindparam("b_at"),
                 }
             ),
         )

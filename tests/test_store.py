@@ -269,3 +269,47 @@ def test_orphan_on_a_paused_instance_is_not_work(tmp_path: Path) -> None:
         assert busy_count(conn) == 0
         conn.execute(instances.update().values(locked_until=4e9))
         assert busy_count(conn) == 1
+
+
+CHAIN_FLOW = """\
+initial: a
+states:
+  a: {exec: [python, -c, "pass"], next: b}
+  b: {exec: [python, -c, "pass"], next: done}
+  done: {terminal: true}
+"""
+
+
+def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_path: Path) -> None:
+    """A move committed with ``chain`` keeps the instance locked and runnable, due at its
+    old (past) time, and opens the next attempt; when that worker dies, the next claim
+    after the lease closes the open attempt as lost and runs the new state from there."""
+    engine = engine_at(tmp_path)
+    flow = load(write_flow(tmp_path / "flows", "ch", CHAIN_FLOW))
+    iid = new_instance(engine, flow, {"v": 1})
+    due_before = row(engine, iid)["due_at"]
+    t0 = store.now()
+    [c], _ = _claim(engine, "a", t0)
+    outcome = decide(flow, c, AttemptResult("moved", {"v": 2}, to_state="b"), c.data, t0 + 1)
+    outcome.chain = c
+    with engine.begin() as conn:
+        lost, [nxt] = store.commit_outcomes(conn, "a", [outcome], at=t0 + 1, lease=LEASE)
+    assert lost == []
+    assert (nxt.id, nxt.state, nxt.attempt, nxt.fence, nxt.data) == (iid, "b", 2, c.fence, {"v": 2})
+    r = row(engine, iid)
+    assert (r["state"], r["status"], r["locked_by"], r["running_attempt"]) == (
+        "b",
+        "runnable",
+        "a",
+        2,
+    )
+    assert r["due_at"] == due_before, "a chained commit leaves the claim index alone"
+    assert r["locked_until"] == t0 + 1 + LEASE, "the lease is renewed"
+    assert r["data"] == {"v": 2}
+    first, second = attempts_of(engine, iid)
+    assert (first["outcome"], first["to_state"], second["outcome"]) == ("moved", "b", None)
+    # worker a dies: nobody may take the instance before its lease ends, then b does
+    assert _claim(engine, "b", t0 + LEASE) == ([], [])
+    [cb], _ = _claim(engine, "b", t0 + 2 + LEASE, flow=flow)
+    assert (cb.id, cb.state, cb.attempt, cb.restarts, cb.lost) == (iid, "b", 3, 1, ["a"])
+    assert [a["outcome"] for a in attempts_of(engine, iid)] == ["moved", "lost", None]
