@@ -8,6 +8,7 @@ read lock to a write lock. PostgreSQL: ``postgresql+psycopg://`` URLs; the claim
 
 from __future__ import annotations
 
+import operator
 import re
 from pathlib import Path
 
@@ -186,6 +187,11 @@ class Prepared:
         compiled = stmt.compile(dialect=engine.dialect)
         self.sql = str(compiled)
         self.order = compiled.positiontup if compiled.positional else None
+        # a C-level getter building each row's tuple in the driver's order
+        self._tuple = None
+        if self.order:
+            pick = operator.itemgetter(*self.order)
+            self._tuple = pick if len(self.order) > 1 else (lambda r: (pick(r),))
         # values written into the statement itself (``.values(status="runnable")``, SQLite's
         # ``OFFSET 0``); every other parameter is required in each call
         self.defaults = {
@@ -209,9 +215,8 @@ class Prepared:
         """Run the statement once per row dict, in one driver call."""
         if not rows:
             return
-        if self.order is not None and not self.defaults:
-            order = self.order
-            params = [tuple(r[k] for k in order) for r in rows]
+        if self._tuple is not None and not self.defaults:
+            params = list(map(self._tuple, rows))
         else:
             params = [self._params(r) for r in rows]
         conn.exec_driver_sql(self.sql, params)
@@ -264,4 +269,6 @@ def json_adapter(engine: Engine):
         return lambda v: None if v is None else Jsonb(v)
     import json
 
-    return lambda v: None if v is None else json.dumps(v, separators=(",", ":"))
+    encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: dumps() with
+    # options builds a new encoder per call, which cost more than the encoding
+    return lambda v: None if v is None else encode(v)
