@@ -15,6 +15,7 @@ the second (flowrun: backoff 0, the error is recorded and spent from the budget;
 ``retries=1, retry_delay=0``).
 
     python bench/throughput.py [--n 10000] [--concurrency 64] [--case noop|fail_once|both]
+                               [--repeat 5]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,25 +135,46 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--case", choices=["noop", "fail_once", "both"], default="both")
     ap.add_argument("--skip-huey", action="store_true")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each side this many times, interleaved, and also print the medians "
+        "(single runs on a 2-core machine vary by 10-20%%)",
+    )
     args = ap.parse_args()
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
-        with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
-            fr = run_flowrun(args.n, args.concurrency, case, Path(tmp))
-            print(
-                f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} attempts) "
-                f"in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
-                f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})"
-            )
-            if args.skip_huey:
-                continue
-            for sync in ("default", "normal"):
-                hr = run_huey(args.n, sync, case, Path(tmp))
+        rates: dict[str, list[float]] = {"flowrun": [], "default": [], "normal": []}
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+                fr = run_flowrun(args.n, args.concurrency, case, Path(tmp))
+                rates["flowrun"].append(fr["per_s"])
                 print(
-                    f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
-                    f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
-                    f"{fr['per_s'] / hr['per_s']:.2f}x"
+                    f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} "
+                    f"attempts) in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
+                    f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})"
                 )
+                if args.skip_huey:
+                    continue
+                for sync in ("default", "normal"):
+                    hr = run_huey(args.n, sync, case, Path(tmp))
+                    rates[sync].append(hr["per_s"])
+                    print(
+                        f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
+                        f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
+                        f"{fr['per_s'] / hr['per_s']:.2f}x"
+                    )
+        if args.repeat > 1:
+            med = {k: statistics.median(v) for k, v in rates.items() if v}
+            line = f"[{case}] median of {args.repeat}: flowrun {med['flowrun']:,.0f} transitions/s"
+            for sync in ("default", "normal"):
+                if sync in med:
+                    line += (
+                        f"; huey {sync} {med[sync]:,.0f} tasks/s, "
+                        f"ratio {med['flowrun'] / med[sync]:.2f}x"
+                    )
+            print(line)
 
 
 if __name__ == "__main__":

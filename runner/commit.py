@@ -12,9 +12,17 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
-from .db import ids_value
+from .db import ids_value, serial_writes
 from .models import attempts, instances
 from .rows import Claim, Outcome, hot_for
+
+
+class FenceMoved(Exception):
+    """An optimistic :func:`commit_outcomes` found a claim no longer held.
+
+    Part of the batch is already written: the caller must roll the transaction back and
+    commit again with ``optimistic=False``.
+    """
 
 
 def commit_outcomes(
@@ -24,6 +32,7 @@ def commit_outcomes(
     at: float | None = None,
     *,
     lease: float = 60.0,
+    optimistic: bool = False,
 ) -> tuple[list[int], list[Claim]]:
     """Commit finished attempts in one batch, fenced.
 
@@ -32,16 +41,25 @@ def commit_outcomes(
     lock released if still held), and a new :class:`Claim` for every outcome marked
     ``chain``: its instance stays locked by this worker (lease renewed) and its next
     attempt row is opened in the same transaction.
+
+    ``optimistic`` (used only where the database serialises writers, ``db.serial_writes``:
+    SQLite) skips reading the fences first and counts the rows the fenced updates
+    changed instead; when one claim was no longer held it raises :class:`FenceMoved`
+    before any attempt row is written.
     """
     outcomes = list(outcomes)
     if not outcomes:
         return [], []
     at = time.time() if at is None else at
     hot = hot_for(conn)
-    ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
-    current = dict(hot.fences.execute(conn, {"ids": ids, "w": worker_id}).all())
-    good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
-    lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
+    optimistic = optimistic and serial_writes(conn.engine)
+    if optimistic:
+        good, lost = outcomes, []
+    else:
+        ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
+        current = dict(hot.fences.execute(conn, {"ids": ids, "w": worker_id}).all())
+        good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
+        lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
     js = hot.json
     released, kept, chained = [], [], []
     for o in good:
@@ -69,8 +87,10 @@ def commit_outcomes(
         else:
             row.update(status=v["status"], due_at=v["due_at"], b_attempts=o.attempt)
             released.append(row)
-    hot.commit_instances.executemany(conn, released)
-    hot.commit_chained.executemany(conn, kept)
+    changed = hot.commit_instances.executemany(conn, released)
+    changed += hot.commit_chained.executemany(conn, kept)
+    if optimistic and changed != len(good):
+        raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
     hot.commit_attempts.executemany(
         conn,
         [

@@ -8,6 +8,7 @@ second, compiled once per engine (``db.Prepared``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from sqlalchemy import (
@@ -242,12 +243,14 @@ class Hot:
         )
 
 
-_hot: dict[int, Hot] = {}
+_hot: weakref.WeakKeyDictionary[Engine, Hot] = weakref.WeakKeyDictionary()
 
 
 def hot_for(conn: Connection) -> Hot:
+    """The :class:`Hot` statements of ``conn``'s engine (compiled on first use; kept as
+    long as the engine lives)."""
     engine = conn.engine
-    hot = _hot.get(id(engine))
+    hot = _hot.get(engine)
     if hot is None:
-        hot = _hot[id(engine)] = Hot(engine)
+        hot = _hot[engine] = Hot(engine)
     return hot

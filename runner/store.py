@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
-from .commit import cancel_attempt, commit_outcomes, save_checkpoint
+from .commit import FenceMoved, cancel_attempt, commit_outcomes, save_checkpoint
 from .db import ids_value, insert_ignore
 from .models import attempts, flow_versions, instances
 from .rows import CLAIMABLE, Claim, Outcome, due_clause, hot_for
@@ -32,6 +32,7 @@ from .rows import CLAIMABLE, Claim, Outcome, due_clause, hot_for
 __all__ = [
     "CLAIMABLE",
     "Claim",
+    "FenceMoved",
     "Outcome",
     "busy_count",
     "cancel_attempt",

@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError
 
 from . import heartbeat, lifecycle, store, versions
 from .attempt_run import load_event_payload, run_attempt
-from .db import reading, short_error
+from .db import is_busy, no_wait_engine, reading, short_error
 from .errors import UserError
 from .executor import (
     AttemptResult,
@@ -120,6 +120,7 @@ class Worker:
             max(4, self.config.concurrency), thread_name_prefix="flowrun-call"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._no_wait = no_wait_engine(engine)
 
     # -- control -----------------------------------------------------------------------
 
@@ -152,10 +153,15 @@ class Worker:
     async def run(self) -> None:
         """Run until stopped (or idle, with ``exit_when_idle``).
 
-        At most one database cycle is in flight at a time, on the worker's database
-        thread, while handlers keep running on the loop (a pipeline: SQLite and the
-        driver release the GIL while they work). A cycle that fails because the database
-        went away is retried with backoff, with its finished attempts kept: nothing is lost.
+        At most one database cycle is in flight at a time. On PostgreSQL it runs on the
+        worker's database thread while handlers keep running on the loop (its statements
+        are network round trips). On SQLite it runs on the loop itself, through a sibling
+        engine that never waits for the write lock (``db.no_wait_engine``): a cycle takes
+        about 1.5 ms for 64 attempts, and handing it to a thread and back cost more than
+        the handlers lost by waiting (measured: +15-20% attempts/s); when another
+        process holds the lock, that cycle goes to the database thread, which may wait.
+        A cycle that fails because the database went away is retried with backoff, with
+        its finished attempts kept: nothing is lost.
         """
         cfg = self.config
         loop = self._loop = asyncio.get_running_loop()
@@ -218,9 +224,10 @@ class Worker:
                     if self.finished or (free > 0 and (want_claim or probe)):
                         sent, self.finished = self.finished, []
                         outcomes, cancels, chain = self._decide(sent, free)
-                        cycle = loop.run_in_executor(
-                            self._db, self._cycle, outcomes, cancels, chain, free, probe
-                        )
+                        args = (outcomes, cancels, chain, free, probe)
+                        cycle = self._inline_cycle(loop, args)
+                        if cycle is None:
+                            cycle = loop.run_in_executor(self._db, self._cycle, *args)
                         cycle.add_done_callback(lambda _f: self._wake and self._wake.set())
                         want_claim = False
                         if probe:
@@ -331,15 +338,50 @@ class Worker:
                 outcome.chain = run.claim
         return outcomes, cancels, chain
 
-    def _cycle(self, outcomes, cancels, chain, free, probe):
+    def _inline_cycle(self, loop, args) -> asyncio.Future | None:
+        """Run one cycle right here on the loop through the no-wait engine (SQLite);
+        ``None`` when the write lock is taken (the caller uses the database thread)."""
+        if self._no_wait is None:
+            return None
+        fut = loop.create_future()
+        try:
+            fut.set_result(self._cycle(*args, engine=self._no_wait))
+        except DBAPIError as exc:
+            if is_busy(exc):
+                return None
+            fut.set_exception(exc)
+        return fut
+
+    def _cycle(self, outcomes, cancels, chain, free, probe, engine: Engine | None = None):
         """One transaction: commit finished attempts (fenced), continue the chained ones,
-        close cancelled ones, and claim up to the free slots left."""
-        cfg = self.config
+        close cancelled ones, and claim up to the free slots left.
+
+        Where the database serialises writers (SQLite) the commit is optimistic: it does
+        not read the fences first; if one claim was lost it rolls back and commits again
+        the careful way."""
         limit = max(0, free - len(chain))
-        if probe and not outcomes and not cancels and not self._has_due():
+        engine = engine or self.engine
+        if probe and not outcomes and not cancels and not self._has_due(engine):
             return [], [], [], [], 0
-        with self.engine.begin() as conn:
-            lost, chained = store.commit_outcomes(conn, cfg.worker_id, outcomes, lease=cfg.lease)
+        try:
+            claims, chained, failed, lost = self._transaction(
+                engine, outcomes, cancels, limit, True
+            )
+        except store.FenceMoved:  # rolled back: commit again, reading the fences first
+            claims, chained, failed, lost = self._transaction(
+                engine, outcomes, cancels, limit, False
+            )
+        self.stats["claimed"] += len(claims)
+        self.stats["chained"] += len(chained)
+        self.stats["cancelled"] += len(cancels)
+        return claims, chained, failed, lost, limit
+
+    def _transaction(self, engine: Engine, outcomes, cancels, limit: int, optimistic: bool):
+        cfg = self.config
+        with engine.begin() as conn:
+            lost, chained = store.commit_outcomes(
+                conn, cfg.worker_id, outcomes, lease=cfg.lease, optimistic=optimistic
+            )
             for claim, why in cancels:
                 store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt, why)
             claims, failed = ([], [])
@@ -347,13 +389,10 @@ class Worker:
                 claims, failed = store.claim_batch(
                     conn, cfg.worker_id, cfg.lease, limit, lambda v, s: _max_restarts(conn, v, s)
                 )
-        self.stats["claimed"] += len(claims)
-        self.stats["chained"] += len(chained)
-        self.stats["cancelled"] += len(cancels)
-        return claims, chained, failed, lost, limit
+        return claims, chained, failed, lost
 
-    def _has_due(self) -> bool:
-        with reading(self.engine) as conn:
+    def _has_due(self, engine: Engine) -> bool:
+        with reading(engine) as conn:
             return store.has_due(conn, time.time())
 
     def _idle(self) -> bool:
@@ -463,6 +502,8 @@ class Worker:
                 not self._abort,
             )
         finally:
+            if self._no_wait is not None:
+                self._no_wait.dispose()
             self._db.shutdown(wait=False)
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped", self.config.worker_id)

@@ -46,8 +46,13 @@ def _claim(engine: Engine, worker: str, at: float, limit: int = 10, flow=None):
 
 
 def _commit(engine: Engine, worker: str, outcomes, at: float) -> list[int]:
-    with engine.begin() as conn:
-        lost, _chained = store.commit_outcomes(conn, worker, outcomes, at=at)
+    """Commit as the worker does on SQLite: optimistic first, careful after a rollback."""
+    try:
+        with engine.begin() as conn:
+            lost, _chained = store.commit_outcomes(conn, worker, outcomes, at=at, optimistic=True)
+    except store.FenceMoved:
+        with engine.begin() as conn:
+            lost, _chained = store.commit_outcomes(conn, worker, outcomes, at=at)
     return lost
 
 
@@ -313,3 +318,26 @@ def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_pat
     [cb], _ = _claim(engine, "b", t0 + 2 + LEASE, flow=flow)
     assert (cb.id, cb.state, cb.attempt, cb.restarts, cb.lost) == (iid, "b", 3, 1, ["a"])
     assert [a["outcome"] for a in attempts_of(engine, iid)] == ["moved", "lost", None]
+
+
+def test_an_optimistic_commit_that_meets_a_moved_fence_writes_nothing(world) -> None:
+    """Without reading the fences first, a lost claim is noticed by the row counts and
+    the whole batch is refused (the caller rolls back and commits the careful way)."""
+    engine, flow = world
+    kept_id = new_instance(engine, flow, {"v": 1})
+    paused_id = new_instance(engine, flow, {"v": 2})
+    t0 = store.now()
+    claims, _ = _claim(engine, "a", t0)
+    by_id = {c.id: c for c in claims}
+    [res] = commands.submit(engine, [paused_id], "pause")
+    assert res.ok
+    outcomes = [_moved(flow, by_id[i], t0 + 1) for i in (kept_id, paused_id)]
+    with pytest.raises(store.FenceMoved):
+        with engine.begin() as conn:
+            store.commit_outcomes(conn, "a", outcomes, at=t0 + 1, optimistic=True)
+    assert row(engine, kept_id)["state"] == "work", "rolled back: nothing written"
+    assert [a["outcome"] for a in attempts_of(engine, kept_id)] == [None]
+    assert _commit(engine, "a", outcomes, t0 + 1) == [paused_id]
+    assert (row(engine, kept_id)["state"], row(engine, paused_id)["status"]) == ("done", "paused")
+    assert [a["outcome"] for a in attempts_of(engine, kept_id)] == ["moved"]
+    assert [a["outcome"] for a in attempts_of(engine, paused_id)] == ["cancelled"]

@@ -11,7 +11,7 @@ from runner import queries
 from runner.daemon import load_registry, serve
 from runner.db import make_engine
 from runner.store import create_instance
-from runner.worker import MAX_CHAIN, WorkerConfig
+from runner.worker import MAX_CHAIN, Worker, WorkerConfig
 
 
 def _setup(tmp_path: Path, states: str, tasks: str):
@@ -72,3 +72,38 @@ def test_chained_moves_are_separate_attempts(tmp_path: Path) -> None:
     assert states[:4] == ["a", "b", "a", "b"]
     assert all(h["to_state"] == nxt for h, nxt in zip(history, states[1:], strict=False))
     assert item["locked_by"] is None and item["running_attempt"] is None
+
+
+def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path) -> None:
+    """On SQLite the worker runs its cycle on the loop only when the write lock is free
+    at once; while another process holds it, the cycle goes to the database thread (which
+    waits for the lock) and the loop never blocks. The work is done either way."""
+    import sqlite3
+
+    engine, reg = _setup(
+        tmp_path,
+        "  a: {{call: '{mod}:ok', next: done}}\n  done: {{terminal: true}}\n",
+        "async def ok(ctx):\n    return True\n",
+    )
+    with engine.begin() as conn:
+        iid = create_instance(conn, reg.get("w"), {})
+    other = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+
+    async def main() -> None:
+        worker = Worker(engine, WorkerConfig(worker_id="w0", lease=0.2))
+        loop = asyncio.get_running_loop()
+        args = ([], [], [], 8, False)
+        assert worker._inline_cycle(loop, args) is None, "busy: must not run on the loop"
+        other.execute("COMMIT")
+        fut = worker._inline_cycle(loop, args)
+        assert fut is not None and fut.done()
+        claims, *_ = fut.result()
+        assert [c.id for c in claims] == [iid]
+        worker._no_wait.dispose()
+
+    asyncio.run(main())
+    other.close()
+    _drain(engine, reg)  # w0 "died" holding its claim: the lease (0.2 s) runs out first
+    item = queries.get_instance(engine, iid)
+    assert (item["status"], item["restarts"]) == ("completed", 1)
