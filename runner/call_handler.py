@@ -12,14 +12,14 @@ import asyncio
 import inspect
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
 from .attempt import AttemptResult, Cancel, Context, LeaseLost, Limits, Watch, supervise
 
 
-async def run_call(
+def run_call(
     func: Callable[..., Any],
     ctx: Context,
     *,
@@ -27,12 +27,28 @@ async def run_call(
     cancel: Cancel,
     threads: Executor | None,
     next_state: str | None,
-) -> AttemptResult:
-    """Run a ``call`` handler (sync in ``threads``, async on the loop)."""
+) -> Awaitable[AttemptResult]:
+    """Run a ``call`` handler (sync in ``threads``, async on the loop): await the result.
+
+    A plain function returning the coroutine to await (one coroutine less per attempt).
+    """
     watch = Watch(limits)
     ctx._signal = watch.signal
     if _is_async(func):
-        return await _run_coroutine(func, ctx, watch, cancel, next_state)
+        return _run_coroutine(func, ctx, watch, cancel, next_state)
+    return _run_sync(func, ctx, watch, cancel, threads, next_state)
+
+
+async def _run_sync(
+    func: Callable[..., Any],
+    ctx: Context,
+    watch: Watch,
+    cancel: Cancel,
+    threads: Executor | None,
+    next_state: str | None,
+) -> AttemptResult:
+    """Run a sync handler in ``threads``; a deadline or cancel only sets ``ctx.cancelled``
+    (a thread cannot be stopped from outside)."""
     task = asyncio.get_running_loop().run_in_executor(threads, func, ctx)
     how, why = await supervise(task, watch, cancel)
     if how != "done":
