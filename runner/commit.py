@@ -57,7 +57,7 @@ def commit_outcomes(
         good, lost = outcomes, []
     else:
         ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
-        current = dict(hot.fences.execute(conn, {"ids": ids, "w": worker_id}).all())
+        current = dict(hot.fences.fetch(conn, {"ids": ids, "w": worker_id}))
         good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
         lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
     js = hot.json

@@ -167,7 +167,7 @@ def claim_batch(
     """
     at = now() if at is None else at
     hot = hot_for(conn)
-    rows = hot.claim.execute(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
+    rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
     load = hot.load_json
     claims = [
         Claim(
@@ -184,7 +184,7 @@ def claim_batch(
             state_restarts=r[10],
             event_id=r[11],
         )
-        for r in rows.all()
+        for r in rows
     ]
     if not claims:
         return [], []
@@ -205,11 +205,8 @@ def claim_batch(
 def _close_lost(conn: Connection, claims: list[Claim], max_restarts_of, at: float) -> list[int]:
     """Close attempts left open by dead workers; returns ids that spent their restarts."""
     by_id = {c.id: c for c in claims}
-    open_rows = (
-        hot_for(conn)
-        .open_attempts.execute(conn, {"ids": ids_value(conn.engine, list(by_id))})
-        .all()
-    )
+    ids = ids_value(conn.engine, list(by_id))
+    open_rows = hot_for(conn).open_attempts.fetch(conn, {"ids": ids})
     failed: list[int] = []
     for iid, number, who in open_rows:
         conn.execute(

@@ -341,3 +341,20 @@ def test_an_optimistic_commit_that_meets_a_moved_fence_writes_nothing(world) -> 
     assert (row(engine, kept_id)["state"], row(engine, paused_id)["status"]) == ("done", "paused")
     assert [a["outcome"] for a in attempts_of(engine, kept_id)] == ["moved"]
     assert [a["outcome"] for a in attempts_of(engine, paused_id)] == ["cancelled"]
+
+
+def test_a_driver_error_in_a_hot_statement_is_a_dbapi_error(world) -> None:
+    """Hot statements bypass SQLAlchemy's execution on SQLite; a driver error must still
+    arrive as SQLAlchemy's DBAPIError (what the worker's retry and fallback look for)."""
+    from sqlalchemy.exc import DBAPIError, IntegrityError
+
+    from runner.rows import hot_for
+
+    engine, flow = world
+    iid = new_instance(engine, flow)
+    [c], _ = _claim(engine, "a", store.now())  # opened attempt 1 of the instance
+    row_ = {"i": iid, "a": c.attempt, "s": "work", "w": "a", "f": c.fence, "t": 0.0}
+    with pytest.raises(IntegrityError) as caught:
+        with engine.begin() as conn:
+            hot_for(conn).insert_attempts.executemany(conn, [row_])
+    assert isinstance(caught.value, DBAPIError) and "UNIQUE" in str(caught.value.orig)
