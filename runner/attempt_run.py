@@ -57,16 +57,13 @@ async def run_attempt(
             (asked only when an ``exec`` argv uses ``{event.…}``).
     """
     try:
-        flow = versions.compiled(engine, claim.version)
+        flow, state, limits, cwd = _prepared(engine, claim.version, claim.state, kill_grace)
     except UserError as exc:
         return AttemptResult("error", claim.data, error=str(exc))
-    state = flow.states.get(claim.state)
-    if state is None or state.kind not in ("exec", "call"):
+    if state is None:
         return AttemptResult(
             "error", claim.data, error=f"state {claim.state!r} has no handler to run"
         )
-    policy = state.policy
-    limits = Limits(policy.timeout, policy.keepalive, kill_grace)
 
     def checkpoint(new_data: dict, values: dict) -> bool:
         with engine.begin() as conn:
@@ -77,7 +74,6 @@ async def run_attempt(
             durable[0] = new_data
         return ok
 
-    cwd = flow_dir(flow.path)
     if state.kind == "exec":
         event = await load_event() if uses_event(state.argv) else None
         try:
@@ -108,6 +104,27 @@ async def run_attempt(
     )
 
 
+_prepared_cache: dict[tuple[str, str, float], tuple] = {}
+
+
+def _prepared(engine: Engine, version: str, state_name: str, kill_grace: float) -> tuple:
+    """``(flow, state, limits, cwd)`` of one state of one flow version, worked out once per
+    process (a version never changes); ``state`` is ``None`` when the state has no handler.
+
+    Raises ``UserError`` when the version is not stored or no longer compiles.
+    """
+    key = (version, state_name, kill_grace)
+    found = _prepared_cache.get(key)
+    if found is None:
+        flow = versions.compiled(engine, version)
+        state = flow.states.get(state_name)
+        if state is None or state.kind not in ("exec", "call"):
+            return flow, None, None, None
+        limits = Limits(state.policy.timeout, state.policy.keepalive, kill_grace)
+        found = _prepared_cache[key] = (flow, state, limits, flow_dir(flow.path))
+    return found
+
+
 def load_event_payload(engine: Engine, event_id: int | None) -> dict | None:
     """The payload of sensor event ``event_id`` (``None`` when there is none)."""
     if event_id is None:
@@ -125,8 +142,9 @@ def flow_dir(path: str) -> Path:
 def own_copy(data: dict) -> dict:
     """A copy the handler may change freely: nested values are copied too (else a change
     deep inside would also change the claim's data and look like no change at all)."""
-    if any(isinstance(v, (dict, list)) for v in data.values()):
-        return copy.deepcopy(data)
+    for v in data.values():
+        if isinstance(v, (dict, list)):
+            return copy.deepcopy(data)
     return dict(data)
 
 

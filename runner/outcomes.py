@@ -100,11 +100,11 @@ def decide(
                 f"restarts spent ({values['state_restarts']} > max_restarts "
                 f"{policy.max_restarts}); last: {error}"
             )
-    unchanged = tuple(
-        k
-        for k, before in (("data", claim.data), ("state_errors", claim.state_errors))
-        if values[k] == before
-    )
+    unchanged: tuple[str, ...] = ()
+    if values["data"] == claim.data:
+        unchanged = ("data",)
+    if values["state_errors"] == claim.state_errors:
+        unchanged += ("state_errors",)
     return Outcome(
         unchanged=unchanged,
         instance_id=claim.id,
