@@ -134,7 +134,21 @@ class SensorHub:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            await self._drain_rules()
             await asyncio.to_thread(release_leases, self.engine, self.worker_id)
+
+    async def _drain_rules(self) -> None:
+        """On a graceful stop, act on the events the sensors stored up to the end (a clock
+        tick or a file seen just before the stop), so none waits for the next start."""
+        try:
+            for _ in range(100):  # bounded: a stop must not hang on an endless backlog
+                seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                if acted and self.on_work is not None:
+                    self.on_work()
+                if seen < self.rules.batch:
+                    break
+        except Exception as exc:  # noqa: BLE001 - stored events stay for the next start
+            log.warning("rules: events left for the next start (%s)", short_error(exc))
 
     # -- sensors and leases -------------------------------------------------------------
 
