@@ -127,11 +127,14 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     database cycle on the event loop through it (no thread hand-off, which on this
     2-core VM cost a third of the time of a cycle) and falls back to its database thread,
     which may wait, when another process holds the lock. ``None`` for PostgreSQL, whose
-    statements are network round trips that must not block the loop. The caller owns
-    the sibling (``dispose()`` it when done).
+    statements are network round trips that must not block the loop, and for an
+    in-memory SQLite database. The caller owns the sibling (``dispose()`` it when done).
     """
     if engine.dialect.name != "sqlite":
         return None
+    database = engine.url.database or ""
+    if database in ("", ":memory:") or "mode=memory" in str(engine.url):
+        return None  # a second engine would open a different, empty database
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False), engine.url.database, timeout=0
     )
