@@ -112,7 +112,6 @@ COMMIT_KEYS = (
     "last_error",
     "state_changed",
 )
-JSON_KEYS = ("data", "state_errors")
 KEEP_IF_NONE = ("state_changed", "data", "state_errors")
 #: Outcome columns in an index (``ix_instances_claim``, ``ix_instances_flow_status``).
 INDEXED = ("status", "due_at")

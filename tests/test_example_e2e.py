@@ -14,7 +14,6 @@ import csv
 import importlib.util
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fault_support import Flowrun
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWS = ROOT / "flows"
@@ -36,46 +37,23 @@ pytestmark = [
 ]
 
 
-def _flowrun() -> list[str]:
-    """The console script next to this interpreter, else ``python -m runner.cli``."""
-    script = Path(sys.executable).parent / "flowrun"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "runner.cli"]
+class ExampleRun(Flowrun):
+    """``flowrun`` on a copy of the bundled flows, run to idle in the foreground."""
 
-
-class Flowrun:
-    """Runs ``flowrun`` with ``--flows``/``--db`` pointing into a temporary folder."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.flows = home / "flows"
-        self.db = f"sqlite:///{home / 'flowrun.db'}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        self.env = env
-
-    def __call__(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        command = [*_flowrun(), "--flows", str(self.flows), "--db", self.db, *args]
-        return subprocess.run(
-            command, cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-
-    def daemon(self) -> None:
+    def drain(self) -> None:
+        """``flowrun --daemon --exit-when-idle``; it must exit 0."""
         result = self("--daemon", "--exit-when-idle", timeout=120)
         assert result.returncode == 0, f"daemon exited {result.returncode}:\n{result.stderr}"
 
     def instances(self) -> list[dict[str, Any]]:
+        """``flowrun ls --json``."""
         result = self("ls", "--json")
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    def show(self, instance_id: int) -> dict[str, Any]:
-        result = self("show", str(instance_id), "--json")
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
 
 @pytest.fixture
-def flowrun(tmp_path: Path) -> Flowrun:
+def flowrun(tmp_path: Path) -> ExampleRun:
     """A copy of ``flows/`` (code only) in ``tmp_path``, with the real input staged."""
     shutil.copytree(
         FLOWS,
@@ -90,19 +68,19 @@ def flowrun(tmp_path: Path) -> Flowrun:
     )
     assert staged.returncode == 0, staged.stderr
     assert "staged   airports.csv" in staged.stdout
-    return Flowrun(tmp_path)
+    return ExampleRun(tmp_path)
 
 
 def _name(instance: dict[str, Any]) -> str:
     return Path(instance["data"]["path"]).name
 
 
-def test_csv_ingest_on_real_input(flowrun: Flowrun) -> None:
+def test_csv_ingest_on_real_input(flowrun: ExampleRun) -> None:
     inbox, archive = flowrun.flows / "inbox", flowrun.flows / "archive"
     staged = {p.name: p.read_bytes() for p in inbox.glob("*.csv")}
     assert {"airports.csv", "la-riots.csv", "stocks.csv", "seattle-weather.csv"} <= set(staged)
 
-    flowrun.daemon()
+    flowrun.drain()
 
     instances = [i for i in flowrun.instances() if i["flow"] == "csv_ingest"]
     counts = collections.Counter(_name(i) for i in instances)
@@ -144,7 +122,7 @@ def test_csv_ingest_on_real_input(flowrun: Flowrun) -> None:
     assert (shown["state"], shown["status"]) == ("done", "completed")
 
     # running the README command again acts on no file twice
-    flowrun.daemon()
+    flowrun.drain()
     again = [i for i in flowrun.instances() if i["flow"] == "csv_ingest"]
     assert sorted(i["id"] for i in again) == sorted(i["id"] for i in instances)
     assert {_name(i): i["state"] for i in again if i["state"] == "quarantine"} == {
