@@ -47,7 +47,7 @@ async def run_attempt(
 
     Args:
         engine: the database (checkpoints are written through it, fenced by the claim).
-        claim: the claimed instance and its open attempt.
+        claim: the claimed instance and its running attempt.
         cancel: set by the worker to cancel the attempt (pause, kill, lost lease, stop).
         durable: a one-item list holding the data as last stored; a checkpoint replaces it.
         worker_id: this worker's id (the lock owner the checkpoint is fenced on).
@@ -67,9 +67,7 @@ async def run_attempt(
 
     def checkpoint(new_data: dict, values: dict) -> bool:
         with engine.begin() as conn:
-            ok = store.save_checkpoint(
-                conn, worker_id, claim.id, claim.fence, claim.attempt, new_data, values
-            )
+            ok = store.save_checkpoint(conn, worker_id, claim, new_data, values)
         if ok:
             durable[0] = new_data
         return ok

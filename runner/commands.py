@@ -26,7 +26,8 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from . import lifecycle
 from .db import reading
 from .errors import IllegalMove, UserError
-from .models import attempts, commands, instances
+from .models import commands, instances
+from .rows import Claim, attempt_row, hot_for
 from .versions import compiled
 
 
@@ -136,23 +137,34 @@ def _resume_due(conn: Connection, row, at: float) -> float | None:
 
 
 def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool) -> None:
-    """An attempt left open by a worker whose lease already expired is closed now.
+    """An attempt still running under a lease that already expired is recorded ``lost``.
 
-    Like a lost attempt found by a claim, it counts one restart (the state's too, unless
-    the command moved the instance to another state, whose counters start at zero).
+    Like a lost attempt found by ``store.recover_lost``, it counts one restart (the
+    state's too, unless the command moved the instance to another state, whose counters
+    start at zero).
     """
     if row["running_attempt"] is None:
         return
     if row["locked_until"] is not None and row["locked_until"] >= at:
         return  # the owner is alive: it cancels the attempt itself
-    conn.execute(
-        update(attempts)
-        .where(
-            attempts.c.instance_id == row["id"],
-            attempts.c.attempt == row["running_attempt"],
-            attempts.c.outcome.is_(None),
-        )
-        .values(outcome="lost", finished_at=at, error="lost: its worker's lease had expired")
+    claim = Claim(
+        id=row["id"],
+        flow=row["flow"],
+        version=row["version"],
+        state=row["state"],
+        data={},
+        fence=row["fence"],
+        attempt=row["running_attempt"],
+        errors=row["errors"],
+        restarts=row["restarts"],
+        state_errors=[],
+        state_restarts=row["state_restarts"],
+        event_id=None,
+        started_at=row["state_attempted"] if row["state_attempted"] is not None else at,
+    )
+    error = f"lost: worker {row['locked_by']}'s lease had expired"
+    hot_for(conn).close_attempts.executemany(
+        conn, [attempt_row(claim, row["locked_by"] or "?", at, "lost", error=error)]
     )
     conn.execute(
         update(instances)

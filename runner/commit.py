@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
-from .db import ids_value, serial_writes
+from .db import dialect_insert, ids_value, serial_writes
 from .models import attempts, instances
-from .rows import Claim, Outcome, hot_for
+from .rows import Claim, Outcome, attempt_row, hot_for
 
 
 class FenceMoved(Exception):
@@ -37,10 +37,10 @@ def commit_outcomes(
     """Commit finished attempts in one batch, fenced.
 
     Returns ``(lost_ids, chained)``: the ids whose fence was lost (only their attempt row
-    is closed, as ``cancelled`` unless a new owner already closed it as ``lost``, and our
-    lock released if still held), and a new :class:`Claim` for every outcome marked
-    ``chain``: its instance stays locked by this worker (lease renewed) and its next
-    attempt row is opened in the same transaction.
+    is written, as ``cancelled`` unless a new owner already recorded it as ``lost``, and
+    our lock released if still held), and a new :class:`Claim` for every outcome marked
+    ``chain``: its instance stays locked by this worker (lease renewed) and names the next
+    attempt in ``running_attempt``. Each finished attempt's row is written here, once.
 
     ``optimistic`` (used only where the database serialises writers, ``db.serial_writes``:
     SQLite) skips reading the fences first and counts the rows the fenced updates
@@ -78,9 +78,9 @@ def commit_outcomes(
             "b_fence": o.fence,
             "b_at": at,
         }
-        if o.chain is not None:
+        if o.chain:
             assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
-            nxt = _next_claim(o)
+            nxt = _next_claim(o, at)
             chained.append(nxt)
             row.update(b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt)
             kept.append(row)
@@ -91,36 +91,28 @@ def commit_outcomes(
     changed += hot.commit_chained.executemany(conn, kept)
     if optimistic and changed != len(good):
         raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
-    hot.commit_attempts.executemany(
-        conn,
-        [
-            {
-                "b_id": o.instance_id,
-                "b_attempt": o.attempt,
-                "b_at": at,
-                "outcome": o.attempt_values.get("outcome"),
-                "to_state": o.attempt_values.get("to_state"),
-                "error": o.attempt_values.get("error"),
-                "checkpoint": js(o.attempt_values.get("checkpoint")),
-            }
-            for o in good
-        ],
-    )
-    hot.insert_attempts.executemany(
-        conn,
-        [
-            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
-            for c in chained
-        ],
-    )
+    rows = []
+    for o in good:
+        av = o.attempt_values
+        rows.append(
+            attempt_row(
+                o.claim,
+                worker_id,
+                at,
+                av["outcome"],
+                to_state=av.get("to_state"),
+                error=av.get("error"),
+                checkpoint=js(av.get("checkpoint")),
+            )
+        )
+    hot.close_attempts.executemany(conn, rows)
     for o in lost:
-        cancel_attempt(conn, worker_id, o.instance_id, o.attempt, "lease or fence lost", at=at)
+        cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained
 
 
-def _next_claim(o: Outcome) -> Claim:
-    prev, v = o.chain, o.values
-    assert prev is not None
+def _next_claim(o: Outcome, at: float) -> Claim:
+    prev, v = o.claim, o.values
     return Claim(
         id=prev.id,
         flow=prev.flow,
@@ -134,6 +126,7 @@ def _next_claim(o: Outcome) -> Claim:
         state_errors=list(v["state_errors"]),
         state_restarts=v["state_restarts"],
         event_id=prev.event_id,
+        started_at=at,
         chain=prev.chain + 1,
     )
 
@@ -141,34 +134,29 @@ def _next_claim(o: Outcome) -> Claim:
 def cancel_attempt(
     conn: Connection,
     worker_id: str,
-    instance_id: int,
-    attempt: int,
+    claim: Claim,
     reason: str,
     *,
     outcome: str = "cancelled",
     at: float | None = None,
 ) -> None:
-    """Close an attempt whose instance was taken away, and release our lock if still ours.
+    """Record the attempt of ``claim`` as ended without a result (``cancelled``: its
+    instance was taken away, or the worker stops), and release our lock if still ours.
 
+    The row is left as it is when another worker already recorded the attempt (``lost``).
     Writes nothing to the instance but the lock columns, and only while ``locked_by`` is
     still this worker and ``running_attempt`` is this attempt.
     """
     at = time.time() if at is None else at
-    conn.execute(
-        update(attempts)
-        .where(
-            attempts.c.instance_id == instance_id,
-            attempts.c.attempt == attempt,
-            attempts.c.outcome.is_(None),
-        )
-        .values(outcome=outcome, finished_at=at, error=reason)
+    hot_for(conn).close_attempts.executemany(
+        conn, [attempt_row(claim, worker_id, at, outcome, error=reason)]
     )
     conn.execute(
         update(instances)
         .where(
-            instances.c.id == instance_id,
+            instances.c.id == claim.id,
             instances.c.locked_by == worker_id,
-            instances.c.running_attempt == attempt,
+            instances.c.running_attempt == claim.attempt,
         )
         .values(locked_by=None, locked_until=None, running_attempt=None, updated_at=at)
     )
@@ -177,31 +165,42 @@ def cancel_attempt(
 def save_checkpoint(
     conn: Connection,
     worker_id: str,
-    instance_id: int,
-    fence: int,
-    attempt: int,
+    claim: Claim,
     data: dict,
     checkpoint: dict,
 ) -> bool:
     """Durably store a handler's checkpoint mid-attempt; False when the fence was lost.
 
     ``data`` is the instance's whole data after merging ``checkpoint`` into it; the next
-    attempt (or restart) starts from it (majordomo's "update state" message).
+    attempt (or restart) starts from it (majordomo's "update state" message). The
+    attempt's row is written now, still open (``outcome`` NULL), with ``checkpoint``; the
+    attempt's end completes it.
     """
     res = conn.execute(
         update(instances)
         .where(
-            instances.c.id == instance_id,
+            instances.c.id == claim.id,
             instances.c.locked_by == worker_id,
-            instances.c.fence == fence,
+            instances.c.fence == claim.fence,
         )
         .values(data=data, updated_at=time.time())
     )
     if res.rowcount != 1:
         return False
+    ins = dialect_insert(conn)(attempts).values(
+        instance_id=claim.id,
+        attempt=claim.attempt,
+        state=claim.state,
+        worker=worker_id,
+        fence=claim.fence,
+        started_at=claim.started_at,
+        checkpoint=checkpoint,
+    )
     conn.execute(
-        update(attempts)
-        .where(attempts.c.instance_id == instance_id, attempts.c.attempt == attempt)
-        .values(checkpoint=checkpoint)
+        ins.on_conflict_do_update(
+            index_elements=[attempts.c.instance_id, attempts.c.attempt],
+            set_={"checkpoint": ins.excluded.checkpoint},
+            where=attempts.c.outcome.is_(None),
+        )
     )
     return True

@@ -38,8 +38,10 @@ class Instance(SQLModel, table=True):
     totals over the instance's life; ``state_errors`` (error timestamps inside the error
     budget window) and ``state_restarts`` belong to the current state and reset when the
     state changes or an operator retries. ``running_attempt`` is the number
-    (``attempts.attempt``) of the attempt in progress; an attempt row a dead worker left
-    open is closed as ``lost`` by the next claim.
+    (``attempts.attempt``) of the attempt in progress, ``state_attempted`` when it started
+    and ``locked_by`` its worker: the attempt's own row is written when it ends. When the
+    lease of a running attempt expires (its worker died), a worker records it as ``lost``
+    (``store.recover_lost``) before the instance can be claimed again.
     """
 
     __tablename__ = "instances"
@@ -76,11 +78,13 @@ class Instance(SQLModel, table=True):
 
 
 class Attempt(SQLModel, table=True):
-    """One execution of a handler for one instance (every attempt is a row).
+    """One execution of a handler for one instance (every attempt ends as a row).
 
-    ``outcome`` stays ``None`` while the attempt runs; a row left unfinished by a dead
-    worker is later closed as ``lost``. ``checkpoint`` is the last data the handler
-    checkpointed during this attempt.
+    The row is written once, when the attempt ends (outcome set), or earlier by its first
+    checkpoint (``outcome`` ``None`` until the end completes it); while it runs, the
+    instance row describes it (``running_attempt``). An attempt a dead worker left running
+    is recorded as ``lost``. ``checkpoint`` is the last data the handler checkpointed
+    during this attempt.
     """
 
     __tablename__ = "attempts"

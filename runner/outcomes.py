@@ -107,9 +107,7 @@ def decide(
         unchanged += ("state_errors",)
     return Outcome(
         unchanged=unchanged,
-        instance_id=claim.id,
-        attempt=claim.attempt,
-        fence=claim.fence,
+        claim=claim,
         values=values,
         attempt_values={
             "outcome": outcome,

@@ -140,6 +140,37 @@ def attempt_json(row: Any) -> dict:
     }
 
 
+def with_running(row: Any, history: list[Any]) -> list[dict]:
+    """``history`` (attempt rows, newest first) with the attempt running now in front.
+
+    An attempt's row is written when it ends (or at its first checkpoint); until then the
+    instance row names it: ``running_attempt``, its worker ``locked_by`` and its start
+    ``state_attempted``. Returns plain dicts, newest first; the running attempt has
+    ``outcome`` ``None``.
+    """
+    out = [dict(a) for a in history]
+    number = row["running_attempt"]
+    if number is not None and not any(a["attempt"] == number for a in out):
+        out.insert(
+            0,
+            {
+                "id": None,
+                "instance_id": row["id"],
+                "attempt": number,
+                "state": row["state"],
+                "worker": row["locked_by"],
+                "fence": row["fence"],
+                "started_at": row["state_attempted"],
+                "finished_at": None,
+                "outcome": None,
+                "to_state": None,
+                "error": None,
+                "checkpoint": None,
+            },
+        )
+    return out
+
+
 def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) -> dict | None:
     """One instance with ``history`` (its attempts, oldest first, the last
     ``history_limit``), ``checkpoints`` and ``commands``; ``None`` when unknown."""
@@ -153,12 +184,13 @@ def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) 
             conn.execute(
                 select(attempts)
                 .where(attempts.c.instance_id == instance_id)
-                .order_by(attempts.c.id.desc())
+                .order_by(attempts.c.attempt.desc())
                 .limit(history_limit)
             )
             .mappings()
             .all()
         )
+        att = with_running(row, att)[:history_limit]
         cmds = (
             conn.execute(
                 select(commands)

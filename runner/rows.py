@@ -1,15 +1,20 @@
 """The rows the worker's hot path passes around, and its precompiled statements.
 
-``Claim`` (an instance claimed with its attempt open) and ``Outcome`` (what a finished
+``Claim`` (an instance claimed with its attempt running) and ``Outcome`` (what a finished
 attempt writes) are shared by the claim side (``runner.store``) and the commit side
 (``runner.commit``); ``hot_for(conn)`` gives the statements both run thousands of times a
 second, compiled once per engine (``db.Prepared``).
+
+An attempt's row is written once, when the attempt ends (``Hot.close_attempts``). While it
+runs, the instance row says so: ``running_attempt`` (its number), ``locked_by`` (its
+worker) and ``state_attempted`` (when it started); a checkpoint writes the row early, still
+open (``outcome`` NULL), and the end completes it.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import (
     Connection,
@@ -19,7 +24,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     func,
-    insert,
     literal_column,
     null,
     or_,
@@ -27,7 +31,7 @@ from sqlalchemy import (
     update,
 )
 
-from .db import Prepared, ids_in, json_adapter, json_loader, skip_locked
+from .db import Prepared, dialect_insert, ids_in, json_adapter, json_loader, skip_locked
 from .models import JSONType, attempts, instances
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
@@ -59,12 +63,16 @@ def due_clause(at):
         instances.c.status.in_([literal_column(f"'{s}'") for s in CLAIMABLE]),
         instances.c.due_at <= at,
         or_(instances.c.locked_until.is_(None), instances.c.locked_until < at),
+        # an attempt a dead worker left running is recorded ``lost`` first
+        # (``store.recover_lost``); only then is its instance claimable again
+        instances.c.running_attempt.is_(None),
     )
 
 
 @dataclass
 class Claim:
-    """One claimed instance with the attempt just opened for it (``attempt`` is 1-based)."""
+    """One claimed instance with the attempt just started for it (``attempt`` is 1-based;
+    ``started_at`` in epoch seconds)."""
 
     id: int
     flow: str
@@ -78,7 +86,7 @@ class Claim:
     state_errors: list[float]
     state_restarts: int
     event_id: int | None
-    lost: list[str] = field(default_factory=list)
+    started_at: float = 0.0
     chain: int = 0  # moves made since this instance was last claimed from the table
 
 
@@ -88,16 +96,30 @@ class Outcome:
 
     ``values`` holds the instance columns to write (the worker computes them from the
     flow's policy); ``attempt_values`` the attempt columns (outcome, to_state, error,
-    checkpoint). ``values`` is ignored when the fence no longer matches.
+    checkpoint). ``values`` is ignored when the fence no longer matches. ``claim`` is the
+    claim the attempt ran under (its state, worker fence and start go into the row).
     """
 
-    instance_id: int
-    attempt: int
-    fence: int
+    claim: Claim
     values: dict
     attempt_values: dict
-    chain: Claim | None = None  # set: keep the lease and start the next attempt at once
+    chain: bool = False  # keep the lease and start the next attempt at once
     unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
+
+    @property
+    def instance_id(self) -> int:
+        """The instance's id."""
+        return self.claim.id
+
+    @property
+    def attempt(self) -> int:
+        """The attempt's 1-based number."""
+        return self.claim.attempt
+
+    @property
+    def fence(self) -> int:
+        """The fence the attempt was claimed under."""
+        return self.claim.fence
 
 
 COMMIT_KEYS = (
@@ -149,13 +171,6 @@ class Hot:
             )
             .returning(*CLAIM_COLS),
         )
-        #: attempts still open on the given instances: lost by a dead worker (param: ids)
-        self.open_attempts = Prepared(
-            engine,
-            select(attempts.c.instance_id, attempts.c.attempt, attempts.c.worker).where(
-                ids_in(engine, attempts.c.instance_id), attempts.c.outcome.is_(None)
-            ),
-        )
         #: the fences of the given instances this worker still holds (params: ids, w)
         fences = select(instances.c.id, instances.c.fence).where(
             ids_in(engine, instances.c.id), instances.c.locked_by == bindparam("w")
@@ -163,17 +178,6 @@ class Hot:
         if skip_locked(engine):
             fences = fences.with_for_update()
         self.fences = Prepared(engine, fences)
-        self.insert_attempts = Prepared(
-            engine,
-            insert(attempts).values(
-                instance_id=bindparam("i"),
-                attempt=bindparam("a"),
-                state=bindparam("s"),
-                worker=bindparam("w"),
-                fence=bindparam("f"),
-                started_at=bindparam("t"),
-            ),
-        )
         fenced = (
             instances.c.id == bindparam("b_id"),
             instances.c.locked_by == bindparam("b_worker"),
@@ -222,24 +226,70 @@ class Hot:
                     **outcome_cols,
                     "locked_until": bindparam("b_until", type_=Float()),
                     "running_attempt": bindparam("b_next"),
+                    "state_attempted": bindparam("b_at"),
                 }
             ),
         )
-        self.commit_attempts = Prepared(
-            engine,
-            update(attempts)
-            .where(
-                attempts.c.instance_id == bindparam("b_id"),
-                attempts.c.attempt == bindparam("b_attempt"),
-            )
-            .values(
-                finished_at=bindparam("b_at"),
-                outcome=bindparam("outcome"),
-                to_state=bindparam("to_state"),
-                error=bindparam("error"),
-                checkpoint=bindparam("checkpoint"),
-            ),
-        )
+        #: record finished attempts, one row each (params: see :func:`attempt_row`)
+        self.close_attempts = Prepared(engine, close_attempts(engine))
+
+
+def close_attempts(engine: Engine):
+    """``INSERT`` one finished attempt's row; where a checkpoint already wrote it (still
+    open), complete it instead; an attempt already closed (``lost`` by a worker that took
+    over, ``cancelled``) is left as it is. Parameters: see :func:`attempt_row`."""
+    ins = dialect_insert(engine)(attempts).values(
+        instance_id=bindparam("i"),
+        attempt=bindparam("a"),
+        state=bindparam("s"),
+        worker=bindparam("w"),
+        fence=bindparam("f"),
+        started_at=bindparam("t", type_=Float()),
+        finished_at=bindparam("at", type_=Float()),
+        outcome=bindparam("outcome"),
+        to_state=bindparam("to_state"),
+        error=bindparam("error"),
+        checkpoint=bindparam("checkpoint", type_=JSONType),
+    )
+    x = ins.excluded
+    return ins.on_conflict_do_update(
+        index_elements=[attempts.c.instance_id, attempts.c.attempt],
+        set_={
+            "finished_at": x.finished_at,
+            "outcome": x.outcome,
+            "to_state": x.to_state,
+            "error": x.error,
+            "checkpoint": func.coalesce(x.checkpoint, attempts.c.checkpoint),
+        },
+        where=attempts.c.outcome.is_(None),
+    )
+
+
+def attempt_row(
+    claim: Claim,
+    worker_id: str,
+    at: float,
+    outcome: str,
+    *,
+    to_state: str | None = None,
+    error: str | None = None,
+    checkpoint=None,
+) -> dict:
+    """The parameters of :attr:`Hot.close_attempts` for ``claim``'s attempt ending at
+    ``at`` (epoch seconds); ``checkpoint`` must already be adapted (``Hot.json``)."""
+    return {
+        "i": claim.id,
+        "a": claim.attempt,
+        "s": claim.state,
+        "w": worker_id,
+        "f": claim.fence,
+        "t": claim.started_at,
+        "at": at,
+        "outcome": outcome,
+        "to_state": to_state,
+        "error": error,
+        "checkpoint": checkpoint,
+    }
 
 
 _hot: weakref.WeakKeyDictionary[Engine, Hot] = weakref.WeakKeyDictionary()

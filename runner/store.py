@@ -8,8 +8,9 @@ The protocol (after Takahē's Stator, made sharper by a fence):
 
 1. :func:`claim_batch` claims up to ``limit`` due instances in one ``UPDATE ... WHERE id IN
    (SELECT ... ORDER BY due_at LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING``, bumping each
-   row's ``fence``; in the same transaction it closes attempts a dead worker left
-   unfinished (outcome ``lost``, one restart each) and inserts the new attempt rows.
+   row's ``fence`` and naming the attempt it starts in ``running_attempt``; the attempt's
+   row is written once, when it ends. :func:`recover_lost` records attempts a dead worker
+   left running (outcome ``lost``, one restart each) once their lease has expired.
 2. :func:`renew` extends the leases of running attempts and reports which instances
    were taken away (fence or owner changed) so their attempts can be cancelled.
 3. :func:`commit_outcomes` writes outcomes only where ``locked_by`` and ``fence`` still
@@ -20,19 +21,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
 from .commit import FenceMoved, cancel_attempt, commit_outcomes, save_checkpoint
-from .db import ids_value, insert_ignore
-from .models import attempts, flow_versions, instances
-from .rows import CLAIMABLE, Claim, Outcome, due_clause, hot_for
+from .db import insert_ignore, skip_locked
+from .models import flow_versions, instances
+from .rows import CLAIMABLE, Claim, Outcome, attempt_row, due_clause, hot_for
 
 __all__ = [
     "CLAIMABLE",
     "Claim",
     "FenceMoved",
+    "Lost",
     "Outcome",
     "busy_count",
     "cancel_attempt",
@@ -44,6 +47,7 @@ __all__ = [
     "initial_row",
     "now",
     "record_version",
+    "recover_lost",
     "release_all",
     "renew",
     "save_checkpoint",
@@ -146,30 +150,27 @@ def claim_batch(
     worker_id: str,
     lease: float,
     limit: int,
-    max_restarts_of: Callable[[str, str], int],
     at: float | None = None,
-) -> tuple[list[Claim], list[int]]:
-    """Claim up to ``limit`` due instances and open an attempt for each.
+) -> list[Claim]:
+    """Claim up to ``limit`` due instances and start an attempt on each.
 
     Args:
         conn: a connection; the caller commits (one transaction per batch).
         worker_id: this worker's id, written to ``locked_by``.
         lease: seconds the claim lasts without renewal.
         limit: the most instances to claim.
-        max_restarts_of: ``(version, state) -> int`` restarts allowed in that state.
         at: the current time (epoch seconds); defaults to now.
 
-    Returns ``(claims, failed_ids)``: the claims to run, and the ids of instances whose
-    lost attempt spent their last restart (now ``failed``, lock released). An attempt row
-    still open when its instance is claimed was lost by a dead worker: it is closed as
-    ``lost`` and counts one restart (majordomo); the new attempt starts from the data as
-    last checkpointed.
+    Returns the claims to run, oldest due first. No attempt row is written here: the
+    instance row records the running attempt (``running_attempt``, ``locked_by``,
+    ``state_attempted``) until its row is written at the end. An instance whose attempt a
+    dead worker left running is not claimed until :func:`recover_lost` has recorded it.
     """
     at = now() if at is None else at
     hot = hot_for(conn)
     rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
     load = hot.load_json
-    claims = [
+    return [
         Claim(
             id=r[0],
             flow=r[1],
@@ -183,66 +184,108 @@ def claim_batch(
             state_errors=list(load(r[9]) or []),
             state_restarts=r[10],
             event_id=r[11],
+            started_at=at,
         )
         for r in rows
     ]
-    if not claims:
-        return [], []
-    failed = _close_lost(conn, claims, max_restarts_of, at)
-    if failed:
-        dead = set(failed)
-        claims = [c for c in claims if c.id not in dead]
-    hot.insert_attempts.executemany(
-        conn,
-        [
-            {"i": c.id, "a": c.attempt, "s": c.state, "w": worker_id, "f": c.fence, "t": at}
-            for c in claims
-        ],
+
+
+@dataclass
+class Lost:
+    """An attempt a dead worker left running, as :func:`recover_lost` recorded it."""
+
+    instance_id: int
+    attempt: int
+    worker: str
+    failed: bool  # its restarts were spent: the instance is now ``failed``
+
+
+def recover_lost(
+    conn: Connection, max_restarts_of: Callable[[str, str], int], at: float | None = None
+) -> list[Lost]:
+    """Record every attempt whose worker stopped renewing its lease as ``lost``.
+
+    Such an instance still names its attempt in ``running_attempt`` while its lease
+    (``locked_until``) has expired: its worker died (or was stopped) mid-attempt. The
+    attempt row is written with outcome ``lost``, the instance counts one restart (its
+    state's too) and is unlocked, so the next claim restarts it from the data as last
+    checkpointed (majordomo's restart of lost work); past the state's ``max_restarts``
+    (``max_restarts_of(version, state)``) it becomes ``failed`` instead.
+
+    Runs in the caller's transaction; on PostgreSQL the rows are locked ``SKIP LOCKED``,
+    so two daemons never record the same attempt twice. Paused and killed instances are
+    left to the operator commands (``runner.commands``), which close their attempts.
+    """
+    at = now() if at is None else at
+    i = instances.c
+    q = select(
+        i.id,
+        i.running_attempt,
+        i.locked_by,
+        i.state,
+        i.fence,
+        i.state_attempted,
+        i.version,
+        i.restarts,
+        i.state_restarts,
+        i.flow,
+        i.status,
+    ).where(
+        # ``> ''`` rather than IS NOT NULL: it reads ix_instances_locked_by (the rows
+        # locked now, a few per worker) on SQLite too; the status is checked below, since
+        # naming it in the query makes SQLite scan ix_instances_claim instead
+        i.locked_by > "",
+        i.locked_until < at,
+        i.running_attempt.is_not(None),
     )
-    return claims, failed
-
-
-def _close_lost(conn: Connection, claims: list[Claim], max_restarts_of, at: float) -> list[int]:
-    """Close attempts left open by dead workers; returns ids that spent their restarts."""
-    by_id = {c.id: c for c in claims}
-    ids = ids_value(conn.engine, list(by_id))
-    open_rows = hot_for(conn).open_attempts.fetch(conn, {"ids": ids})
-    failed: list[int] = []
-    for iid, number, who in open_rows:
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.instance_id == iid, attempts.c.attempt == number)
-            .values(
-                outcome="lost",
-                finished_at=at,
-                error=f"lost: worker {who} stopped renewing its lease mid-attempt",
-            )
-        )
-        c = by_id[iid]
-        c.restarts += 1
-        c.state_restarts += 1
-        c.lost.append(who)
-    for c in claims:
-        if not c.lost:
+    if skip_locked(conn.engine):
+        q = q.with_for_update(skip_locked=True)
+    found: list[Lost] = []
+    rows = []
+    for r in conn.execute(q).all():
+        if r.status not in CLAIMABLE:
             continue
-        allowed = max_restarts_of(c.version, c.state)
-        values: dict = {"restarts": c.restarts, "state_restarts": c.state_restarts}
-        if c.state_restarts > allowed:
-            failed.append(c.id)
+        claim = Claim(
+            id=r.id,
+            flow=r.flow,
+            version=r.version,
+            state=r.state,
+            data={},
+            fence=r.fence,
+            attempt=r.running_attempt,
+            errors=0,
+            restarts=r.restarts,
+            state_errors=[],
+            state_restarts=r.state_restarts,
+            event_id=None,
+            started_at=r.state_attempted if r.state_attempted is not None else at,
+        )
+        error = f"lost: worker {r.locked_by} stopped renewing its lease mid-attempt"
+        rows.append(attempt_row(claim, r.locked_by, at, "lost", error=error))
+        allowed = max_restarts_of(r.version, r.state)
+        values: dict = {
+            "restarts": i.restarts + 1,
+            "state_restarts": i.state_restarts + 1,
+            "fence": i.fence + 1,
+            "locked_by": None,
+            "locked_until": None,
+            "running_attempt": None,
+            "updated_at": at,
+        }
+        failed = r.state_restarts + 1 > allowed
+        if failed:
             values.update(
                 status="failed",
                 due_at=None,
-                locked_by=None,
-                locked_until=None,
-                running_attempt=None,
-                attempts=instances.c.attempts - 1,
                 last_error=(
-                    f"restarts spent: {c.state_restarts} lost attempts in state "
-                    f"{c.state!r} (max_restarts {allowed})"
+                    f"restarts spent: {r.state_restarts + 1} lost attempts in state "
+                    f"{r.state!r} (max_restarts {allowed})"
                 ),
             )
-        conn.execute(update(instances).where(instances.c.id == c.id).values(**values))
-    return failed
+        conn.execute(update(instances).where(i.id == r.id).values(**values))
+        found.append(Lost(r.id, r.running_attempt, r.locked_by, failed))
+    hot_for(conn).close_attempts.executemany(conn, rows)
+    return found
 
 
 def renew(

@@ -11,7 +11,8 @@ once (process group terminated, coroutine cancelled) and recorded ``cancelled``.
 Shutdown (huey's consumer, Stator's runstator): :meth:`Worker.request_stop` once → stop
 claiming and let running attempts finish within ``grace`` seconds (then cancel them),
 release every lock, exit cleanly; twice → abort now: handler process groups are killed and
-the open attempts are left for the next claim to close as ``lost``.
+the attempts still running are left for a worker to record as ``lost`` once their lease
+has expired (``store.recover_lost``).
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ class Worker:
         )
         now = time.monotonic()
         next_renew, next_fence, next_beat, next_idle, next_probe = now, now, now, now, now
+        next_recover = now  # look for attempts lost by dead workers (store.recover_lost)
+        recover_every = min(1.0, cfg.lease / 4)
         grace_deadline: float | None = None
         want_claim = True
         cycle: asyncio.Future | None = None
@@ -195,7 +198,7 @@ class Worker:
                         self._cancel_all("worker shutting down (grace period over)")
                 if cycle is not None and cycle.done():
                     try:
-                        claims, chained, failed, lost, limit = cycle.result()
+                        claims, chained, recovered, lost, limit = cycle.result()
                     except DBAPIError as exc:
                         self.finished[:0] = sent  # commit them with the next cycle
                         delay = backoff.fail()
@@ -203,7 +206,7 @@ class Worker:
                             "database unavailable (%s); retrying in %.1fs", short_error(exc), delay
                         )
                         await asyncio.sleep(delay)
-                        claims, chained, failed, lost, limit = [], [], [], [], 0
+                        claims, chained, recovered, lost, limit = [], [], [], [], 0
                         want_claim = True
                     else:
                         if backoff.failures:
@@ -211,8 +214,7 @@ class Worker:
                         backoff.ok()
                         self.stats["committed"] += len(sent) - len(lost)
                         self.stats["lost_fence"] += len(lost)
-                        for iid in failed:
-                            log.warning("instance %d failed: restarts spent", iid)
+                        _log_lost(recovered)
                         self._start(chained + claims)
                         want_claim = limit > 0 and len(claims) == limit
                     cycle, sent = None, []
@@ -221,10 +223,11 @@ class Worker:
                 if cycle is None:
                     free = 0 if self._stopping else cfg.concurrency - len(self.running)
                     probe = free > 0 and not want_claim and now >= next_probe
-                    if self.finished or (free > 0 and (want_claim or probe)):
+                    recover = not self._stopping and now >= next_recover
+                    if self.finished or recover or (free > 0 and (want_claim or probe)):
                         sent, self.finished = self.finished, []
                         outcomes, cancels, chain = self._decide(sent, free)
-                        args = (outcomes, cancels, chain, free, probe)
+                        args = (outcomes, cancels, chain, free, probe, recover)
                         cycle = self._inline_cycle(loop, args)
                         if cycle is None:
                             cycle = loop.run_in_executor(self._db, self._cycle, *args)
@@ -232,6 +235,8 @@ class Worker:
                         want_claim = False
                         if probe:
                             next_probe = now + cfg.poll
+                        if recover:
+                            next_recover = now + recover_every
                         continue
                 if self.running and (now >= next_fence or now >= next_renew):
                     renew = now >= next_renew
@@ -256,7 +261,7 @@ class Worker:
                 if cycle is not None:
                     timeout = 1.0  # its done-callback wakes us
                 elif not self._stopping and len(self.running) < cfg.concurrency:
-                    timeout = max(0.0, next_probe - time.monotonic())
+                    timeout = max(0.0, min(next_probe, next_recover) - time.monotonic())
                 else:
                     timeout = cfg.fence_poll
                 if self.running:
@@ -335,7 +340,7 @@ class Worker:
                 if v["status"] == "sleeping":
                     v["status"] = lifecycle.check("sleeping", "wake")
                 chain.append(outcome)
-                outcome.chain = run.claim
+                outcome.chain = True
         return outcomes, cancels, chain
 
     def _inline_cycle(self, loop, args) -> asyncio.Future | None:
@@ -352,44 +357,48 @@ class Worker:
             fut.set_exception(exc)
         return fut
 
-    def _cycle(self, outcomes, cancels, chain, free, probe, engine: Engine | None = None):
+    def _cycle(self, outcomes, cancels, chain, free, probe, recover, engine: Engine | None = None):
         """One transaction: commit finished attempts (fenced), continue the chained ones,
-        close cancelled ones, and claim up to the free slots left.
+        close cancelled ones, record attempts lost by dead workers (when ``recover``), and
+        claim up to the free slots left.
 
         Where the database serialises writers (SQLite) the commit is optimistic: it does
         not read the fences first; if one claim was lost it rolls back and commits again
         the careful way."""
         limit = max(0, free - len(chain))
         engine = engine or self.engine
-        if probe and not outcomes and not cancels and not self._has_due(engine):
+        if probe and not recover and not outcomes and not cancels and not self._has_due(engine):
             return [], [], [], [], 0
         try:
-            claims, chained, failed, lost = self._transaction(
-                engine, outcomes, cancels, limit, True
+            claims, chained, recovered, lost = self._transaction(
+                engine, outcomes, cancels, limit, recover, True
             )
         except store.FenceMoved:  # rolled back: commit again, reading the fences first
-            claims, chained, failed, lost = self._transaction(
-                engine, outcomes, cancels, limit, False
+            claims, chained, recovered, lost = self._transaction(
+                engine, outcomes, cancels, limit, recover, False
             )
         self.stats["claimed"] += len(claims)
         self.stats["chained"] += len(chained)
         self.stats["cancelled"] += len(cancels)
-        return claims, chained, failed, lost, limit
+        return claims, chained, recovered, lost, limit
 
-    def _transaction(self, engine: Engine, outcomes, cancels, limit: int, optimistic: bool):
+    def _transaction(
+        self, engine: Engine, outcomes, cancels, limit: int, recover: bool, optimistic: bool
+    ):
         cfg = self.config
         with engine.begin() as conn:
             lost, chained = store.commit_outcomes(
                 conn, cfg.worker_id, outcomes, lease=cfg.lease, optimistic=optimistic
             )
             for claim, why in cancels:
-                store.cancel_attempt(conn, cfg.worker_id, claim.id, claim.attempt, why)
-            claims, failed = ([], [])
+                store.cancel_attempt(conn, cfg.worker_id, claim, why)
+            recovered = []
+            if recover:
+                recovered = store.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
+            claims = []
             if limit > 0:
-                claims, failed = store.claim_batch(
-                    conn, cfg.worker_id, cfg.lease, limit, lambda v, s: _max_restarts(conn, v, s)
-                )
-        return claims, chained, failed, lost
+                claims = store.claim_batch(conn, cfg.worker_id, cfg.lease, limit)
+        return claims, chained, recovered, lost
 
     def _has_due(self, engine: Engine) -> bool:
         with reading(engine) as conn:
@@ -412,12 +421,6 @@ class Worker:
         loop = asyncio.get_running_loop()
         for claim in claims:
             run = _Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
-            if claim.lost:
-                log.warning(
-                    "instance %d: attempt lost by worker %s; restarting from its last checkpoint",
-                    claim.id,
-                    ", ".join(claim.lost),
-                )
             run.task = loop.create_task(self._attempt(run))
             self.running[claim.id] = run
 
@@ -492,7 +495,7 @@ class Worker:
                     break
                 outcomes, cancels, _chain = self._decide(batch, 0)
                 try:
-                    await self._in_db(self._cycle, outcomes, cancels, [], 0, False)
+                    await self._in_db(self._cycle, outcomes, cancels, [], 0, False, False)
                 except DBAPIError as exc:
                     self.finished[:0] = batch
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
@@ -520,6 +523,19 @@ class Worker:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _log_lost(recovered: list[store.Lost]) -> None:
+    for lost in recovered:
+        log.warning(
+            "instance %d: attempt lost by worker %s (attempt %d); %s",
+            lost.instance_id,
+            lost.worker,
+            lost.attempt,
+            "restarts spent: instance failed"
+            if lost.failed
+            else "restarting from its last checkpoint",
+        )
 
 
 def _max_restarts(conn, version: str, state: str) -> int:

@@ -110,6 +110,8 @@ class Run:
         assert twice == [], f"instances advanced twice: {twice[:5]}"
         assert self.moved() == 2 * self.n
         assert sql(self.db, "SELECT count(*) FROM attempts WHERE outcome IS NULL") == [(0,)]
+        running = "SELECT count(*) FROM instances WHERE running_attempt IS NOT NULL"
+        assert sql(self.db, running) == [(0,)]
         lost = sql(self.db, "SELECT count(*) FROM attempts WHERE outcome = 'lost'")[0][0]
         restarts = sql(self.db, "SELECT coalesce(sum(restarts), 0) FROM instances")[0][0]
         assert lost == restarts, (lost, restarts)
@@ -145,8 +147,8 @@ def test_kill_9_mid_run_then_recover(make_run) -> None:
     d.signal(signal.SIGKILL)
     d.wait(30)
     assert run.completed() < run.n, "the run finished before the crash"
-    open_attempts = sql(run.db, "SELECT count(*) FROM attempts WHERE outcome IS NULL")[0][0]
-    assert open_attempts > 0
+    running = "SELECT count(*) FROM instances WHERE running_attempt IS NOT NULL"
+    assert sql(run.db, running)[0][0] > 0, "the crash left no attempt running"
     run.drain()
     run.check_invariants(expect_lost=True)
     recovered = run.daemons[-1].log()
@@ -280,7 +282,8 @@ def test_sigint_twice_exits_at_once_and_a_new_daemon_recovers(tmp_path: Path) ->
         d.stop()
     assert "again: aborting" in d.log()
     poll(lambda: not any(group_alive(p) for p in pids), 30, what="handler groups killed")
-    assert sql(db, "SELECT count(*) FROM attempts WHERE outcome IS NULL") == [(4,)]
+    running = "SELECT count(*) FROM instances WHERE running_attempt IS NOT NULL"
+    assert sql(db, running) == [(4,)], "the abort left its 4 attempts running"
     (fr.flows / "fast").touch()
     d2 = fr.daemon("--exit-when-idle", lease=LEASE, worker_id="recover", log="recover")
     try:
@@ -292,3 +295,4 @@ def test_sigint_twice_exits_at_once_and_a_new_daemon_recovers(tmp_path: Path) ->
     assert lost == 4
     assert sql(db, "SELECT sum(restarts) FROM instances") == [(4,)]
     assert sql(db, "SELECT count(*) FROM attempts WHERE outcome IS NULL") == [(0,)]
+    assert sql(db, running) == [(0,)]

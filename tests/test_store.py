@@ -41,8 +41,9 @@ def _claim(engine: Engine, worker: str, at: float, limit: int = 10, flow=None):
     def max_restarts(version: str, state: str) -> int:
         return flow.states[state].policy.max_restarts if flow is not None else 1
 
-    with engine.begin() as conn:
-        return store.claim_batch(conn, worker, LEASE, limit, max_restarts, at=at)
+    with engine.begin() as conn:  # as the worker's cycle does: record lost attempts, claim
+        lost = store.recover_lost(conn, max_restarts, at=at)
+        return store.claim_batch(conn, worker, LEASE, limit, at=at), lost
 
 
 def _commit(engine: Engine, worker: str, outcomes, at: float) -> list[int]:
@@ -72,8 +73,8 @@ def test_two_workers_never_claim_the_same_instance(tmp_path: Path, world) -> Non
     def work(name: str, eng: Engine) -> None:
         try:
             while True:
-                claims, failed = _claim(eng, name, store.now(), limit=7, flow=flow)
-                assert not failed
+                claims, lost = _claim(eng, name, store.now(), limit=7, flow=flow)
+                assert not lost
                 if not claims:
                     return
                 claimed[name] += [c.id for c in claims]
@@ -94,7 +95,9 @@ def test_two_workers_never_claim_the_same_instance(tmp_path: Path, world) -> Non
     assert len(a) + len(b) == 400
     owners = dict(sql(engine, "SELECT id, locked_by FROM instances"))
     assert all(owners[i] == "a" for i in a) and all(owners[i] == "b" for i in b)
-    assert sql(engine, "SELECT count(*) FROM attempts WHERE outcome IS NULL") == [(400,)]
+    running = "SELECT count(*) FROM instances WHERE running_attempt = 1 AND fence = 1"
+    assert sql(engine, running) == [(400,)]
+    assert sql(engine, "SELECT count(*) FROM attempts") == [(0,)], "rows are written at the end"
 
 
 def test_held_lease_is_not_claimed_again_until_it_expires(world) -> None:
@@ -103,8 +106,9 @@ def test_held_lease_is_not_claimed_again_until_it_expires(world) -> None:
     t0 = store.now()
     [c], _ = _claim(engine, "a", t0)
     assert _claim(engine, "b", t0 + LEASE - 1) == ([], [])
-    [c2], _ = _claim(engine, "b", t0 + LEASE + 1, flow=flow)
-    assert (c2.id, c2.fence, c2.attempt) == (iid, c.fence + 1, c.attempt + 1)
+    [c2], lost = _claim(engine, "b", t0 + LEASE + 1, flow=flow)
+    assert (c2.id, c2.attempt) == (iid, c.attempt + 1) and c2.fence > c.fence
+    assert lost == [store.Lost(iid, c.attempt, "a", failed=False)]
 
 
 def test_commit_after_a_command_bumped_the_fence_writes_nothing(world) -> None:
@@ -138,13 +142,16 @@ def test_commit_after_another_worker_took_over_writes_nothing(world) -> None:
         cb.fence,
         cb.attempt,
     ), "a stale worker must not touch the new owner's row"
-    first, second = attempts_of(engine, iid)
-    assert first["outcome"] == "lost", "the new owner closed it; the stale commit keeps that"
-    assert second["outcome"] is None
+    [first] = attempts_of(engine, iid)
+    assert first["outcome"] == "lost", "the new owner recorded it; the stale commit keeps that"
+    assert (first["worker"], first["started_at"]) == ("a", t0)
     # the new owner commits normally
     assert _commit(engine, "b", [_moved(flow, cb, t0 + LEASE + 3)], t0 + LEASE + 3) == []
     r = row(engine, iid)
     assert (r["state"], r["status"], r["data"]) == ("done", "completed", {"v": 1, "by": "me"})
+    first, second = attempts_of(engine, iid)
+    assert (first["outcome"], second["outcome"], second["worker"]) == ("lost", "moved", "b")
+    assert (second["started_at"], second["finished_at"]) == (t0 + LEASE + 1, t0 + LEASE + 3)
 
 
 def test_checkpoint_is_fenced_and_the_restart_starts_from_it(world) -> None:
@@ -153,19 +160,33 @@ def test_checkpoint_is_fenced_and_the_restart_starts_from_it(world) -> None:
     t0 = store.now()
     [ca], _ = _claim(engine, "a", t0)
     with engine.begin() as conn:
-        ok = store.save_checkpoint(
-            conn, "a", iid, ca.fence, ca.attempt, {"v": 1, "rows": 10}, {"rows": 10}
-        )
+        ok = store.save_checkpoint(conn, "a", ca, {"v": 1, "rows": 10}, {"rows": 10})
     assert ok
+    [open_row] = attempts_of(engine, iid)
+    assert (open_row["outcome"], open_row["checkpoint"]) == (None, {"rows": 10})
     [cb], _ = _claim(engine, "b", t0 + LEASE + 1, flow=flow)
     assert cb.data == {"v": 1, "rows": 10}, "the restart starts from the last checkpoint"
     with engine.begin() as conn:
-        stale = store.save_checkpoint(
-            conn, "a", iid, ca.fence, ca.attempt, {"v": 1, "rows": 99}, {"rows": 99}
-        )
+        stale = store.save_checkpoint(conn, "a", ca, {"v": 1, "rows": 99}, {"rows": 99})
     assert not stale
     assert row(engine, iid)["data"] == {"v": 1, "rows": 10}
-    assert attempts_of(engine, iid)[0]["checkpoint"] == {"rows": 10}
+    [lost] = attempts_of(engine, iid)
+    assert (lost["outcome"], lost["checkpoint"]) == ("lost", {"rows": 10}), "kept when lost"
+
+
+def test_a_checkpointed_attempt_is_completed_not_duplicated(world) -> None:
+    """The row a checkpoint wrote early is completed by the attempt's end: one row."""
+    engine, flow = world
+    iid = new_instance(engine, flow, {"v": 1})
+    t0 = store.now()
+    [c], _ = _claim(engine, "a", t0)
+    with engine.begin() as conn:
+        assert store.save_checkpoint(conn, "a", c, {"v": 1, "rows": 5}, {"rows": 5})
+    c.data = {"v": 1, "rows": 5}
+    assert _commit(engine, "a", [_moved(flow, c, t0 + 2)], t0 + 2) == []
+    [a] = attempts_of(engine, iid)
+    assert (a["outcome"], a["to_state"], a["checkpoint"]) == ("moved", "done", {"rows": 5})
+    assert (a["started_at"], a["finished_at"], a["worker"]) == (t0, t0 + 2, "a")
 
 
 def test_renew_extends_and_reports_taken_away(world) -> None:
@@ -190,16 +211,16 @@ def test_lost_attempts_count_restarts_until_failed(world) -> None:
     t = store.now()
     [c1], _ = _claim(engine, "w1", t)
     t += LEASE + 1
-    [c2], failed = _claim(engine, "w2", t, flow=flow)
-    assert failed == [] and c2.lost == ["w1"]
+    [c2], lost = _claim(engine, "w2", t, flow=flow)
+    assert lost == [store.Lost(iid, 1, "w1", failed=False)]
     assert (c2.restarts, c2.state_restarts) == (1, 1)
     r = row(engine, iid)
     assert (r["restarts"], r["state_restarts"], r["running_attempt"]) == (1, 1, c2.attempt)
     a1 = attempts_of(engine, iid)[0]
     assert a1["outcome"] == "lost" and "w1" in a1["error"] and a1["finished_at"] == t
     t += LEASE + 1
-    claims, failed = _claim(engine, "w3", t, flow=flow)
-    assert claims == [] and failed == [iid]
+    claims, lost = _claim(engine, "w3", t, flow=flow)
+    assert claims == [] and lost == [store.Lost(iid, 2, "w2", failed=True)]
     r = row(engine, iid)
     assert (r["status"], r["restarts"], r["locked_by"], r["running_attempt"]) == (
         "failed",
@@ -214,8 +235,8 @@ def test_lost_attempts_count_restarts_until_failed(world) -> None:
     # retry resets the state's counters: the instance runs again
     [res] = commands.submit(engine, [iid], "retry")
     assert res.ok
-    [c4], failed = _claim(engine, "w4", t + 1, flow=flow)
-    assert failed == [] and c4.state_restarts == 0 and c4.restarts == 2
+    [c4], lost = _claim(engine, "w4", t + 1, flow=flow)
+    assert lost == [] and c4.state_restarts == 0 and c4.restarts == 2
 
 
 def test_command_closing_an_orphan_attempt_counts_a_restart(world) -> None:
@@ -287,8 +308,8 @@ states:
 
 def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_path: Path) -> None:
     """A move committed with ``chain`` keeps the instance locked and runnable, due at its
-    old (past) time, and opens the next attempt; when that worker dies, the next claim
-    after the lease closes the open attempt as lost and runs the new state from there."""
+    old (past) time, and names the next attempt as running; when that worker dies, the
+    next cycle after the lease records that attempt as lost and runs the new state."""
     engine = engine_at(tmp_path)
     flow = load(write_flow(tmp_path / "flows", "ch", CHAIN_FLOW))
     iid = new_instance(engine, flow, {"v": 1})
@@ -296,7 +317,7 @@ def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_pat
     t0 = store.now()
     [c], _ = _claim(engine, "a", t0)
     outcome = decide(flow, c, AttemptResult("moved", {"v": 2}, to_state="b"), c.data, t0 + 1)
-    outcome.chain = c
+    outcome.chain = True
     with engine.begin() as conn:
         lost, [nxt] = store.commit_outcomes(conn, "a", [outcome], at=t0 + 1, lease=LEASE)
     assert lost == []
@@ -311,13 +332,17 @@ def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_pat
     assert r["due_at"] == due_before, "a chained commit leaves the claim index alone"
     assert r["locked_until"] == t0 + 1 + LEASE, "the lease is renewed"
     assert r["data"] == {"v": 2}
-    first, second = attempts_of(engine, iid)
-    assert (first["outcome"], first["to_state"], second["outcome"]) == ("moved", "b", None)
+    assert r["state_attempted"] == t0 + 1, "the next attempt started at the commit"
+    [first] = attempts_of(engine, iid)
+    assert (first["outcome"], first["to_state"]) == ("moved", "b")
     # worker a dies: nobody may take the instance before its lease ends, then b does
     assert _claim(engine, "b", t0 + LEASE) == ([], [])
-    [cb], _ = _claim(engine, "b", t0 + 2 + LEASE, flow=flow)
-    assert (cb.id, cb.state, cb.attempt, cb.restarts, cb.lost) == (iid, "b", 3, 1, ["a"])
-    assert [a["outcome"] for a in attempts_of(engine, iid)] == ["moved", "lost", None]
+    [cb], lost = _claim(engine, "b", t0 + 2 + LEASE, flow=flow)
+    assert lost == [store.Lost(iid, 2, "a", failed=False)]
+    assert (cb.id, cb.state, cb.attempt, cb.restarts) == (iid, "b", 3, 1)
+    first, second = attempts_of(engine, iid)
+    assert [first["outcome"], second["outcome"]] == ["moved", "lost"]
+    assert (second["attempt"], second["state"], second["started_at"]) == (2, "b", t0 + 1)
 
 
 def test_an_optimistic_commit_that_meets_a_moved_fence_writes_nothing(world) -> None:
@@ -336,7 +361,7 @@ def test_an_optimistic_commit_that_meets_a_moved_fence_writes_nothing(world) -> 
         with engine.begin() as conn:
             store.commit_outcomes(conn, "a", outcomes, at=t0 + 1, optimistic=True)
     assert row(engine, kept_id)["state"] == "work", "rolled back: nothing written"
-    assert [a["outcome"] for a in attempts_of(engine, kept_id)] == [None]
+    assert attempts_of(engine, kept_id) == [], "rolled back: no attempt row either"
     assert _commit(engine, "a", outcomes, t0 + 1) == [paused_id]
     assert (row(engine, kept_id)["state"], row(engine, paused_id)["status"]) == ("done", "paused")
     assert [a["outcome"] for a in attempts_of(engine, kept_id)] == ["moved"]
@@ -348,13 +373,67 @@ def test_a_driver_error_in_a_hot_statement_is_a_dbapi_error(world) -> None:
     arrive as SQLAlchemy's DBAPIError (what the worker's retry and fallback look for)."""
     from sqlalchemy.exc import DBAPIError, IntegrityError
 
-    from runner.rows import hot_for
+    from runner.rows import attempt_row, hot_for
 
     engine, flow = world
     iid = new_instance(engine, flow)
-    [c], _ = _claim(engine, "a", store.now())  # opened attempt 1 of the instance
-    row_ = {"i": iid, "a": c.attempt, "s": "work", "w": "a", "f": c.fence, "t": 0.0}
+    [c] = _claim(engine, "a", store.now())[0]
+    c.state = None  # type: ignore[assignment] - a NOT NULL column
     with pytest.raises(IntegrityError) as caught:
         with engine.begin() as conn:
-            hot_for(conn).insert_attempts.executemany(conn, [row_])
-    assert isinstance(caught.value, DBAPIError) and "UNIQUE" in str(caught.value.orig)
+            hot_for(conn).close_attempts.executemany(conn, [attempt_row(c, "a", 1.0, "moved")])
+    assert isinstance(caught.value, DBAPIError) and "NOT NULL" in str(caught.value.orig)
+    assert iid == c.id
+
+
+def test_show_names_the_running_attempt_from_the_instance_row(world) -> None:
+    """No attempt row exists while an attempt runs: ``show`` builds it from the instance
+    (number, state, worker, start); a checkpointed attempt's early row is not doubled."""
+    from runner.queries import get_instance
+
+    engine, flow = world
+    iid = new_instance(engine, flow, {"v": 1})
+    t0 = store.now()
+    [c], _ = _claim(engine, "w1", t0)
+    [running] = get_instance(engine, iid)["history"]
+    assert (running["attempt"], running["state"], running["worker"]) == (1, "work", "w1")
+    assert running["outcome"] is None and running["finished_at"] is None
+    assert running["started_at"] is not None
+    with engine.begin() as conn:
+        assert store.save_checkpoint(conn, "w1", c, {"v": 2}, {"v": 2})
+    [early] = get_instance(engine, iid)["history"]
+    assert (early["attempt"], early["outcome"], early["checkpoint"]) == (1, None, {"v": 2})
+    c.data = {"v": 2}
+    _commit(engine, "w1", [_moved(flow, c, t0 + 1)], t0 + 1)
+    [done] = get_instance(engine, iid)["history"]
+    assert (done["attempt"], done["outcome"], done["to_state"]) == (1, "moved", "done")
+
+
+@pytest.mark.postgres
+def test_recover_lost_records_each_attempt_once_across_workers(pg_url: str, tmp_path) -> None:
+    """Two workers looking for lost attempts at once on PostgreSQL: the rows one locks
+    are skipped by the other (SKIP LOCKED), and once recorded they are not found again."""
+    from runner.db import make_engine
+
+    flow = load(write_flow(tmp_path / "flows", "st", FLOW))
+    engines = [make_engine(pg_url), make_engine(pg_url)]
+    try:
+        ids = [new_instance(engines[0], flow) for _ in range(3)]
+        t0 = store.now()
+        with engines[0].begin() as conn:
+            store.claim_batch(conn, "dead", LEASE, 10, at=t0)
+        later = t0 + LEASE + 1
+        with engines[0].begin() as first:
+            found = store.recover_lost(first, lambda v, s: 1, at=later)
+            assert sorted(lost.instance_id for lost in found) == ids
+            with engines[1].begin() as second:
+                assert store.recover_lost(second, lambda v, s: 1, at=later) == []
+        with engines[1].begin() as second:
+            assert store.recover_lost(second, lambda v, s: 1, at=later) == []
+            assert len(store.claim_batch(second, "b", LEASE, 10, at=later)) == 3
+        lost = sql(engines[0], "SELECT count(*) FROM attempts WHERE outcome = 'lost'")
+        assert lost == [(3,)]
+        assert sql(engines[0], "SELECT sum(restarts) FROM instances") == [(3,)]
+    finally:
+        for e in engines:
+            e.dispose()

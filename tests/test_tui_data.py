@@ -112,6 +112,30 @@ def test_counts_and_throughput(tmp_path):
     data.close()
 
 
+def test_detail_shows_the_running_attempt_from_the_instance_row(tmp_path):
+    """A running attempt has no row until it ends: the detail builds it from the instance
+    row (its number, state, worker and start), newest first; an early row is not doubled."""
+    engine, _db, _flows = build_db(tmp_path)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE instances SET running_attempt = 3, state_attempted = :t WHERE id = 1"),
+            {"t": NOW - 8},
+        )
+    data = ConsoleData(engine, clock=lambda: NOW)
+    assert [a["attempt"] for a in data.detail(1).attempts] == [3, 2, 1], "row 3 exists"
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE instances SET running_attempt = 4, state_attempted = :t WHERE id = 1"),
+            {"t": NOW - 1},
+        )
+    attempts = data.detail(1).attempts
+    assert [a["attempt"] for a in attempts] == [4, 3, 2, 1]
+    running = attempts[0]
+    assert (running["state"], running["worker"], running["started_at"]) == ("fetch", "w1", NOW - 1)
+    assert running["outcome"] is None and running["finished_at"] is None
+    data.close()
+
+
 def test_read_engine_cannot_write(tmp_path):
     engine, _db, _flows = build_db(tmp_path)
     data = ConsoleData(engine, clock=lambda: NOW)

@@ -93,7 +93,7 @@ def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path
     async def main() -> None:
         worker = Worker(engine, WorkerConfig(worker_id="w0", lease=0.2))
         loop = asyncio.get_running_loop()
-        args = ([], [], [], 8, False)
+        args = ([], [], [], 8, False, False)
         assert worker._inline_cycle(loop, args) is None, "busy: must not run on the loop"
         other.execute("COMMIT")
         fut = worker._inline_cycle(loop, args)

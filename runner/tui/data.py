@@ -33,6 +33,7 @@ from ..models import (
     sensors,
     workers,
 )
+from ..queries import with_running
 from . import fmt
 from .model import SORTS, Counts, Detail, FlowsInfo, Page, Query, Row
 from .paging import ROWID_SCAN_ABOVE, count_by_status, read_counts, read_page
@@ -235,12 +236,13 @@ class ConsoleData:
                 conn.execute(
                     select(attempts)
                     .where(a.instance_id == instance_id)
-                    .order_by(a.id.desc())
+                    .order_by(a.attempt.desc())
                     .limit(history)
                 )
                 .mappings()
                 .all()
             )
+            att = with_running(row, att)[:history]
             cmds = (
                 conn.execute(
                     select(commands)
@@ -251,7 +253,7 @@ class ConsoleData:
                 .mappings()
                 .all()
             )
-        d = Detail(dict(row), [dict(x) for x in att], [dict(x) for x in cmds])
+        d = Detail(dict(row), att, [dict(x) for x in cmds])
         try:
             d.flow = self.compiled(row["version"])
             st = d.flow.states.get(row["state"])
