@@ -32,10 +32,14 @@ def run_call(
 
     A plain function returning the coroutine to await (one coroutine less per attempt).
     """
+    if _is_async(func):
+        if limits.timeout is None and limits.keepalive is None:
+            return _run_coroutine(func, ctx, None, cancel, next_state)  # no deadline to watch
+        watch = Watch(limits)
+        ctx._signal = watch.signal
+        return _run_coroutine(func, ctx, watch, cancel, next_state)
     watch = Watch(limits)
     ctx._signal = watch.signal
-    if _is_async(func):
-        return _run_coroutine(func, ctx, watch, cancel, next_state)
     return _run_sync(func, ctx, watch, cancel, threads, next_state)
 
 
@@ -64,10 +68,15 @@ async def _run_sync(
 
 
 async def _run_coroutine(
-    func: Callable[..., Any], ctx: Context, watch: Watch, cancel: Cancel, next_state: str | None
+    func: Callable[..., Any],
+    ctx: Context,
+    watch: Watch | None,
+    cancel: Cancel,
+    next_state: str | None,
 ) -> AttemptResult:
     """Await an async handler inside the attempt's own task (no extra task per attempt);
-    a deadline or a cancel cancels this task and is reported as timeout / cancelled."""
+    a deadline (``watch``; ``None``: the state has no timeout or keepalive) or a cancel
+    cancels this task and is reported as timeout / cancelled."""
     me = asyncio.current_task()
     verdict: list[tuple[str, str | None]] = []
 
@@ -78,8 +87,10 @@ async def _run_coroutine(
             me.cancel()
 
     cancel.on_set(lambda reason: stop("cancelled", reason))
-    deadlines = _Deadlines.of(asyncio.get_running_loop())
-    deadlines.add(watch, stop)
+    deadlines = None
+    if watch is not None:
+        deadlines = _Deadlines.of(asyncio.get_running_loop())
+        deadlines.add(watch, stop)
     try:
         value = await func(ctx)
     except asyncio.CancelledError:
@@ -92,7 +103,8 @@ async def _run_coroutine(
         return _raised(exc, ctx)
     finally:
         verdict.append(("done", None))  # a late cancel must not hit the finished task
-        deadlines.remove(watch)
+        if deadlines is not None:
+            deadlines.remove(watch)
     return _returned(value, ctx, next_state)
 
 
@@ -107,16 +119,22 @@ class _Deadlines:
     _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self.loop_ref = weakref.ref(loop)  # weak: the sweeper must not keep its loop alive
         self.items: dict[Watch, Callable[[str, str | None], None]] = {}
         self.handle: asyncio.TimerHandle | None = None
+
+    _last: _Deadlines | None = None  # the sweeper asked for last (one loop per worker)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _Deadlines:
         """The sweeper of ``loop`` (created on first use)."""
+        last = cls._last
+        if last is not None and last.loop_ref() is loop:
+            return last
         found = cls._per_loop.get(loop)
         if found is None:
             found = cls._per_loop[loop] = cls(loop)
+        cls._last = found
         return found
 
     def add(self, watch: Watch, stop: Callable[[str, str | None], None]) -> None:
@@ -124,8 +142,9 @@ class _Deadlines:
         if watch.limits.timeout is None and watch.limits.keepalive is None:
             return
         self.items[watch] = stop
-        if self.handle is None:
-            self.handle = self.loop.call_later(self.TICK, self._tick)
+        loop = self.loop_ref()
+        if self.handle is None and loop is not None:
+            self.handle = loop.call_later(self.TICK, self._tick)
 
     def remove(self, watch: Watch) -> None:
         """Stop watching (the attempt ended)."""
@@ -138,8 +157,9 @@ class _Deadlines:
             if left is not None and left <= 0:
                 self.items.pop(watch, None)
                 stop("timeout", why)
-        if self.items:
-            self.handle = self.loop.call_later(self.TICK, self._tick)
+        loop = self.loop_ref()
+        if self.items and loop is not None:
+            self.handle = loop.call_later(self.TICK, self._tick)
 
 
 _async_cache: dict[Callable[..., Any], bool] = {}
@@ -182,5 +202,12 @@ def _describe(exc: BaseException) -> str:
     if tb is not None:
         while tb.tb_next is not None:
             tb = tb.tb_next
-        where = f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})"
+        path = tb.tb_frame.f_code.co_filename
+        name = _basenames.get(path)
+        if name is None:
+            name = _basenames[path] = os.path.basename(path)
+        where = f" (at {name}:{tb.tb_lineno})"
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+_basenames: dict[str, str] = {}  # source path -> file name, for _describe

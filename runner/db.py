@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from .errors import ConfigError
+from .wal import SAFETY_PAGES
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
@@ -129,6 +130,9 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     which may wait, when another process holds the lock. ``None`` for PostgreSQL, whose
     statements are network round trips that must not block the loop, and for an
     in-memory SQLite database. The caller owns the sibling (``dispose()`` it when done).
+
+    Its commits leave WAL checkpoints to a :class:`runner.wal.WalCheckpointer` (their
+    automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
     """
     if engine.dialect.name != "sqlite":
         return None
@@ -136,7 +140,10 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     if database in ("", ":memory:") or "mode=memory" in str(engine.url):
         return None  # a second engine would open a different, empty database
     return _sqlite_engine(
-        engine.url.render_as_string(hide_password=False), engine.url.database, timeout=0
+        engine.url.render_as_string(hide_password=False),
+        engine.url.database,
+        timeout=0,
+        autocheckpoint=SAFETY_PAGES,
     )
 
 
@@ -146,7 +153,9 @@ def is_busy(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text
 
 
-def _sqlite_engine(url: str, database: str | None, timeout: float = 30.0) -> Engine:
+def _sqlite_engine(
+    url: str, database: str | None, timeout: float = 30.0, autocheckpoint: int | None = None
+) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
@@ -160,6 +169,8 @@ def _sqlite_engine(url: str, database: str | None, timeout: float = 30.0) -> Eng
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")
         cur.execute("PRAGMA foreign_keys=ON")
+        if autocheckpoint is not None:
+            cur.execute(f"PRAGMA wal_autocheckpoint={int(autocheckpoint)}")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -51,6 +51,7 @@ CLAIM_COLS = (
     instances.c.state_errors,
     instances.c.state_restarts,
     instances.c.event_id,
+    instances.c.status,
 )
 
 
@@ -160,16 +161,25 @@ class Hot:
             update(instances)
             .where(instances.c.id.in_(inner.scalar_subquery()))
             .values(
+                # no ``status``: naming an indexed column rewrites its index entries even
+                # when the value stays (measured on SQLite: 3.4 us a row against 0.9); the
+                # few ``sleeping`` rows claimed are woken by ``wake`` below
                 locked_by=bindparam("w"),
                 locked_until=bindparam("until", type_=Float()),
                 fence=instances.c.fence + 1,
-                status="runnable",
                 attempts=instances.c.attempts + 1,
                 running_attempt=instances.c.attempts + 1,
                 state_attempted=at,
                 updated_at=at,
             )
             .returning(*CLAIM_COLS),
+        )
+        #: a claimed ``sleeping`` instance runs: it is ``runnable`` again (param: ids)
+        self.wake = Prepared(
+            engine,
+            update(instances)
+            .where(ids_in(engine, instances.c.id))
+            .values(status=literal_column("'runnable'")),
         )
         #: the fences of the given instances this worker still holds (params: ids, w)
         fences = select(instances.c.id, instances.c.fence).where(

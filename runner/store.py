@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
 from .commit import FenceMoved, cancel_attempt, commit_outcomes, save_checkpoint
-from .db import insert_ignore, skip_locked
+from .db import ids_value, insert_ignore, skip_locked
 from .models import flow_versions, instances
 from .rows import CLAIMABLE, Claim, Outcome, attempt_row, due_clause, hot_for
 
@@ -170,6 +170,9 @@ def claim_batch(
     hot = hot_for(conn)
     rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
     load = hot.load_json
+    sleeping = [r[0] for r in rows if r[12] == "sleeping"]
+    if sleeping:  # due after its backoff: it runs now (lifecycle's "wake")
+        hot.wake.executemany(conn, [{"ids": ids_value(conn.engine, sleeping)}])
     return [
         Claim(
             id=r[0],

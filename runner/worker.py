@@ -42,6 +42,7 @@ from .executor import (
 )
 from .models import events
 from .outcomes import decide
+from .wal import WalCheckpointer
 
 log = logging.getLogger("flowrun.worker")
 
@@ -122,6 +123,7 @@ class Worker:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._no_wait = no_wait_engine(engine)
+        self._wal: WalCheckpointer | None = None
 
     # -- control -----------------------------------------------------------------------
 
@@ -167,6 +169,8 @@ class Worker:
         cfg = self.config
         loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        if self._no_wait is not None:  # its commits leave checkpoints to this thread
+            self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
         await self._retrying(heartbeat.register, self.engine, cfg.worker_id)
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
@@ -510,6 +514,8 @@ class Worker:
                 not self._abort,
             )
         finally:
+            if self._wal is not None:
+                self._wal.stop()
             if self._no_wait is not None:
                 self._no_wait.dispose()
             self._db.shutdown(wait=False)

@@ -437,3 +437,30 @@ def test_recover_lost_records_each_attempt_once_across_workers(pg_url: str, tmp_
     finally:
         for e in engines:
             e.dispose()
+
+
+def test_a_claimed_sleeping_instance_is_runnable_again(world) -> None:
+    """The claim leaves ``status`` alone (an indexed column) except on the instances it
+    wakes: a ``sleeping`` one whose backoff is over runs, so it reads ``runnable``."""
+    engine, flow = world
+    asleep, awake, later = (new_instance(engine, flow) for _ in range(3))
+    t0 = store.now()
+    sql(
+        engine,
+        "UPDATE instances SET status = 'sleeping', due_at = :t WHERE id = :i",
+        t=t0 - 1,
+        i=asleep,
+    )
+    sql(
+        engine,
+        "UPDATE instances SET status = 'sleeping', due_at = :t WHERE id = :i",
+        t=t0 + 60,
+        i=later,
+    )
+    claims, _ = _claim(engine, "a", t0)
+    assert sorted(c.id for c in claims) == [asleep, awake]
+    assert [row(engine, i)["status"] for i in (asleep, awake, later)] == [
+        "runnable",
+        "runnable",
+        "sleeping",
+    ]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
 
@@ -24,9 +25,9 @@ def _setup(tmp_path: Path, states: str, tasks: str):
     return engine, load_registry(engine, flows)
 
 
-def _drain(engine, registry, **kw) -> None:
+def _drain(engine, registry, **kw) -> Worker:
     cfg = WorkerConfig(exit_when_idle=True, worker_id="w1", **kw)
-    asyncio.run(serve(engine, registry, cfg, install_signals=False, sensors=False))
+    return asyncio.run(serve(engine, registry, cfg, install_signals=False, sensors=False))
 
 
 def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
@@ -40,7 +41,9 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
     )
     with engine.begin() as conn:
         iid = create_instance(conn, reg.get("w"), {"summary": {"rows": 0}, "tags": []})
-    _drain(engine, reg)
+    worker = _drain(engine, reg)
+    assert worker._wal is not None, "on a SQLite file the worker runs a WAL checkpointer"
+    assert not any(t.name == "flowrun-wal" for t in threading.enumerate()), "and stops it"
     item = queries.get_instance(engine, iid)
     assert item["status"] == "completed"
     assert item["data"] == {"summary": {"rows": 42}, "tags": ["seen"]}
