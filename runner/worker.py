@@ -28,40 +28,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from . import heartbeat, lifecycle, store, versions
+from . import cycle, heartbeat, store
 from .attempt_run import load_event_payload, run_attempt
-from .db import is_busy, no_wait_engine, reading, short_error
-from .errors import UserError
-from .executor import (
-    AttemptResult,
-    Cancel,
-    live_groups,
-)
-from .models import events
-from .outcomes import decide
+from .cycle import MAX_CHAIN  # noqa: F401 - re-exported: runner.worker.MAX_CHAIN
+from .db import no_wait_engine, reading, short_error
+from .executor import AttemptResult, Cancel, live_groups
 from .wal import WalCheckpointer
 
 log = logging.getLogger("flowrun.worker")
-
-#: Moves one claim may chain through before its instance is released and claimed anew.
-MAX_CHAIN = 16
-
-
-class _Backoff:
-    """Exponential backoff for database outages: 0.5 s doubling to 10 s."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-
-    def fail(self) -> float:
-        self.failures += 1
-        return min(10.0, 0.5 * 2 ** (self.failures - 1))
-
-    def ok(self) -> None:
-        self.failures = 0
 
 
 @dataclass
@@ -124,6 +101,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._no_wait = no_wait_engine(engine)
         self._wal: WalCheckpointer | None = None
+        #: ``cycle.run_cycle``'s arguments after the engine: worker id, lease, counters.
+        self._cycle_context = (self.config.worker_id, self.config.lease, self.stats)
 
     # -- control -----------------------------------------------------------------------
 
@@ -184,9 +163,9 @@ class Worker:
         recover_every = min(1.0, cfg.lease / 4)
         grace_deadline: float | None = None
         want_claim = True
-        cycle: asyncio.Future | None = None
+        inflight: asyncio.Future | None = None
         sent: list = []
-        backoff = _Backoff()
+        backoff = cycle.Backoff()
         try:
             while not self._abort:
                 now = time.monotonic()
@@ -196,46 +175,41 @@ class Worker:
                         log.info(
                             "stopping: %d attempts running, grace %gs", len(self.running), cfg.grace
                         )
-                    if not self.running and not self.finished and cycle is None:
+                    if not self.running and not self.finished and inflight is None:
                         break
                     if now > grace_deadline:
                         self._cancel_all("worker shutting down (grace period over)")
-                if cycle is not None and cycle.done():
+                if inflight is not None and inflight.done():
                     try:
-                        claims, chained, recovered, lost, limit = cycle.result()
+                        claims, chained, recovered, lost, limit = inflight.result()
                     except DBAPIError as exc:
                         self.finished[:0] = sent  # commit them with the next cycle
-                        delay = backoff.fail()
-                        log.warning(
-                            "database unavailable (%s); retrying in %.1fs", short_error(exc), delay
-                        )
-                        await asyncio.sleep(delay)
-                        claims, chained, recovered, lost, limit = [], [], [], [], 0
+                        await asyncio.sleep(backoff.fail(exc))
                         want_claim = True
                     else:
-                        if backoff.failures:
-                            log.warning("database reachable again")
                         backoff.ok()
                         self.stats["committed"] += len(sent) - len(lost)
                         self.stats["lost_fence"] += len(lost)
-                        _log_lost(recovered)
+                        cycle.log_lost(recovered)
                         self._start(chained + claims)
                         want_claim = limit > 0 and len(claims) == limit
-                    cycle, sent = None, []
+                    inflight, sent = None, []
                 if self._poke:
                     self._poke, want_claim = False, True
-                if cycle is None:
+                if inflight is None:
                     free = 0 if self._stopping else cfg.concurrency - len(self.running)
                     probe = free > 0 and not want_claim and now >= next_probe
                     recover = not self._stopping and now >= next_recover
                     if self.finished or recover or (free > 0 and (want_claim or probe)):
                         sent, self.finished = self.finished, []
-                        outcomes, cancels, chain = self._decide(sent, free)
-                        args = (outcomes, cancels, chain, free, probe, recover)
-                        cycle = self._inline_cycle(loop, args)
-                        if cycle is None:
-                            cycle = loop.run_in_executor(self._db, self._cycle, *args)
-                        cycle.add_done_callback(lambda _f: self._wake and self._wake.set())
+                        decided = cycle.decide_finished(self.engine, sent, free, self._stopping)
+                        args = (*decided, free, probe, recover)
+                        inflight = self._inline_cycle(loop, args)
+                        if inflight is None:
+                            inflight = loop.run_in_executor(
+                                self._db, cycle.run_cycle, self.engine, *self._cycle_context, *args
+                            )
+                        inflight.add_done_callback(lambda _f: self._wake and self._wake.set())
                         want_claim = False
                         if probe:
                             next_probe = now + cfg.poll
@@ -253,7 +227,7 @@ class Worker:
                     next_beat = now + cfg.heartbeat
                 if (
                     cfg.exit_when_idle
-                    and cycle is None
+                    and inflight is None
                     and not self.running
                     and not self.finished
                     and now >= next_idle
@@ -262,7 +236,7 @@ class Worker:
                     if await self._guard(self._idle):
                         log.info("nothing runnable, due, running or pending: exiting")
                         break
-                if cycle is not None:
+                if inflight is not None:
                     timeout = 1.0  # its done-callback wakes us
                 elif not self._stopping and len(self.running) < cfg.concurrency:
                     timeout = max(0.0, min(next_probe, next_recover) - time.monotonic())
@@ -272,25 +246,23 @@ class Worker:
                     timeout = min(timeout, cfg.fence_poll)
                 await self._wait(timeout)
         finally:
-            if cycle is not None:
+            if inflight is not None:
                 try:
-                    await cycle
+                    await inflight
                 except DBAPIError:
                     self.finished[:0] = sent
             await self._finish()
 
     async def _retrying(self, fn: Callable, *args: Any) -> Any:
         """Run ``fn`` on the database thread, retrying with backoff while it is down."""
-        backoff = _Backoff()
+        backoff = cycle.Backoff()
         while True:
             try:
                 return await self._in_db(fn, *args)
             except DBAPIError as exc:
                 if self._abort:
                     raise
-                delay = backoff.fail()
-                log.warning("database unavailable (%s); retrying in %.1fs", short_error(exc), delay)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(backoff.fail(exc))
 
     async def _guard(self, fn: Callable, *args: Any) -> Any:
         """Run ``fn`` on the database thread; a database error is logged, not raised."""
@@ -311,113 +283,19 @@ class Worker:
             await asyncio.sleep(0)  # always let the handlers run
         self._wake.clear()
 
-    def _decide(self, batch, free: int):
-        """Outcomes to commit, attempts to close as cancelled, and which outcomes chain.
-
-        An instance due again at once (it moved to a runnable state, or its retry has no
-        backoff) continues in this worker
-        without being released and claimed again (at most ``MAX_CHAIN`` moves per claim,
-        so one instance cannot hold a slot forever).
-        """
-        outcomes, cancels, chain = [], [], []
-        at = time.time()
-        for run, result in batch:
-            if result.outcome == "cancelled":
-                cancels.append((run.claim, result.error or "cancelled"))
-                continue
-            try:
-                flow = versions.compiled(self.engine, run.claim.version)
-            except UserError as exc:  # the stored definition no longer compiles
-                cancels.append((run.claim, str(exc)))
-                continue
-            outcome = decide(flow, run.claim, result, run.durable[0], at)
-            outcomes.append(outcome)
-            v = outcome.values
-            if (
-                not self._stopping
-                and v["status"] in ("runnable", "sleeping")
-                and v["due_at"] is not None
-                and v["due_at"] <= at
-                and run.claim.chain < MAX_CHAIN
-                and len(chain) < free
-            ):  # due again at once (a move, or a retry with no backoff): keep the lease
-                if v["status"] == "sleeping":
-                    v["status"] = lifecycle.check("sleeping", "wake")
-                chain.append(outcome)
-                outcome.chain = True
-        return outcomes, cancels, chain
-
     def _inline_cycle(self, loop, args) -> asyncio.Future | None:
         """Run one cycle right here on the loop through the no-wait engine (SQLite);
-        ``None`` when the write lock is taken (the caller uses the database thread)."""
+        ``None`` when the write lock is taken (the caller uses the database thread).
+
+        ``args`` is ``(outcomes, cancels, chain, free, probe, recover)`` as taken by
+        ``cycle.run_cycle`` after its engine and worker context."""
         if self._no_wait is None:
             return None
-        fut = loop.create_future()
-        try:
-            fut.set_result(self._cycle(*args, engine=self._no_wait))
-        except DBAPIError as exc:
-            if is_busy(exc):
-                return None
-            fut.set_exception(exc)
-        return fut
-
-    def _cycle(self, outcomes, cancels, chain, free, probe, recover, engine: Engine | None = None):
-        """One transaction: commit finished attempts (fenced), continue the chained ones,
-        close cancelled ones, record attempts lost by dead workers (when ``recover``), and
-        claim up to the free slots left.
-
-        Where the database serialises writers (SQLite) the commit is optimistic: it does
-        not read the fences first; if one claim was lost it rolls back and commits again
-        the careful way."""
-        limit = max(0, free - len(chain))
-        engine = engine or self.engine
-        if probe and not recover and not outcomes and not cancels and not self._has_due(engine):
-            return [], [], [], [], 0
-        try:
-            claims, chained, recovered, lost = self._transaction(
-                engine, outcomes, cancels, limit, recover, True
-            )
-        except store.FenceMoved:  # rolled back: commit again, reading the fences first
-            claims, chained, recovered, lost = self._transaction(
-                engine, outcomes, cancels, limit, recover, False
-            )
-        self.stats["claimed"] += len(claims)
-        self.stats["chained"] += len(chained)
-        self.stats["cancelled"] += len(cancels)
-        return claims, chained, recovered, lost, limit
-
-    def _transaction(
-        self, engine: Engine, outcomes, cancels, limit: int, recover: bool, optimistic: bool
-    ):
-        cfg = self.config
-        with engine.begin() as conn:
-            lost, chained = store.commit_outcomes(
-                conn, cfg.worker_id, outcomes, lease=cfg.lease, optimistic=optimistic
-            )
-            for claim, why in cancels:
-                store.cancel_attempt(conn, cfg.worker_id, claim, why)
-            recovered = []
-            if recover:
-                recovered = store.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
-            claims = []
-            if limit > 0:
-                claims = store.claim_batch(conn, cfg.worker_id, cfg.lease, limit)
-        return claims, chained, recovered, lost
-
-    def _has_due(self, engine: Engine) -> bool:
-        with reading(engine) as conn:
-            return store.has_due(conn, time.time())
+        return cycle.run_inline(loop, self._no_wait, self._cycle_context, args)
 
     def _idle(self) -> bool:
-        if self.idle_hint is not None and self.idle_hint():
-            return False
-        with reading(self.engine) as conn:
-            if store.busy_count(conn):
-                return False
-            pending = conn.execute(
-                select(events.c.id).where(events.c.handled_at.is_(None)).limit(1)
-            )
-            return pending.first() is None
+        hint = self.idle_hint
+        return (hint is None or not hint()) and cycle.nothing_pending(self.engine)
 
     # -- attempts ----------------------------------------------------------------------
 
@@ -497,9 +375,10 @@ class Worker:
                 batch, self.finished = self.finished, []
                 if not batch:
                     break
-                outcomes, cancels, _chain = self._decide(batch, 0)
+                outcomes, cancels, _ = cycle.decide_finished(self.engine, batch, 0, self._stopping)
+                args = (outcomes, cancels, [], 0, False, False)
                 try:
-                    await self._in_db(self._cycle, outcomes, cancels, [], 0, False, False)
+                    await self._in_db(cycle.run_cycle, self.engine, *self._cycle_context, *args)
                 except DBAPIError as exc:
                     self.finished[:0] = batch
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
@@ -529,23 +408,3 @@ class Worker:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _log_lost(recovered: list[store.Lost]) -> None:
-    for lost in recovered:
-        log.warning(
-            "instance %d: attempt lost by worker %s (attempt %d); %s",
-            lost.instance_id,
-            lost.worker,
-            lost.attempt,
-            "restarts spent: instance failed"
-            if lost.failed
-            else "restarting from its last checkpoint",
-        )
-
-
-def _max_restarts(conn, version: str, state: str) -> int:
-    try:
-        return versions.compiled(conn, version).states[state].policy.max_restarts
-    except (UserError, KeyError):
-        return 0
