@@ -61,9 +61,9 @@ def commit_outcomes(
         good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
         lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
     js = hot.json
-    released, kept, chained = [], [], []
-    for o in good:
-        v = o.values
+    released, kept, chained, finished = [], [], [], []
+    for o in good:  # the hot loop: plain item assignments, no helper calls per field
+        v, c, av = o.values, o.claim, o.attempt_values
         row = {
             "state": v["state"],
             "errors": v["errors"],
@@ -73,39 +73,40 @@ def commit_outcomes(
             "state_changed": v["state_changed"],
             "data": None if "data" in o.unchanged else js(v["data"]),
             "state_errors": None if "state_errors" in o.unchanged else js(v["state_errors"]),
-            "b_id": o.instance_id,
+            "b_id": c.id,
             "b_worker": worker_id,
-            "b_fence": o.fence,
+            "b_fence": c.fence,
             "b_at": at,
         }
         if o.chain:
             assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
             nxt = _next_claim(o, at)
             chained.append(nxt)
-            row.update(b_until=at + lease, b_next=nxt.attempt, b_attempts=nxt.attempt)
+            row["b_until"] = at + lease
+            row["b_next"] = row["b_attempts"] = nxt.attempt
             kept.append(row)
         else:
-            row.update(status=v["status"], due_at=v["due_at"], b_attempts=o.attempt)
+            row["status"] = v["status"]
+            row["due_at"] = v["due_at"]
+            row["b_attempts"] = c.attempt
             released.append(row)
+        checkpoint = av["checkpoint"]
+        finished.append(
+            attempt_row(
+                c,
+                worker_id,
+                at,
+                av["outcome"],
+                av["to_state"],
+                av["error"],
+                None if checkpoint is None else js(checkpoint),
+            )
+        )
     changed = hot.commit_instances.executemany(conn, released)
     changed += hot.commit_chained.executemany(conn, kept)
     if optimistic and changed != len(good):
         raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
-    rows = []
-    for o in good:
-        av = o.attempt_values
-        rows.append(
-            attempt_row(
-                o.claim,
-                worker_id,
-                at,
-                av["outcome"],
-                to_state=av.get("to_state"),
-                error=av.get("error"),
-                checkpoint=js(av.get("checkpoint")),
-            )
-        )
-    hot.close_attempts.executemany(conn, rows)
+    hot.close_attempts.executemany(conn, finished)
     for o in lost:
         cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained

@@ -83,11 +83,13 @@ def decide(
         except IllegalMove as exc:
             outcome, error, to_state = "error", str(exc), None
         else:
-            values.update(lifecycle.enter_state(flow, to_state, at), data=result.data)
+            values.update(lifecycle.enter_state(flow, to_state, at))
+            values["data"] = result.data
             if values["status"] == "completed":
                 lifecycle.check("runnable", "complete")
     if outcome == "not_yet":
-        values.update(data=result.data, due_at=at + policy.try_interval)
+        values["data"] = result.data
+        values["due_at"] = at + policy.try_interval
     elif outcome == "error":
         _spend_error(flow, values, policy, error, at, rand)
     elif outcome == "timeout":
@@ -101,9 +103,10 @@ def decide(
                 f"{policy.max_restarts}); last: {error}"
             )
     unchanged: tuple[str, ...] = ()
-    if values["data"] == claim.data:
+    data, errors = values["data"], values["state_errors"]
+    if data is claim.data or data == claim.data:
         unchanged = ("data",)
-    if values["state_errors"] == claim.state_errors:
+    if errors is claim.state_errors or errors == claim.state_errors:
         unchanged += ("state_errors",)
     return Outcome(
         unchanged=unchanged,
@@ -119,13 +122,14 @@ def decide(
 
 
 def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand) -> None:
-    window = lifecycle.in_window(values["state_errors"], at, policy.window) + [at]
-    values.update(errors=values["errors"] + 1, state_errors=window, last_error=error)
+    window = lifecycle.in_window(values["state_errors"], at, policy.window)
+    window.append(at)
+    values["errors"] += 1
+    values["state_errors"] = window
+    values["last_error"] = error
     if len(window) < policy.max_errors:
-        values.update(
-            status=lifecycle.check("runnable", "backoff"),
-            due_at=at + policy.backoff.delay(len(window), rand),
-        )
+        values["status"] = lifecycle.check("runnable", "backoff")
+        values["due_at"] = at + policy.backoff.delay(len(window), rand)
         return
     spent = f"error budget spent ({len(window)} errors in {policy.window:g}s): {error}"
     target = policy.on_exhausted

@@ -280,7 +280,6 @@ def attempt_row(
     worker_id: str,
     at: float,
     outcome: str,
-    *,
     to_state: str | None = None,
     error: str | None = None,
     checkpoint=None,
