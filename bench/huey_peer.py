@@ -1,9 +1,10 @@
 """The peer of ``bench/throughput.py``: drain N no-op tasks through huey's SqliteHuey.
 
-Run as ``python bench/huey_peer.py N DB_PATH default|normal noop|fail_once``; prints one
-JSON line ``{"tasks": N, "seconds": s, "per_s": r}``. Enqueueing is not timed; the clock
-runs from the consumer's start until the N-th task has finished. 2 worker threads,
-huey's own defaults (WAL, synchronous FULL), or ``synchronous=NORMAL`` to match flowrun.
+Run as ``python bench/huey_peer.py N DB_PATH default|normal noop|fail_once [WORKERS]``;
+prints one JSON line ``{"tasks": N, "seconds": s, "per_s": r}``. Enqueueing is not timed;
+the clock runs from the consumer's start until the N-th task has finished. WORKERS worker
+threads (default 2), huey's own storage defaults (WAL, synchronous FULL), or
+``synchronous=NORMAL`` to match flowrun.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class NormalStorage(SqliteStorage):
 
 def main() -> None:
     n, path, sync, case = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     kwargs = {"storage_class": NormalStorage} if sync == "normal" else {}
     huey = SqliteHuey("bench", filename=path, results=False, **kwargs)
     done = [0]
@@ -50,7 +52,7 @@ def main() -> None:
     for i in range(n):
         task(i)
     logging.disable(logging.CRITICAL)
-    consumer = huey.create_consumer(workers=2, worker_type="thread", periodic=False)
+    consumer = huey.create_consumer(workers=workers, worker_type="thread", periodic=False)
     start = time.perf_counter()
 
     def watch() -> None:

@@ -7,15 +7,17 @@ process on a SQLite file; a "transition" is one committed attempt that moved an 
 The rate is transitions / (last attempt finished - first attempt started), read back from
 the attempts table; the wall time of the whole process (start-up included) is printed too.
 
-huey (the peer): the same N no-op tasks through ``SqliteHuey`` with 2 worker threads, at
-huey's defaults and again with ``synchronous=NORMAL`` to match flowrun (``huey_peer.py``).
+huey (the peer): the same N no-op tasks through ``SqliteHuey`` with 2 worker threads (as
+issue 2 specifies; ``--huey-workers 1`` runs huey's own consumer default, which is the
+faster one on a 2-core machine), at huey's defaults and again with ``synchronous=NORMAL``
+to match flowrun (``huey_peer.py``).
 
 Case ``fail_once`` (issue 3): every handler/task fails on its first try and succeeds on
 the second (flowrun: backoff 0, the error is recorded and spent from the budget; huey:
 ``retries=1, retry_delay=0``).
 
     python bench/throughput.py [--n 10000] [--concurrency 64] [--case noop|fail_once|both]
-                               [--repeat 5]
+                               [--repeat 5] [--huey-workers 2]
 """
 
 from __future__ import annotations
@@ -116,11 +118,20 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
     }
 
 
-def run_huey(n: int, sync: str, case: str, workdir: Path) -> dict:
-    """Drain ``n`` tasks through SqliteHuey in a subprocess; returns its figures."""
+def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> dict:
+    """Drain ``n`` tasks through SqliteHuey (``workers`` threads) in a subprocess; returns
+    its figures."""
     path = workdir / f"huey-{sync}.db"
     out = subprocess.run(
-        [sys.executable, str(HERE / "huey_peer.py"), str(n), str(path), sync, case],
+        [
+            sys.executable,
+            str(HERE / "huey_peer.py"),
+            str(n),
+            str(path),
+            sync,
+            case,
+            str(workers),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -142,6 +153,13 @@ def main() -> None:
         help="run each side this many times, interleaved, and also print the medians "
         "(single runs on a 2-core machine vary by 10-20%%)",
     )
+    ap.add_argument(
+        "--huey-workers",
+        type=int,
+        default=2,
+        help="huey consumer threads (default 2, as issue 2 specifies; huey's own consumer "
+        "default is 1, which is faster on this 2-core machine)",
+    )
     args = ap.parse_args()
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
@@ -158,7 +176,7 @@ def main() -> None:
                 if args.skip_huey:
                     continue
                 for sync in ("default", "normal"):
-                    hr = run_huey(args.n, sync, case, Path(tmp))
+                    hr = run_huey(args.n, sync, case, Path(tmp), args.huey_workers)
                     rates[sync].append(hr["per_s"])
                     print(
                         f"[{case}] huey {sync:>7}: {hr['tasks']} tasks in {hr['seconds']:.2f}s = "
