@@ -98,7 +98,7 @@ class Outcome:
     ``values`` holds the instance columns to write (the worker computes them from the
     flow's policy); ``attempt_values`` the attempt columns (outcome, to_state, error,
     checkpoint). ``values`` is ignored when the fence no longer matches. ``claim`` is the
-    claim the attempt ran under (its state, worker fence and start go into the row).
+    claim the attempt ran under (its state, fence and start go into the attempt row).
     """
 
     claim: Claim
