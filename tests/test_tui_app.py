@@ -244,6 +244,32 @@ async def test_filters_and_sort(db):
         assert table.query_spec().desc and table.page.rows[0].flow == "reports"
 
 
+async def test_text_filter_applies_as_you_type_and_escape_restores(db):
+    """The text filter follows the input after a short pause in typing, without Enter;
+    Escape puts back the filter that was there when the input opened."""
+    app = make_app(db)
+    async with app.run_test(size=(140, 30)) as pilot:
+        await settle(app, pilot)
+        screen = app.screen
+        table = screen.table
+        await pilot.press("slash", *"disk")
+        await pilot.pause(screen.FILTER_DEBOUNCE + 0.2)
+        await settle(app, pilot)
+        assert table.query_spec().text == "disk", "applied without enter"
+        assert [r.id for r in table.page.rows] == [12]
+        assert screen.query_one("#text-filter").display, "the input stays open"
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert table.query_spec().text == "" and table.total == 12, "escape restores"
+        assert not screen.query_one("#text-filter").display
+        await pilot.press("slash", *"disk", "enter")  # enter applies at once and keeps it
+        await settle(app, pilot)
+        assert table.query_spec().text == "disk" and table.total == 1
+        await pilot.press("slash", "backspace", "escape")  # opened with "disk": restored
+        await settle(app, pilot)
+        assert table.query_spec().text == "disk" and table.total == 1
+
+
 async def test_click_on_header_sorts(db):
     app = make_app(db)
     async with app.run_test(size=(140, 30)) as pilot:

@@ -13,6 +13,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
 
@@ -39,18 +40,26 @@ class InstancesScreen(Screen):
         Binding("escape", "clear", "Clear", show=False),
     ]
 
+    #: Seconds of typing pause before the text filter applies (each key restarts it).
+    FILTER_DEBOUNCE = 0.25
+
     def __init__(self) -> None:
         super().__init__()
         self._counts_due = 0.0
         self._counts_every = 0.0
         self._counting = False
+        self._text_before = ""  # the text filter when the input opened (escape restores it)
+        self._text_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         app = self.app
         mode = "read-only" if app.readonly else ""
         yield StatusHeader(mode=mode, id="status-header")
         yield InstanceTable(clock=app.clock, id="instances")
-        yield Input(placeholder="filter: text, then enter (escape cancels)", id="text-filter")
+        yield Input(
+            placeholder="filter: applies as you type; enter keeps it, escape cancels",
+            id="text-filter",
+        )
         yield Footer()
 
     @property
@@ -149,23 +158,47 @@ class InstancesScreen(Screen):
             self.app.open_detail(row.id)
 
     def action_text_filter(self) -> None:
-        """Show the text filter input."""
+        """Show the text filter input; the filter follows what is typed (debounced)."""
         box = self.query_one("#text-filter", Input)
-        box.value = self.table.query_spec().text
+        self._text_before = self.table.query_spec().text
+        box.value = self._text_before
         box.display = True
         box.focus()
 
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id != "text-filter" or not event.input.display:
+            return
+        self._stop_text_timer()
+        self._text_timer = self.set_timer(
+            self.FILTER_DEBOUNCE, lambda: self._apply_text(event.value)
+        )
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.input.display = False
-        self.table.focus()
-        self.set_query(self.table.query_spec().with_(text=event.value.strip()))
+        self._close_text_filter()
+        self._apply_text(event.value)
 
     def on_key(self, event) -> None:
         box = self.query_one("#text-filter", Input)
         if event.key == "escape" and box.has_focus:
             event.stop()
-            box.display = False
-            self.table.focus()
+            self._close_text_filter()
+            self._apply_text(self._text_before)
+
+    def _apply_text(self, text: str) -> None:
+        """Filter by ``text`` (stripped), unless that is already the filter."""
+        q = self.table.query_spec()
+        if text.strip() != q.text:
+            self.set_query(q.with_(text=text.strip()))
+
+    def _close_text_filter(self) -> None:
+        self._stop_text_timer()
+        self.query_one("#text-filter", Input).display = False
+        self.table.focus()
+
+    def _stop_text_timer(self) -> None:
+        if self._text_timer is not None:
+            self._text_timer.stop()
+            self._text_timer = None
 
     def action_status_filter(self) -> None:
         """Choose a status to filter by (``all`` clears it)."""
