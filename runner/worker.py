@@ -148,8 +148,6 @@ class Worker:
         cfg = self.config
         loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        if self._no_wait is not None:  # its commits leave checkpoints to this thread
-            self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
         await self._retrying(heartbeat.register, self.engine, cfg.worker_id)
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
@@ -166,6 +164,8 @@ class Worker:
         inflight: asyncio.Future | None = None
         sent: list = []
         backoff = cycle.Backoff()
+        if self._no_wait is not None:  # its commits leave checkpoints to this thread
+            self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
         try:
             while not self._abort:
                 now = time.monotonic()
