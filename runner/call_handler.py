@@ -139,8 +139,6 @@ class _Deadlines:
 
     def add(self, watch: Watch, stop: Callable[[str, str | None], None]) -> None:
         """Watch ``watch``'s deadlines; ``stop("timeout", why)`` when one passes."""
-        if watch.limits.timeout is None and watch.limits.keepalive is None:
-            return
         self.items[watch] = stop
         loop = self.loop_ref()
         if self.handle is None and loop is not None:

@@ -27,7 +27,7 @@ from . import lifecycle
 from .db import reading
 from .errors import IllegalMove, UserError
 from .models import commands, instances
-from .rows import Claim, attempt_row, hot_for
+from .rows import hot_for, running_attempt_row
 from .versions import compiled
 
 
@@ -147,25 +147,8 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
         return
     if row["locked_until"] is not None and row["locked_until"] >= at:
         return  # the owner is alive: it cancels the attempt itself
-    claim = Claim(
-        id=row["id"],
-        flow=row["flow"],
-        version=row["version"],
-        state=row["state"],
-        data={},
-        fence=row["fence"],
-        attempt=row["running_attempt"],
-        errors=row["errors"],
-        restarts=row["restarts"],
-        state_errors=[],
-        state_restarts=row["state_restarts"],
-        event_id=None,
-        started_at=row["state_attempted"] if row["state_attempted"] is not None else at,
-    )
     error = f"lost: worker {row['locked_by']}'s lease had expired"
-    hot_for(conn).close_attempts.executemany(
-        conn, [attempt_row(claim, row["locked_by"] or "?", at, "lost", error=error)]
-    )
+    hot_for(conn).close_attempts.executemany(conn, [running_attempt_row(row, at, "lost", error)])
     conn.execute(
         update(instances)
         .where(instances.c.id == row["id"])

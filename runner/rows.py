@@ -301,6 +301,27 @@ def attempt_row(
     }
 
 
+def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict:
+    """The parameters of :attr:`Hot.close_attempts` that end the attempt an instance row
+    says is running (``lost``, when its worker's lease expired), from that row alone:
+    ``instance`` is a mapping of ``instances`` columns with ``running_attempt`` set; its
+    ``state_attempted`` is the start (``at``, epoch seconds, when unknown)."""
+    started = instance["state_attempted"]
+    return {
+        "i": instance["id"],
+        "a": instance["running_attempt"],
+        "s": instance["state"],
+        "w": instance["locked_by"] or "?",
+        "f": instance["fence"],
+        "t": at if started is None else started,
+        "at": at,
+        "outcome": outcome,
+        "to_state": None,
+        "error": error,
+        "checkpoint": None,
+    }
+
+
 _hot: weakref.WeakKeyDictionary[Engine, Hot] = weakref.WeakKeyDictionary()
 
 

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, and_, func, insert, or_, select, update
 from .commit import FenceMoved, cancel_attempt, commit_outcomes, save_checkpoint
 from .db import ids_value, insert_ignore, skip_locked
 from .models import flow_versions, instances
-from .rows import CLAIMABLE, Claim, Outcome, attempt_row, due_clause, hot_for
+from .rows import CLAIMABLE, Claim, Outcome, due_clause, hot_for, running_attempt_row
 
 __all__ = [
     "CLAIMABLE",
@@ -229,9 +229,7 @@ def recover_lost(
         i.fence,
         i.state_attempted,
         i.version,
-        i.restarts,
         i.state_restarts,
-        i.flow,
         i.status,
     ).where(
         # ``> ''`` rather than IS NOT NULL: it reads ix_instances_locked_by (the rows
@@ -245,27 +243,12 @@ def recover_lost(
         q = q.with_for_update(skip_locked=True)
     found: list[Lost] = []
     rows = []
-    for r in conn.execute(q).all():
-        if r.status not in CLAIMABLE:
+    for r in conn.execute(q).mappings().all():
+        if r["status"] not in CLAIMABLE:
             continue
-        claim = Claim(
-            id=r.id,
-            flow=r.flow,
-            version=r.version,
-            state=r.state,
-            data={},
-            fence=r.fence,
-            attempt=r.running_attempt,
-            errors=0,
-            restarts=r.restarts,
-            state_errors=[],
-            state_restarts=r.state_restarts,
-            event_id=None,
-            started_at=r.state_attempted if r.state_attempted is not None else at,
-        )
-        error = f"lost: worker {r.locked_by} stopped renewing its lease mid-attempt"
-        rows.append(attempt_row(claim, r.locked_by, at, "lost", error=error))
-        allowed = max_restarts_of(r.version, r.state)
+        error = f"lost: worker {r['locked_by']} stopped renewing its lease mid-attempt"
+        rows.append(running_attempt_row(r, at, "lost", error))
+        allowed = max_restarts_of(r["version"], r["state"])
         values: dict = {
             "restarts": i.restarts + 1,
             "state_restarts": i.state_restarts + 1,
@@ -275,18 +258,18 @@ def recover_lost(
             "running_attempt": None,
             "updated_at": at,
         }
-        failed = r.state_restarts + 1 > allowed
+        failed = r["state_restarts"] + 1 > allowed
         if failed:
             values.update(
                 status="failed",
                 due_at=None,
                 last_error=(
-                    f"restarts spent: {r.state_restarts + 1} lost attempts in state "
-                    f"{r.state!r} (max_restarts {allowed})"
+                    f"restarts spent: {r['state_restarts'] + 1} lost attempts in state "
+                    f"{r['state']!r} (max_restarts {allowed})"
                 ),
             )
-        conn.execute(update(instances).where(i.id == r.id).values(**values))
-        found.append(Lost(r.id, r.running_attempt, r.locked_by, failed))
+        conn.execute(update(instances).where(i.id == r["id"]).values(**values))
+        found.append(Lost(r["id"], r["running_attempt"], r["locked_by"], failed))
     hot_for(conn).close_attempts.executemany(conn, rows)
     return found
 
