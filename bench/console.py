@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Engine, insert  # noqa: E402
 
-from runner.db import make_engine  # noqa: E402
-from runner.models import STATUSES, attempts, instances, workers  # noqa: E402
+from runner.lifecycle import STATUSES
+from runner.store.db import make_engine
+from runner.store.tables import attempts, instances, workers
 
 NOW = 1_700_000_000.0
 FLOWS = ("ingest", "nightly-report", "thumbnails", "billing", "etl")

@@ -70,10 +70,10 @@ def run(server: str, case: str, daemons: int, n: int, workdir: Path) -> dict:
     import psycopg
     from sqlalchemy import func, select
 
-    from runner.compiler import load_flow
-    from runner.db import make_engine
-    from runner.models import attempts
-    from runner.store import create_instances
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+    from runner.store.tables import attempts
 
     name = f"flowrun_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(_libpq(server), autocommit=True) as admin:

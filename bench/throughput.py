@@ -68,10 +68,10 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
     """Drain ``n`` instances with one daemon; returns the figures."""
     from sqlalchemy import func, select
 
-    from runner.compiler import load_flow
-    from runner.db import make_engine
-    from runner.models import attempts
-    from runner.store import create_instances
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+    from runner.store.tables import attempts
 
     flows = workdir / "flows"
     flows.mkdir(parents=True)

@@ -14,8 +14,14 @@ from typing import Any
 
 from transitions import Machine, MachineError
 
-from .errors import IllegalMove
-from .models import STATUSES
+from runner.errors import IllegalMove
+
+#: The fixed lifecycle statuses of an instance (Metafora's states, minus ``fault``).
+STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
+
+#: Outcomes of one attempt.
+OUTCOMES = ("moved", "not_yet", "error", "timeout", "lost", "cancelled")
+
 
 #: (event, sources, destination). The single source of truth for status moves.
 TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (

@@ -83,6 +83,6 @@ def _drop(name: str, patience: float = 60.0) -> None:
 
 
 def _redacted(url: str) -> str:
-    from runner.db import redact
+    from runner.store.db import redact
 
     return redact(url)

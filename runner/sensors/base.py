@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .events import record_events
+from runner.sensors.events import record_events
 
 log = logging.getLogger("flowrun.sensors")
 

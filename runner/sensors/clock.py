@@ -16,9 +16,9 @@ from typing import Any
 
 from croniter import croniter
 
-from ..queries import iso
-from .base import Sensor
-from .events import load_cursor
+from runner.ops.queries import iso
+from runner.sensors.base import Sensor
+from runner.sensors.events import load_cursor
 
 #: Longest single sleep in seconds (re-reads the wall clock after suspends or clock jumps).
 MAX_SLEEP = 60.0

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
-from ..db import insert_ignore, reading
-from ..models import events, sensors
-from ..queries import iso
+from runner.ops.queries import iso
+from runner.store.db import insert_ignore, reading
+from runner.store.tables import events, sensors
 
 
 class LeaseLost(Exception):

@@ -28,7 +28,7 @@ from typing import Any
 
 from watchfiles import Change
 
-from .base import FileChange, Sensor
+from runner.sensors.base import FileChange, Sensor
 
 #: Full rescans of the folder, in seconds (a safety net for overflowed watch queues).
 RESCAN = 30.0

@@ -22,15 +22,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from watchfiles import awatch
 
-from .. import store
-from ..db import short_error
-from ..flows import SUFFIXES
-from .base import FileChange, Sensor, first_of, log
-from .clock import ClockSensor
-from .events import claim_leases, pending_events, release_leases
-from .files import FilesSensor
-from .rules import RuleEngine
-from .tail import TailSensor
+from runner.flowspec.registry import SUFFIXES
+from runner.sensors.base import FileChange, Sensor, first_of, log
+from runner.sensors.clock import ClockSensor
+from runner.sensors.events import claim_leases, pending_events, release_leases
+from runner.sensors.files import FilesSensor
+from runner.sensors.rules import RuleEngine
+from runner.sensors.tail import TailSensor
+from runner.store import create
+from runner.store.db import short_error
 
 SENSOR_TYPES: dict[str, type[Sensor]] = {
     "files": FilesSensor,
@@ -347,7 +347,7 @@ class SensorHub:
 def _record_versions(engine: Engine, flows: list[Any]) -> None:
     with engine.begin() as conn:
         for flow in flows:
-            store.record_version(conn, flow)
+            create.record_version(conn, flow)
 
 
 async def _relay(out: asyncio.Event, *events: asyncio.Event) -> None:

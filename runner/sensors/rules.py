@@ -20,11 +20,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 
-from .. import commands, lifecycle, store
-from ..errors import IllegalMove, UserError
-from ..models import events
-from ..templating import render
-from .base import log
+from runner import lifecycle
+from runner.errors import IllegalMove, UserError
+from runner.ops import commands
+from runner.sensors.base import log
+from runner.store import create
+from runner.store.tables import events
+from runner.templating import render
 
 #: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
 #: "every csv_ingest instance" does not log a refusal for each finished one.
@@ -135,7 +137,7 @@ class RuleEngine:
             target = self.registry.get(rule.start)
             context = {"event": payload, "data": dict(target.data or {})}
             data = {k: render(v, context) for k, v in (rule.data or {}).items()}
-            iid = store.create_instance(conn, target, data, event_id=event_id)
+            iid = create.create_instance(conn, target, data, event_id=event_id)
             return f"started {target.name} instance {iid}", 1
         for command in ("send", "pause", "resume", "kill"):
             selector = getattr(rule, command)

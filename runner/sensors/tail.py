@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .base import Sensor, log
-from .events import load_cursor
+from runner.sensors.base import Sensor, log
+from runner.sensors.events import load_cursor
 
 #: Fallback poll interval in seconds (the watcher normally wakes the sensor at once).
 POLL = 1.0

@@ -2,7 +2,7 @@
 
 The console never imports the worker or executor. It reads through
 ``runner.tui.data.ConsoleData`` (its own read queries, on a read-only engine) and writes
-only through ``runner.commands.submit(..., source="tui")``, the CLI's command path.
+only through ``runner.ops.commands.submit(..., source="tui")``, the CLI's command path.
 ``cli.py`` runs the embedded worker when not ``--attach``.
 
 Views are Textual modes: ``1`` instances, ``2`` workers, ``3`` sensors/events/commands,
@@ -21,18 +21,12 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from .data import ConsoleData
-from .palette import ConsoleCommands
-from .screens import (
-    ChoiceScreen,
-    ConfirmScreen,
-    DetailScreen,
-    EventsScreen,
-    FlowsScreen,
-    HelpScreen,
-    InstancesScreen,
-    WorkersScreen,
-)
+from runner.tui.data import ConsoleData
+from runner.tui.palette import ConsoleCommands
+from runner.tui.screens.detail import DetailScreen
+from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen
+from runner.tui.screens.instances import InstancesScreen
+from runner.tui.screens.views import EventsScreen, FlowsScreen, WorkersScreen
 
 VIEWS = ("instances", "workers", "events", "flows")
 

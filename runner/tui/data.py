@@ -1,10 +1,10 @@
 """The console's door to the database: ``ConsoleData`` (its read queries: pages, counts,
-sparkline, workers, events, flows) and its one write path (``runner.commands.submit``).
+sparkline, workers, events, flows) and its one write path (``runner.ops.commands.submit``).
 
 Every method here blocks on the database and is meant to run in a thread worker, never
 on the UI loop. The instances view's page and counts live in ``runner.tui.paging`` (how
 they stay cheap on a million instances); the values handed to screens in
-``runner.tui.model`` (re-exported here). The throughput sparkline reads only the last
+``runner.tui.model``. The throughput sparkline reads only the last
 ``SPARK_LOOKBACK`` attempt ids (rowid range) instead of scanning ``attempts`` for
 ``finished_at``, which has no index.
 
@@ -24,7 +24,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select
 
-from ..models import (
+from runner.ops.queries import with_running
+from runner.store.tables import (
     attempts,
     commands,
     events,
@@ -33,24 +34,9 @@ from ..models import (
     sensors,
     workers,
 )
-from ..queries import with_running
-from . import fmt
-from .model import SORTS, Counts, Detail, FlowsInfo, Page, Query, Row
-from .paging import ROWID_SCAN_ABOVE, count_by_status, read_counts, read_page
-
-__all__ = [
-    "ROWID_SCAN_ABOVE",
-    "SORTS",
-    "SPARK_LOOKBACK",
-    "ConsoleData",
-    "Counts",
-    "Detail",
-    "FlowsInfo",
-    "Page",
-    "Query",
-    "Row",
-    "read_engine",
-]
+from runner.tui import fmt
+from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
+from runner.tui.paging import count_by_status, read_counts, read_page
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
@@ -90,7 +76,7 @@ def read_engine(engine: Engine) -> Engine:
 
 class ConsoleData:
     """The console's access to the database: reads through a read-only engine, commands
-    through ``runner.commands.submit`` (the same path as the CLI).
+    through ``runner.ops.commands.submit`` (the same path as the CLI).
 
     Args:
         engine: the runner's engine (commands are written through it).
@@ -191,12 +177,12 @@ class ConsoleData:
     # -- policies and compiled flows -------------------------------------------------
 
     def compiled(self, version: str) -> Any:
-        """The ``CompiledFlow`` of a stored version (``runner.versions.compiled``, cached).
+        """The ``CompiledFlow`` of a stored version (``runner.store.versions.compiled``, cached).
 
         Raises:
             UserError: the version is not stored or no longer compiles.
         """
-        from ..versions import compiled
+        from runner.store.versions import compiled
 
         return compiled(self.engine, version)
 
@@ -307,7 +293,7 @@ class ConsoleData:
         info = FlowsInfo()
         if self.flows_dir is not None:
             try:
-                from ..flows import FlowRegistry
+                from runner.flowspec.registry import FlowRegistry
 
                 reg = FlowRegistry(self.flows_dir)
                 errs = reg.load_all()
@@ -325,7 +311,7 @@ class ConsoleData:
                 seen = {str(e) for e in errs}
                 info.errors = sorted(seen | {str(e) for v in reg.errors.values() for e in v})
             except ImportError:
-                info.note = "flow registry not available (runner.flows)"
+                info.note = "flow registry not available (runner.flowspec.registry)"
             except Exception as exc:  # a broken folder is shown, never raised
                 info.note = f"cannot load {self.flows_dir}: {fmt.one_line(str(exc))}"
         else:
@@ -347,7 +333,7 @@ class ConsoleData:
             UserError: an id is unknown, or its flow version is not stored or no longer
                 compiles.
         """
-        from ..commands import allowed_events
+        from runner.ops.commands import allowed_events
 
         common: set[str] | None = None
         for iid in list(ids)[:50]:
@@ -357,7 +343,7 @@ class ConsoleData:
 
     def submit(self, ids: Sequence[int], command: str, event: str | None = None) -> list[Any]:
         """Apply ``command`` (pause, resume, kill, retry, send) to ``ids`` through
-        ``runner.commands.submit`` (source ``tui``) in one transaction; returns one
+        ``runner.ops.commands.submit`` (source ``tui``) in one transaction; returns one
         ``CommandResult`` per distinct id (a refusal is a result, not an exception).
         ``event`` is the event for ``send``.
 
@@ -365,6 +351,6 @@ class ConsoleData:
             UserError: an unknown command, or ``send`` without an event.
             sqlalchemy.exc.SQLAlchemyError: the database cannot be written.
         """
-        from ..commands import submit
+        from runner.ops.commands import submit
 
         return submit(self.engine, list(ids), command, event=event, source="tui")

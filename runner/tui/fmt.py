@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..lifecycle import in_window
+from runner.lifecycle import in_window
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -25,8 +25,9 @@ from typing import Any
 from sqlalchemy import Engine, String, cast, func, or_, select
 from sqlalchemy.sql import ColumnElement
 
-from ..models import STATUSES, instances
-from .model import Counts, Page, Query, Row
+from runner.lifecycle import STATUSES
+from runner.store.tables import instances
+from runner.tui.model import Counts, Page, Query, Row
 
 #: Above this many matching rows, an ``id`` order scans the rowid instead of sorting.
 ROWID_SCAN_ABOVE = 20_000

@@ -7,8 +7,8 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from ..models import STATUSES
-from .data import SORTS
+from runner.lifecycle import STATUSES
+from runner.tui.model import SORTS
 
 
 class ConsoleCommands(Provider):

@@ -13,9 +13,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from .. import fmt
-from ..data import Detail
-from ..widgets.status_header import STATUS_STYLES
+from runner.tui import fmt
+from runner.tui.model import Detail
+from runner.tui.widgets.status_header import STATUS_STYLES
 
 
 def summary_text(d: Detail, now: float) -> Text:

@@ -17,10 +17,11 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
 
-from ...models import STATUSES
-from ..data import SORTS, Counts, Page, Query
-from ..widgets import InstanceTable, StatusHeader
-from .dialogs import ChoiceScreen
+from runner.lifecycle import STATUSES
+from runner.tui.model import SORTS, Counts, Page, Query
+from runner.tui.screens.dialogs import ChoiceScreen
+from runner.tui.widgets.instance_table import InstanceTable
+from runner.tui.widgets.status_header import StatusHeader
 
 
 class InstancesScreen(Screen):

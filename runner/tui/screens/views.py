@@ -17,8 +17,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from .. import fmt
-from ..data import FlowsInfo
+from runner.tui import fmt
+from runner.tui.model import FlowsInfo
 
 
 class TableView(Screen):

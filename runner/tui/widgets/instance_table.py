@@ -23,8 +23,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .. import fmt
-from ..data import Page, Query, Row
+from runner.tui import fmt
+from runner.tui.model import Page, Query, Row
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ...models import STATUSES
-from .. import fmt
-from ..data import Query
+from runner.lifecycle import STATUSES
+from runner.tui import fmt
+from runner.tui.model import Query
 
 STATUS_STYLES = {
     "runnable": "bold green",

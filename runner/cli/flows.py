@@ -1,0 +1,83 @@
+"""The ``flowrun`` subcommands about flow files themselves: ``check``, ``graph``, ``schema``.
+
+Each is a standalone ``click`` command; ``runner.cli.main`` adds them (``COMMANDS``) to the
+``flowrun`` group. A docstring's text after the form feed is not shown by ``--help``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from runner.cli.context import Ctx, pass_ctx
+from runner.errors import ConfigError, FlowErrors
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@pass_ctx
+def check(c: Ctx, paths: tuple[Path, ...]):
+    """Validate flows (the flows folder, or PATH files/folders): exit 0 valid, 2 invalid.
+
+    \f
+    Prints every error on stderr, one line each, then exits 2; else ``ok: N flows valid``.
+
+    Raises:
+        ConfigError: a PATH does not exist.
+    """
+    from runner.flowspec.compiler import load_flow
+    from runner.flowspec.registry import FlowRegistry
+
+    errors, count = [], 0
+    for p in paths or (c.flows,):
+        if p.is_dir():
+            reg = FlowRegistry(p)
+            errors += reg.load_all()
+            count += len(reg.flows)
+        elif p.exists():
+            try:
+                load_flow(p)
+                count += 1
+            except FlowErrors as exc:
+                errors += exc.errors
+        else:
+            raise ConfigError(f"{p}: no such file or folder")
+    for e in errors:
+        click.echo(str(e), err=True)
+    if errors:
+        raise SystemExit(2)
+    click.echo(f"ok: {count} flow{'s' if count != 1 else ''} valid")
+
+
+@click.command()
+@click.argument("flow")
+@click.option(
+    "--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid", show_default=True
+)
+@pass_ctx
+def graph(c: Ctx, flow: str, fmt: str):
+    """Print FLOW's state graph, from its compiled machine.
+
+    \f
+    Raises:
+        ConfigError: the flows folder does not exist.
+        UserError: no loaded flow is called FLOW (exit 2).
+    """
+    click.echo(c.registry().get(flow).graph(fmt))
+
+
+@click.command()
+def schema():
+    """Print the JSON Schema of flow files.
+
+    \f
+    Raises nothing.
+    """
+    from runner.flowspec.schema import render
+
+    click.echo(render(), nl=False)
+
+
+COMMANDS = (check, graph, schema)
+"""The commands of this module, for ``runner.cli.main`` to add to the ``flowrun`` group."""

@@ -1,0 +1,182 @@
+"""The ``flowrun`` command (the contract: ``docs/cli.md``): the group and its
+global options, the daemon and console entries, and ``main``.
+
+The subcommands live in ``runner.cli.operator`` (instances, commands, events, workers) and
+``runner.cli.flows`` (check, graph, schema); the options' context in
+``runner.cli.context``.
+
+Every user mistake — a bad flow, an unknown id, a bad URL, an unreachable database — is one
+line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from runner.cli import flows as cli_flows
+from runner.cli import operator as cli_operator
+from runner.cli.context import Ctx, pass_ctx, worker_config
+from runner.errors import ConfigError, FlowErrors, UserError
+from runner.store.db import DEFAULT_URL
+
+EPILOG = """\b
+Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
+Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
+"""
+
+
+@click.group(invoke_without_command=True, epilog=EPILOG)
+@click.option(
+    "--flows",
+    type=click.Path(path_type=Path),
+    envvar="FLOWRUN_FLOWS",
+    default="flows",
+    show_default=True,
+    help="Folder of flow files (*.yaml).",
+)
+@click.option(
+    "--db",
+    envvar="FLOWRUN_DB",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=1),
+    envvar="FLOWRUN_LEASE",
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim lasts without renewal.",
+)
+@click.option("--daemon", is_flag=True, help="Run headless: worker + sensors + rules + reload.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    envvar="FLOWRUN_CONCURRENCY",
+    help="Attempts run at once by this worker.",
+)
+@click.option("--worker-id", envvar="FLOWRUN_WORKER_ID", help="Worker id (default host:pid).")
+@click.option(
+    "--exit-when-idle",
+    is_flag=True,
+    help="Exit 0 once nothing is runnable, due, running or pending.",
+)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="On SIGINT/SIGTERM, seconds running attempts get to finish.",
+)
+@click.version_option(package_name="flowrun")
+@click.pass_context
+def main_group(
+    ctx, flows, db, lease, daemon, concurrency, worker_id, exit_when_idle, log_format, grace
+):
+    """flowrun: declarative YAML flows, persisted instances, an operator console.
+
+    Without a command: `flowrun` opens the console (with an embedded worker);
+    `flowrun --daemon` runs the headless worker.
+    """
+    ctx.obj = Ctx(flows, db, lease)
+    ctx.obj.worker_options = dict(
+        concurrency=concurrency,
+        worker_id=worker_id,
+        exit_when_idle=exit_when_idle,
+        log_format=log_format,
+        grace=grace,
+    )
+    if ctx.invoked_subcommand is None:
+        if daemon:
+            raise SystemExit(run_daemon(ctx.obj))
+        ctx.invoke(tui)
+
+
+def run_daemon(c: Ctx) -> int:
+    """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
+    the exit code (0).
+
+    Raises:
+        ConfigError: the flows folder does not exist, or the database cannot be opened.
+        FlowErrors: a flow file has errors (the daemon refuses to start).
+    """
+    from runner.service.daemon import load_registry, serve, setup_logging
+
+    setup_logging(c.worker_options["log_format"])
+    log = logging.getLogger("flowrun.daemon")
+    registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
+    if registry is None:
+        raise ConfigError(f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)")
+    log.info("loaded %d flows from %s", len(registry.flows), c.flows)
+    worker = asyncio.run(serve(c.engine, registry, worker_config(c)))
+    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in worker.stats.items()))
+    return 0
+
+
+@main_group.command()
+@click.option("--attach", is_flag=True, help="Observe and command only; run no worker here.")
+@click.option("--readonly", is_flag=True, help="Refuse every command.")
+@pass_ctx
+def tui(c: Ctx, attach: bool, readonly: bool):
+    """Open the operator console (with an embedded worker unless --attach).
+
+    \f
+    Raises:
+        ConfigError: no flows folder without ``--attach``, or the database cannot be
+            opened.
+        FlowErrors: a flow file has errors (the embedded worker refuses to start).
+    """
+    from runner.service.console import run_console
+
+    run_console(c, attach=attach or readonly, readonly=readonly)
+
+
+for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
+    main_group.add_command(_sub)
+del _sub
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: runs the CLI and turns user mistakes into one line.
+
+    Args:
+        argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
+
+    Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
+    usage, 130 interrupted); raises nothing for user mistakes.
+    """
+    try:
+        main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code if exc.exit_code else 2
+    except FlowErrors as exc:
+        for e in exc.errors:
+            click.echo(str(e), err=True)
+        return 2
+    except (ConfigError, UserError) as exc:
+        click.echo(f"flowrun: {exc}", err=True)
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0

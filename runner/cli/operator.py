@@ -1,0 +1,236 @@
+"""The ``flowrun`` operator subcommands: create and inspect instances (``start``, ``ls``,
+``show``), command them (``pause``, ``resume``, ``kill``, ``retry``, ``send``) and observe
+the runtime (``events``, ``workers``).
+
+Each is a standalone ``click`` command; ``runner.cli.main`` adds them (``COMMANDS``) to the
+``flowrun`` group. Commands go through ``runner.ops.commands.submit`` (source ``cli``), the
+same path as the console and the rules. A docstring's text after the form feed is not
+shown by ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from runner import lifecycle
+from runner.cli.context import Ctx, pass_ctx
+from runner.errors import UserError
+from runner.ops import queries
+from runner.ops.commands import CommandResult, allowed_events, select_ids, submit
+from runner.store.db import reading
+
+
+def _parse_kv(pairs: tuple[str, ...]) -> dict:
+    """``key=value`` pairs to a dict; a value that parses as JSON is decoded, else kept as
+    a string. Raises ``UserError(..., 2)`` for a pair without ``=`` or a key."""
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise UserError(f"bad data argument {pair!r}: expected key=value", 2)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+@click.command()
+@click.argument("flow")
+@click.argument("pairs", nargs=-1)
+@click.option("--data", "data_json", help="Instance data as a JSON object.")
+@pass_ctx
+def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
+    """Create an instance of FLOW (data from --data JSON and key=value pairs); prints its id.
+
+    \f
+    Raises:
+        UserError: bad ``--data`` or pair (exit 2), or an unknown flow (exit 2).
+        ConfigError: no flows folder, or the database cannot be opened.
+    """
+    from runner.store.create import create_instance
+
+    data: dict = {}
+    if data_json:
+        try:
+            data = json.loads(data_json)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--data: not valid JSON: {exc}", 2) from None
+        if not isinstance(data, dict):
+            raise UserError("--data must be a JSON object", 2)
+    data.update(_parse_kv(pairs))
+    compiled = c.registry().get(flow)
+    with c.engine.begin() as conn:
+        iid = create_instance(conn, compiled, data)
+    click.echo(iid)
+
+
+@click.command(name="ls")
+@click.option("--flow")
+@click.option(
+    "--status",
+    type=click.Choice(["runnable", "sleeping", "paused", "completed", "failed", "killed"]),
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--limit", type=int, default=None, help="At most this many (newest first).")
+@pass_ctx
+def ls_cmd(c: Ctx, flow, status, as_json, limit):
+    """List instances.
+
+    \f
+    Raises:
+        ConfigError: the database cannot be opened.
+    """
+    rows = queries.list_instances(
+        c.engine, flow=flow, status=status, limit=limit, order_by="id", desc=limit is not None
+    )
+    if limit is not None:
+        rows.reverse()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from runner.cli.render import instance_table
+
+    instance_table(rows)
+
+
+@click.command()
+@click.argument("instance_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_ctx
+def show(c: Ctx, instance_id: int, as_json: bool):
+    """One instance with its attempts, errors, checkpoints and error budget.
+
+    \f
+    Raises:
+        UserError: no such instance (exit 1).
+        ConfigError: the database cannot be opened.
+    """
+    item = queries.get_instance(c.engine, instance_id)
+    if item is None:
+        raise UserError(f"no instance {instance_id}", 1)
+    if as_json:
+        click.echo(json.dumps(item, indent=2))
+        return
+    from runner.cli.render import instance_detail
+
+    instance_detail(item)
+
+
+def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event=None) -> None:
+    """Apply ``command`` to ``ids`` and/or every instance of ``flow`` it can act on; prints
+    one line per instance. Raises ``UserError(..., 2)`` with neither, and
+    ``SystemExit(1)`` when any instance refused."""
+    if not ids and not flow:
+        raise UserError(f"{command}: give instance ids or --flow F", 2)
+    id_list = list(ids)
+    if flow:  # every instance of the flow this command can act on (no refusal spam)
+        with reading(c.engine) as conn:
+            id_list += select_ids(conn, flow=flow, status=lifecycle.sources(command))
+        if not id_list:
+            done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}
+            click.echo(f"no instance of flow {flow!r} can be {done[command]}")
+            return
+    results: list[CommandResult] = submit(c.engine, id_list, command, event=event, source="cli")
+    code = 0
+    for r in results:
+        if r.ok:
+            click.echo(r.message)
+        else:
+            click.echo(f"flowrun: {r.message}", err=True)
+            code = 1
+    if code:
+        raise SystemExit(code)
+
+
+def _make_command(name: str, help_text: str) -> click.Command:
+    """A ``click`` command ``name`` (an operator command) taking ids and ``--flow``."""
+
+    @click.argument("ids", nargs=-1, type=int)
+    @click.option("--flow", help="Every instance of this flow.")
+    @pass_ctx
+    def cmd(c: Ctx, ids, flow):
+        _command(c, name, ids, flow)
+
+    cmd.__doc__ = help_text
+    return click.command(name=name)(cmd)
+
+
+pause = _make_command("pause", "Pause instances (a running attempt is cancelled).")
+resume = _make_command("resume", "Resume paused or sleeping instances.")
+kill = _make_command("kill", "Kill instances (a running attempt is cancelled).")
+retry = _make_command("retry", "Retry failed instances (the state's counters reset).")
+
+
+@click.command()
+@click.argument("instance_id", type=int)
+@click.argument("event")
+@pass_ctx
+def send(c: Ctx, instance_id: int, event: str):
+    """Move an instance along an `on:` edge of its state (exit 2 if not allowed).
+
+    \f
+    Exits 1 for an unknown instance; 2 when refused (listing the events allowed there).
+
+    Raises:
+        ConfigError: the database cannot be opened.
+    """
+    results = submit(c.engine, [instance_id], "send", event=event, source="cli")
+    r = results[0]
+    if r.ok:
+        click.echo(r.message)
+        return
+    click.echo(f"flowrun: {r.message}", err=True)
+    if r.message.startswith("no instance"):
+        raise SystemExit(1)
+    events = allowed_events(c.engine, instance_id)
+    if events and event not in events:
+        click.echo(f"flowrun: events allowed here: {', '.join(events)}", err=True)
+    raise SystemExit(2)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", type=int, default=50, show_default=True)
+@pass_ctx
+def events(c: Ctx, as_json: bool, limit: int):
+    """Recent sensor events and what the rules did with each.
+
+    \f
+    Raises:
+        ConfigError: the database cannot be opened.
+    """
+    from runner.sensors.events import list_events
+
+    rows = list_events(c.engine, limit=limit)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from runner.cli.render import events_table
+
+    events_table(rows)
+
+
+@click.command(name="workers")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def workers_cmd(c: Ctx, as_json: bool):
+    """Workers with their heartbeats and running attempts.
+
+    \f
+    Raises:
+        ConfigError: the database cannot be opened.
+    """
+    rows = queries.list_workers(c.engine)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from runner.cli.render import workers_table
+
+    workers_table(rows)
+
+
+COMMANDS = (start, ls_cmd, show, pause, resume, kill, retry, send, events, workers_cmd)
+"""The commands of this module, for ``runner.cli.main`` to add to the ``flowrun`` group."""

@@ -1,0 +1,144 @@
+"""Prepare and run one claimed attempt: its flow version, limits, handler and checkpoints.
+
+The worker loop (``runner.engine.worker``) decides *when* attempts run; this module decides *how*
+one runs: it compiles the instance's own flow version, renders an ``exec`` argv (each
+argument on its own) and environment, or builds a ``call`` handler's context, and wires
+checkpoints to a fenced, durable write (``commit.save_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from sqlalchemy import Engine, select
+
+from runner.errors import UserError
+from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
+from runner.handlers.call_handler import run_call
+from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.store import commit, rows, versions
+from runner.store.db import reading
+from runner.store.tables import events
+
+
+async def run_attempt(
+    engine: Engine,
+    claim: rows.Claim,
+    cancel: Cancel,
+    durable: list,
+    *,
+    worker_id: str,
+    kill_grace: float,
+    threads: Executor,
+    load_event: Callable[[], Awaitable[dict | None]],
+) -> AttemptResult:
+    """Run the handler of ``claim``'s state and return what it produced.
+
+    Args:
+        engine: the database (checkpoints are written through it, fenced by the claim).
+        claim: the claimed instance and its running attempt.
+        cancel: set by the worker to cancel the attempt (pause, kill, lost lease, stop).
+        durable: a one-item list holding the data as last stored; a checkpoint replaces it.
+        worker_id: this worker's id (the lock owner the checkpoint is fenced on).
+        kill_grace: seconds between SIGTERM and SIGKILL for an ``exec`` process group.
+        threads: the pool sync ``call`` handlers run in.
+        load_event: returns the payload of the sensor event that started the instance
+            (asked only when an ``exec`` argv uses ``{event.…}``).
+    """
+    try:
+        flow, state, limits, cwd = _prepared(engine, claim.version, claim.state, kill_grace)
+    except UserError as exc:
+        return AttemptResult("error", claim.data, error=str(exc))
+    if state is None:
+        return AttemptResult(
+            "error", claim.data, error=f"state {claim.state!r} has no handler to run"
+        )
+
+    def checkpoint(new_data: dict, values: dict) -> bool:
+        with engine.begin() as conn:
+            ok = commit.save_checkpoint(conn, worker_id, claim, new_data, values)
+        if ok:
+            durable[0] = new_data
+        return ok
+
+    if state.kind == "exec":
+        event = await load_event() if uses_event(state.argv) else None
+        try:
+            argv = render_argv(state.argv, claim.data, event)
+        except KeyError as exc:
+            return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
+        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, claim.data, cwd)
+        return await run_exec(
+            argv,
+            cwd=cwd,
+            env=env,
+            data=claim.data,
+            limits=limits,
+            cancel=cancel,
+            checkpoint=checkpoint,
+            next_state=state.next,
+        )
+    ctx = Context(
+        data=own_copy(claim.data),
+        instance_id=claim.id,
+        flow=flow.name,
+        state=claim.state,
+        attempt=claim.attempt,
+        _checkpoint=checkpoint,
+    )
+    return await run_call(
+        state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
+    )
+
+
+_prepared_cache: dict[tuple[str, str, float], tuple] = {}
+
+
+def _prepared(engine: Engine, version: str, state_name: str, kill_grace: float) -> tuple:
+    """``(flow, state, limits, cwd)`` of one state of one flow version, worked out once per
+    process (a version never changes); ``state`` is ``None`` when the state has no handler.
+
+    Raises ``UserError`` when the version is not stored or no longer compiles.
+    """
+    key = (version, state_name, kill_grace)
+    found = _prepared_cache.get(key)
+    if found is None:
+        flow = versions.compiled(engine, version)
+        state = flow.states.get(state_name)
+        if state is None or state.kind not in ("exec", "call"):
+            return flow, None, None, None
+        limits = Limits(state.policy.timeout, state.policy.keepalive, kill_grace)
+        found = _prepared_cache[key] = (flow, state, limits, flow_dir(flow.path))
+    return found
+
+
+def load_event_payload(engine: Engine, event_id: int | None) -> dict | None:
+    """The payload of sensor event ``event_id`` (``None`` when there is none)."""
+    if event_id is None:
+        return None
+    with reading(engine) as conn:
+        return conn.execute(select(events.c.payload).where(events.c.id == event_id)).scalar()
+
+
+@functools.lru_cache(maxsize=256)
+def flow_dir(path: str) -> Path:
+    """The folder of a flow file: the working directory of its ``exec`` handlers."""
+    return Path(path).resolve().parent
+
+
+def own_copy(data: dict) -> dict:
+    """A copy the handler may change freely: nested values are copied too (else a change
+    deep inside would also change the claim's data and look like no change at all)."""
+    for v in data.values():
+        if isinstance(v, (dict, list)):
+            return copy.deepcopy(data)
+    return dict(data)
+
+
+def uses_event(argv: tuple[str, ...] | None) -> bool:
+    """True when an argv has an ``{event.…}`` placeholder."""
+    return any("{event." in a for a in argv or ())

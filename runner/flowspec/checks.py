@@ -1,0 +1,183 @@
+"""Graph-level checks of a flow file, beyond what each field's own validation sees.
+
+Every target (``initial``, ``next``, ``to``, ``on:``) names a state of the flow; each state
+is exactly one of handler / external / terminal and can be left (unless terminal); every
+state is reachable from ``initial`` (over ``next``/``to``/``on:`` and a handler state's
+``on_exhausted``); ``on_exhausted`` is ``failed``, ``paused`` or a state; a rule names a
+sensor of its flow, and a ``send`` aimed at this flow names an event some state accepts.
+Messages are clear text with a "did you mean" hint; the caller turns each ``loc`` (a key
+path in the YAML) into a position.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from runner.flowspec.loader import did_you_mean
+from runner.flowspec.policy import STATUS_OUTCOMES
+from runner.flowspec.spec import FlowSpec, StateSpec
+
+Report = Callable[..., None]
+"""``err(message: str, loc: tuple, *, key: bool = False) -> None``."""
+
+
+def check_flow(spec: FlowSpec, err: Report) -> None:
+    """Run the graph-level checks on a validated ``spec``, reporting through ``err``.
+
+    Args:
+        spec: the flow file, already validated field by field (``load_flow_text``).
+        err: called as ``err(message: str, loc: tuple, key=False)`` once per problem;
+            ``loc`` is the key path in the YAML (e.g. ``("states", "a", "next")``) and
+            ``key=True`` points at the key rather than its value.
+
+    Raises nothing itself: every problem goes to ``err`` (which may raise to stop early).
+    """
+    _check_states(spec, err)
+    _check_reachable(spec, err)
+    _check_exhausted(spec, err)
+    _check_rules(spec, err)
+
+
+def _target(spec: FlowSpec, err: Report, value: str, loc: tuple, what: str) -> None:
+    """Report ``value`` (at ``loc``, described as ``what``) unless it names a state."""
+    if value not in spec.states:
+        names = list(spec.states)
+        err(
+            f"{what} '{value}' is not a state of this flow{did_you_mean(value, names)} "
+            f"(states: {', '.join(names)})",
+            loc,
+        )
+
+
+def _check_states(spec: FlowSpec, err: Report) -> None:
+    """Targets exist; each state is one of handler / external / terminal and can be left."""
+    _target(spec, err, spec.initial, ("initial",), "initial state")
+    for name, st in spec.states.items():
+        here = ("states", name)
+        if st.next_ is not None:
+            _target(spec, err, st.next_, (*here, "next"), "next")
+        for i, t in enumerate(st.to):
+            _target(spec, err, t, (*here, "to", i), "to")
+        for ev, t in st.on_.items():
+            _target(spec, err, t, (*here, "on", ev), f"on: {ev} ->")
+        handler = st.exec_ is not None or st.call is not None
+        edges = st.next_ is not None or st.to or st.on_
+        if st.terminal:
+            for key, present in (
+                ("exec", st.exec_ is not None),
+                ("call", st.call is not None),
+                ("external", st.external),
+                ("next", st.next_ is not None),
+                ("to", bool(st.to)),
+                ("on", bool(st.on_)),
+            ):
+                if present:
+                    err(
+                        f"terminal state '{name}' cannot have {key}: (it ends the flow)",
+                        (*here, key),
+                        key=True,
+                    )
+            continue
+        if st.exec_ is not None and st.call is not None:
+            err(f"state '{name}' has both exec: and call: (choose one)", (*here, "call"), key=True)
+        if handler and st.external:
+            err(
+                f"external state '{name}' cannot have a handler (exec:/call:)",
+                (*here, "external"),
+                key=True,
+            )
+        elif not handler and not st.external:
+            err(
+                f"state '{name}' has nothing to run: give it exec: or call:, or mark it "
+                "external: true or terminal: true",
+                here,
+                key=True,
+            )
+        elif not edges:
+            err(f"state '{name}' has no next:, to: or on: (it could never be left)", here, key=True)
+
+
+def _check_reachable(spec: FlowSpec, err: Report) -> None:
+    """Every state is reachable from ``initial``, over ``next``/``to``/``on:`` and a
+    handler state's ``on_exhausted``."""
+    states = spec.states
+
+    def exhausted_target(st: StateSpec) -> str | None:
+        if not (st.exec_ or st.call):
+            return None
+        budget = st.error_budget or spec.defaults.error_budget
+        return budget.on_exhausted
+
+    if spec.initial not in states:
+        return  # already reported
+    seen = {spec.initial}
+    queue = deque([spec.initial])
+    while queue:
+        st = states[queue.popleft()]
+        for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]:
+            if t in states and t not in seen:
+                seen.add(t)
+                queue.append(t)
+    for name in states:
+        if name not in seen:
+            err(
+                f"state '{name}' is unreachable from initial state '{spec.initial}'",
+                ("states", name),
+                key=True,
+            )
+
+
+def _check_exhausted(spec: FlowSpec, err: Report) -> None:
+    """An explicit ``on_exhausted`` is ``failed``, ``paused`` or a state of this flow."""
+    names = list(spec.states)
+
+    def exhausted(value: str, loc: tuple) -> None:
+        if value not in STATUS_OUTCOMES and value not in spec.states:
+            err(
+                f"on_exhausted '{value}' must be failed, paused or a state of this flow"
+                f"{did_you_mean(value, [*STATUS_OUTCOMES, *names])}",
+                loc,
+            )
+
+    if "on_exhausted" in spec.defaults.error_budget.model_fields_set:
+        exhausted(
+            spec.defaults.error_budget.on_exhausted, ("defaults", "error_budget", "on_exhausted")
+        )
+    for name, st in spec.states.items():
+        if st.error_budget is not None and "on_exhausted" in st.error_budget.model_fields_set:
+            exhausted(
+                st.error_budget.on_exhausted, ("states", name, "error_budget", "on_exhausted")
+            )
+
+
+def _check_rules(spec: FlowSpec, err: Report) -> None:
+    """Rules name sensors of this flow; selectors and sends aimed at this flow name its
+    states and events (other flows are checked by the ``FlowRegistry``)."""
+    states = spec.states
+    names = list(states)
+    for i, rule in enumerate(spec.rules):
+        here = ("rules", i)
+        if rule.when not in spec.sensors:
+            known = ", ".join(spec.sensors) or "none"
+            err(
+                f"rule names unknown sensor '{rule.when}'{did_you_mean(rule.when, spec.sensors)} "
+                f"(sensors of this flow: {known})",
+                (*here, "when"),
+            )
+        action = rule.action
+        sel = getattr(rule, action)
+        if action == "start" or sel.flow not in (None, spec.flow):
+            continue  # other flows are checked by the FlowRegistry
+        if sel.state is not None:
+            _target(spec, err, sel.state, (*here, action, "state"), "state")
+        if action == "send":
+            pool = [sel.state] if sel.state in states else names
+            events = {ev for s in pool for ev in states[s].on_}
+            if sel.event not in events:
+                err(
+                    f"no state{'' if sel.state is None else f' {sel.state!r}'} accepts event "
+                    f"'{sel.event}'{did_you_mean(sel.event, events)} "
+                    f"(events: {', '.join(sorted(events)) or 'none'})",
+                    (*here, "send", "event"),
+                )

@@ -1,0 +1,142 @@
+"""Compile a flow file into a ``CompiledFlow``: checked graph, policies, transitions machine.
+
+The pipeline: ``load_flow_text`` (YAML + field validation, ``runner.flowspec.loader``),
+the graph-level checks (``runner.flowspec.checks``), the ``call`` imports, each state's
+effective policy (``runner.flowspec.policy``) and the flow's ``transitions.Machine``
+(``runner.flowspec.compiled`` describes its events). Every problem found is reported at
+once, with its position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from transitions import Machine
+
+from runner.errors import FlowError, FlowErrors
+from runner.flowspec.checks import check_flow
+from runner.flowspec.compiled import CompiledFlow, CompiledState
+from runner.flowspec.loader import did_you_mean, load_flow_text
+from runner.flowspec.policy import state_policy
+from runner.flowspec.spec import FlowSpec, StateSpec
+
+
+def _import(call: str, folder: str) -> tuple[Callable | None, str | None]:
+    """Import ``module:function`` with ``folder`` on ``sys.path``; return (func, error)."""
+    module_name, func_name = call.split(":", 1)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any failure while importing user code is a load error
+        return None, f"cannot import module '{module_name}' for call: {type(exc).__name__}: {exc}"
+    func = getattr(module, func_name, None)
+    if func is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+        hint = did_you_mean(func_name, names)
+        return None, f"module '{module_name}' has no function '{func_name}'{hint}"
+    if not callable(func):
+        return None, f"'{call}' is not callable"
+    return func, None
+
+
+def _kind(st: StateSpec) -> str:
+    if st.terminal:
+        return "terminal"
+    if st.exec_ is not None:
+        return "exec"
+    if st.call is not None:
+        return "call"
+    return "external"
+
+
+def _machine(spec: FlowSpec) -> Machine:
+    machine = Machine(model=None, states=list(spec.states), initial=None, auto_transitions=False)
+    sources: dict[str, list[str]] = {}
+    for name, st in spec.states.items():
+        for t in dict.fromkeys([*([st.next_] if st.next_ else []), *st.to]):
+            sources.setdefault(t, []).append(name)
+    for t, srcs in sources.items():
+        machine.add_transition(f"goto:{t}", srcs, t)
+    for name, st in spec.states.items():
+        for ev, t in st.on_.items():
+            machine.add_transition(ev, name, t)
+    return machine
+
+
+def compile_source(source: str, path: str | Path) -> CompiledFlow:
+    """Parse, validate, check and compile one flow file's text.
+
+    Args:
+        source: the YAML text.
+        path: the file path (messages, default flow name, folder for ``call`` imports;
+            that folder is put on ``sys.path``).
+
+    Raises:
+        FlowErrors: every problem found, each with ``file:line:col``, sorted by position.
+    """
+    file = str(path)
+    spec = load_flow_text(source, file)
+    errors: list[FlowError] = []
+
+    def err(message: str, loc: tuple, *, key: bool = False) -> None:
+        line, col = spec.position(loc, key=key)
+        errors.append(FlowError(message, file, line, col))
+
+    check_flow(spec, err)
+    folder = str(Path(file).resolve().parent)
+    states: dict[str, CompiledState] = {}
+    for name, st in spec.states.items():
+        func = None
+        if st.call is not None and not st.terminal:
+            func, problem = _import(st.call, folder)
+            if problem:
+                err(problem, ("states", name, "call"))
+        states[name] = CompiledState(
+            name=name,
+            kind=_kind(st),
+            argv=tuple(st.exec_) if st.exec_ is not None else None,
+            call=st.call,
+            func=func,
+            next=st.next_,
+            to=tuple(st.to),
+            on=dict(st.on_),
+            policy=state_policy(spec.defaults, st),
+            description=st.description,
+        )
+    if errors:
+        errors.sort(key=lambda e: (e.line or 0, e.col or 0))
+        raise FlowErrors(errors)
+    assert spec.flow is not None
+    return CompiledFlow(
+        name=spec.flow,
+        version=hashlib.sha256(source.encode()).hexdigest()[:16],
+        path=file,
+        source=source,
+        description=spec.description,
+        initial=spec.initial,
+        data=dict(spec.data),
+        states=states,
+        sensors=dict(spec.sensors),
+        rules=list(spec.rules),
+        machine=_machine(spec),
+        spec=spec,
+    )
+
+
+def load_flow(path: str | Path) -> CompiledFlow:
+    """Read (UTF-8) and compile the flow file at ``path``.
+
+    Raises:
+        FlowErrors: the file cannot be read, or every problem ``compile_source`` found.
+    """
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlowErrors([FlowError(f"cannot read flow file: {exc}", str(path))]) from None
+    return compile_source(source, path)

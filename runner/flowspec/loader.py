@@ -1,0 +1,334 @@
+"""Load a flow file: ruamel.yaml (round-trip, positions kept) into ``runner.flowspec.spec`` models.
+
+Every problem is reported with its ``file:line:col`` (1-based): YAML syntax, duplicate
+keys, tags, and each pydantic error mapped back to the key or value it is about. All of a
+file's errors are collected and raised together as ``FlowErrors``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+)
+
+from runner.flowspec.spec import NAME_RE, FlowSpec
+
+_Pos = tuple[int, int]
+
+
+class Positions:
+    """1-based positions of every key and value of a loaded flow file, by location tuple."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple, tuple[_Pos, _Pos, bool]] = {(): ((1, 1), (1, 1), True)}
+
+    def add(self, loc: tuple, key: _Pos, value: _Pos, container: bool) -> None:
+        """Record the key and value positions of the node at ``loc``."""
+        self.nodes[loc] = (key, value, container)
+
+    def find(self, loc: tuple, *, key: bool | None = False) -> tuple[int, int]:
+        """Position of the deepest known node on ``loc``.
+
+        Args:
+            loc: location tuple (YAML keys and list indexes).
+            key: True for the key's position, False for the value's, None for "the key
+                when the node is a mapping or list, else the value".
+        """
+        loc = tuple(loc)
+        while loc not in self.nodes:
+            loc = loc[:-1]
+        key_pos, value_pos, container = self.nodes[loc]
+        if key is None:
+            key = container
+        return key_pos if key else value_pos
+
+
+def _mark(mark: Any) -> _Pos:
+    return (mark.line + 1, mark.column + 1)
+
+
+def _tag(tag: Any) -> str:
+    text = str(getattr(tag, "value", tag))
+    return "!!" + text[len("tag:yaml.org,2002:") :] if text.startswith("tag:yaml.org,") else text
+
+
+def _scan_events(text: str, file: str, errors: list) -> None:
+    """Report explicit tags and duplicate keys from the YAML event stream."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.events import (
+        AliasEvent,
+        CollectionEndEvent,
+        MappingStartEvent,
+        ScalarEvent,
+        SequenceStartEvent,
+    )
+
+    from runner.errors import FlowError
+
+    stack: list[list] = []  # [kind, {key: first position}, next node is a key]
+    for ev in YAML(typ="rt").parse(text):
+        if isinstance(ev, ScalarEvent | MappingStartEvent | SequenceStartEvent | AliasEvent):
+            tag = getattr(ev, "tag", None)
+            if tag is not None and not isinstance(ev, AliasEvent):
+                line, col = _mark(ev.start_mark)
+                errors.append(
+                    FlowError(
+                        f"YAML tag {_tag(tag)} is not allowed (flow files are plain data: no tags)",
+                        file,
+                        line,
+                        col,
+                    )
+                )
+            if stack and stack[-1][0] == "map":
+                top = stack[-1]
+                if top[2] and isinstance(ev, ScalarEvent) and ev.value != "<<":
+                    if ev.value in top[1]:
+                        line, col = _mark(ev.start_mark)
+                        first = top[1][ev.value]
+                        errors.append(
+                            FlowError(
+                                f"duplicate key '{ev.value}' (first defined at line {first})",
+                                file,
+                                line,
+                                col,
+                            )
+                        )
+                    else:
+                        top[1][ev.value] = ev.start_mark.line + 1
+                top[2] = not top[2]
+            if isinstance(ev, MappingStartEvent):
+                stack.append(["map", {}, True])
+            elif isinstance(ev, SequenceStartEvent):
+                stack.append(["seq", {}, False])
+        elif isinstance(ev, CollectionEndEvent):
+            stack.pop()
+
+
+def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> Any:
+    """Convert ruamel round-trip objects to plain Python, recording positions."""
+    import datetime as dt
+
+    from runner.errors import FlowError
+
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        lc = getattr(node, "lc", None)
+        for k, v in node.items():
+            try:
+                kl, kc = lc.key(k)
+                vl, vc = lc.value(k)
+                kpos, vpos = (kl + 1, kc + 1), (vl + 1, vc + 1)
+            except Exception:  # merged keys and the like: use the mapping's position
+                kpos = vpos = pos.find(loc, key=False)
+            if not isinstance(k, str):
+                errors.append(FlowError(f"keys must be strings, got {k!r}", file, *kpos))
+                continue
+            key = str(k)
+            pos.add((*loc, key), kpos, vpos, isinstance(v, dict | list))
+            out[key] = _plain(v, (*loc, key), pos, file, errors)
+        return out
+    if isinstance(node, list):
+        items = []
+        lc = getattr(node, "lc", None)
+        for i, v in enumerate(node):
+            try:
+                line, col = lc.item(i)
+                ipos = (line + 1, col + 1)
+            except Exception:
+                ipos = pos.find(loc, key=False)
+            pos.add((*loc, i), ipos, ipos, isinstance(v, dict | list))
+            items.append(_plain(v, (*loc, i), pos, file, errors))
+        return items
+    if node is None or isinstance(node, bool):
+        return node
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, dt.date):
+        return node.isoformat()
+    value = getattr(node, "value", None)  # TaggedScalar (already reported as a tag error)
+    return str(value if value is not None else node)
+
+
+def _unwrap(tp: Any) -> Any:
+    import types
+    import typing
+
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = args[0] if len(args) == 1 else tp
+            if len(args) != 1:
+                return tp
+        else:
+            return tp
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that validates the mapping at ``loc`` (or None)."""
+    import typing
+
+    tp: Any = FlowSpec
+    for seg in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = next(
+                (f for n, f in tp.model_fields.items() if (f.alias or n) == seg),
+                None,
+            )
+            if field is None:
+                return None
+            tp = field.annotation
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        elif typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def expected_keys(model: type[BaseModel]) -> list[str]:
+    """The YAML key names a model accepts."""
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _describe(err: dict, loc: tuple) -> tuple[str, bool | None]:
+    """Message for one pydantic error, and which position to use (key/value/auto)."""
+    typ = err["type"]
+    where = ".".join(str(s) for s in loc)
+    if typ == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        name = str(loc[-1])
+        if model is None:
+            return f"unknown key '{name}'", True
+        keys = expected_keys(model)
+        hint = did_you_mean(name, keys)
+        return f"unknown key '{name}'{hint} (expected one of: {', '.join(keys)})", True
+    if typ == "missing":
+        return f"missing required key '{loc[-1]}'" + (
+            f" in {where.rsplit('.', 1)[0]}" if len(loc) > 1 else ""
+        ), None
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if typ == "string_pattern_mismatch":
+        pattern = err.get("ctx", {}).get("pattern", "")
+        msg = f"{err['input']!r} does not match {pattern}"
+    return (f"{where}: {msg}" if where else msg), None
+
+
+def load_flow_text(text: str, path: str | Path) -> FlowSpec:
+    """Parse and validate one flow file.
+
+    Args:
+        text: the YAML source.
+        path: the file path (for messages, and the default flow name = its stem).
+
+    Returns:
+        The validated ``FlowSpec`` (``flow`` filled in from the stem when absent), with
+        positions available through ``FlowSpec.position``.
+
+    Raises:
+        FlowErrors: every problem found (syntax, tags, duplicate keys, unknown keys,
+            wrong types, bad durations/regexes/cron...), each with ``file:line:col``.
+    """
+    from pydantic import ValidationError
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError
+
+    from runner.errors import FlowError, FlowErrors
+
+    file = str(path)
+    errors: list[FlowError] = []
+    try:
+        _scan_events(text, file, errors)
+        yaml = YAML(typ="rt")
+        yaml.allow_duplicate_keys = True
+        doc = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = _mark(mark) if mark else (None, None)
+        problem = exc.problem or exc.context or "invalid YAML"
+        errors.append(FlowError(f"YAML syntax error: {problem}", file, line, col))
+        raise FlowErrors(errors) from None
+    except Exception as exc:  # the constructor choking on something odd
+        if not errors:
+            errors.append(FlowError(f"cannot read YAML: {exc}", file, 1, 1))
+        raise FlowErrors(errors) from None
+    if doc is None:
+        errors.append(
+            FlowError("empty flow file (expected a mapping with initial: and states:)", file, 1, 1)
+        )
+        raise FlowErrors(errors)
+    if not isinstance(doc, dict):
+        errors.append(
+            FlowError("a flow file must be a mapping (keys initial:, states:, ...)", file, 1, 1)
+        )
+        raise FlowErrors(errors)
+    positions = Positions()
+    data = _plain(doc, (), positions, file, errors)
+    spec: FlowSpec | None = None
+    try:
+        spec = FlowSpec.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            if "[key]" in loc:
+                loc = loc[: loc.index("[key]")]
+                line, col = positions.find(loc, key=True)
+                name = loc[-1] if loc else ""
+                msg = f"invalid name '{name}': expected letters, digits and _ (no leading digit)"
+                if len(loc) > 1 and loc[-2] in ("sensors",):
+                    msg = f"invalid name '{name}': expected [a-z_][a-z0-9_]*"
+                errors.append(FlowError(msg, file, line, col))
+                continue
+            real = loc
+            while real not in positions.nodes and err["type"] not in ("missing", "extra_forbidden"):
+                real = real[:-1]
+            message, key = _describe(err, real)
+            if err["type"] == "missing":
+                line, col = positions.find(real[:-1], key=True)
+            else:
+                line, col = positions.find(real, key=key)
+            errors.append(FlowError(message, file, line, col))
+    if spec is not None and spec.flow is None:
+        stem = Path(file).stem
+        if re.match(NAME_RE, stem):
+            spec.flow = stem
+        else:
+            errors.append(
+                FlowError(
+                    f"the flow name defaults to the file name '{stem}', which is not a valid "
+                    "flow name ([a-z_][a-z0-9_]*): rename the file or set flow:",
+                    file,
+                    1,
+                    1,
+                )
+            )
+    if errors:
+        errors.sort(key=lambda e: (e.line or 0, e.col or 0))
+        raise FlowErrors(errors)
+    assert spec is not None
+    spec._positions = positions
+    spec._path = file
+    return spec

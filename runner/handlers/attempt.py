@@ -1,0 +1,175 @@
+"""What every attempt shares, whatever its handler: result, context, limits, cancel.
+
+``runner.handlers.exec_handler`` and ``runner.handlers.call_handler`` run the two kinds
+of handler on top of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+EXIT_NOT_YET = 75
+TAIL = 4000
+
+
+#: ``(new_data, checkpoint) -> bool``: durably store a checkpoint; False when the lease is lost.
+CheckpointFn = Callable[[dict, dict], bool]
+
+
+class LeaseLost(Exception):
+    """Raised inside a ``call`` handler's ``ctx.checkpoint`` when the instance was taken away."""
+
+
+@dataclass
+class AttemptResult:
+    """What one attempt produced.
+
+    ``outcome`` is moved, not_yet, error, timeout or cancelled; ``to_state`` the requested
+    target (``moved`` only; not yet checked against the graph); ``data`` the instance data
+    as the handler left it; ``checkpoint`` the last checkpoint written, if any.
+    """
+
+    outcome: str
+    data: dict
+    to_state: str | None = None
+    error: str | None = None
+    checkpoint: dict | None = None
+
+
+@dataclass
+class Context:
+    """What a ``call`` handler receives.
+
+    Attributes: ``data`` (the instance data, a dict the handler may change; it is committed
+    with the outcome), ``instance_id``, ``flow``, ``state``, ``attempt`` (1-based).
+    """
+
+    data: dict
+    instance_id: int
+    flow: str
+    state: str
+    attempt: int
+    _checkpoint: CheckpointFn | None = field(default=None, repr=False)
+    _signal: Callable[[], None] = field(default=lambda: None, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
+    _last_checkpoint: dict | None = field(default=None, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the attempt was cancelled or timed out: a sync handler should return."""
+        return self._cancelled
+
+    def keepalive(self) -> None:
+        """Reset the state's keepalive deadline."""
+        self._signal()
+
+    def checkpoint(self, values: dict) -> None:
+        """Merge ``values`` into ``data`` and store it durably before returning.
+
+        Raises ``LeaseLost`` when the instance was taken away (paused, killed, lease lost).
+        """
+        self.data.update(values)
+        self._last_checkpoint = dict(values)
+        self._signal()
+        if self._checkpoint is not None and not self._checkpoint(dict(self.data), dict(values)):
+            self._cancelled = True
+            raise LeaseLost(f"instance {self.instance_id} was taken away")
+
+
+@dataclass
+class Limits:
+    """Time limits of one attempt, in seconds (``None``: no limit)."""
+
+    timeout: float | None
+    keepalive: float | None
+    kill_grace: float = 5.0
+
+
+class Watch:
+    """Deadline bookkeeping shared by both handler kinds."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.started = time.monotonic()
+        self.last_signal = self.started
+
+    def signal(self) -> None:
+        self.last_signal = time.monotonic()
+
+    def remaining(self) -> tuple[float | None, str]:
+        """Seconds until the nearest deadline and what it is."""
+        now = time.monotonic()
+        best: tuple[float | None, str] = (None, "")
+        if self.limits.timeout is not None:
+            best = (self.started + self.limits.timeout - now, f"timeout ({self.limits.timeout:g}s)")
+        if self.limits.keepalive is not None:
+            left = self.last_signal + self.limits.keepalive - now
+            if best[0] is None or left < best[0]:
+                best = (left, f"missed keepalive ({self.limits.keepalive:g}s)")
+        return best
+
+
+class Cancel:
+    """A one-shot cancel signal for one attempt, carrying the reason (cheap: no task)."""
+
+    __slots__ = ("reason", "_callbacks")
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._callbacks: list[Callable[[str], None]] = []
+
+    def is_set(self) -> bool:
+        """True once :meth:`set` was called."""
+        return self.reason is not None
+
+    def set(self, reason: str = "cancelled") -> None:
+        """Cancel the attempt (idempotent; the first reason wins)."""
+        if self.reason is None:
+            self.reason = reason
+            for cb in self._callbacks:
+                cb(reason)
+
+    def on_set(self, cb: Callable[[str], None]) -> None:
+        """Call ``cb(reason)`` when cancelled (at once if already)."""
+        if self.reason is not None:
+            cb(self.reason)
+        else:
+            self._callbacks.append(cb)
+
+
+async def supervise(done: asyncio.Future, watch: Watch, cancel: Cancel) -> tuple[str, str | None]:
+    """Wait for ``done``, a cancel, or a deadline: ("done"|"cancelled"|"timeout", why).
+
+    Built from callbacks and one future per attempt (no extra tasks), since it runs for
+    every attempt of every instance.
+    """
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    timer: list[asyncio.TimerHandle] = []
+
+    def stop(how: str, why: str | None) -> None:
+        if not waiter.done():
+            waiter.set_result((how, why))
+
+    def arm() -> None:
+        left, why = watch.remaining()
+        if left is None:
+            return
+        if left <= 0:
+            stop("timeout", why)
+        else:
+            timer[:] = [loop.call_later(left, arm)]
+
+    if done.done():
+        return "done", None
+    done.add_done_callback(lambda _: stop("done", None))
+    cancel.on_set(lambda reason: stop("cancelled", reason))
+    arm()
+    try:
+        return await waiter
+    finally:
+        for t in timer:
+            t.cancel()

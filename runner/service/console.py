@@ -1,0 +1,94 @@
+"""``flowrun`` / ``flowrun tui``: the console, with an embedded worker unless ``--attach``.
+
+This is the one place that puts a worker next to the console. The console itself
+(``runner.tui``) never imports the worker: it reads the store and writes command rows, so
+it steers this embedded worker, a local daemon, or daemons on other hosts alike. The
+embedded worker runs the same ``serve`` as ``--daemon`` in a thread with its own event
+loop; its log goes to ``.flowrun/console.log`` so it cannot scribble over the screen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _log_to_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger("flowrun")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+class EmbeddedWorker:
+    """``serve`` (worker + sensors) in a background thread; ``stop()`` stops it gracefully."""
+
+    def __init__(self, engine: Any, registry: Any, config: Any):
+        self.engine, self.registry, self.config = engine, registry, config
+        self.worker: Any = None
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="flowrun-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _main(self) -> None:
+        from runner.service.daemon import serve
+
+        async def go() -> None:
+            fut: asyncio.Future = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(
+                lambda f: (setattr(self, "worker", f.result()), self._ready.set())
+            )
+            await serve(
+                self.engine, self.registry, self.config, install_signals=False, worker_ready=fut
+            )
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - reported after the console closes
+            self.error = exc
+            self._ready.set()
+
+    def stop(self, timeout: float) -> None:
+        if self.worker is not None:
+            self.worker.request_stop()
+        self._thread.join(timeout)
+
+
+def run_console(c: Any, *, attach: bool, readonly: bool) -> None:
+    """Open the console for the CLI context ``c`` (``runner.cli.context.Ctx``)."""
+    from runner.tui.app import FlowrunApp
+
+    engine = c.engine
+    flows_dir = c.flows if c.flows.is_dir() else None
+    embedded = None
+    if not attach:
+        from runner.cli.context import worker_config
+        from runner.service.daemon import load_registry
+
+        if flows_dir is None:
+            from runner.errors import ConfigError
+
+            raise ConfigError(f"{c.flows}: flows folder not found (use --attach to only observe)")
+        registry = load_registry(engine, flows_dir)
+        _log_to_file(Path(".flowrun") / "console.log")
+        embedded = EmbeddedWorker(engine, registry, worker_config(c))
+        embedded.start()
+    app = FlowrunApp(engine, flows_dir=flows_dir, readonly=readonly, clock=time.time)
+    try:
+        app.run()
+    finally:
+        if embedded is not None:
+            embedded.stop(timeout=c.worker_options["grace"] + 5)
+    if embedded is not None and embedded.error is not None:
+        raise embedded.error

@@ -1,0 +1,207 @@
+"""The commit side of the worker: fenced outcomes, cancelled attempts, checkpoints.
+
+Every write here is fenced: it lands only while ``locked_by`` and ``fence`` still match the
+claim, so a worker that lost its lease (or whose instance an operator paused, killed or
+moved) can write nothing to the instance (see ``runner.store.leases`` for the protocol).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, update
+
+from runner.store.db import dialect_insert, ids_value, serial_writes
+from runner.store.rows import Claim, Outcome, attempt_row, hot_for
+from runner.store.tables import attempts, instances
+
+
+class FenceMoved(Exception):
+    """An optimistic :func:`commit_outcomes` found a claim no longer held.
+
+    Part of the batch is already written: the caller must roll the transaction back and
+    commit again with ``optimistic=False``.
+    """
+
+
+def commit_outcomes(
+    conn: Connection,
+    worker_id: str,
+    outcomes: Iterable[Outcome],
+    at: float | None = None,
+    *,
+    lease: float = 60.0,
+    optimistic: bool = False,
+) -> tuple[list[int], list[Claim]]:
+    """Commit finished attempts in one batch, fenced.
+
+    Returns ``(lost_ids, chained)``: the ids whose fence was lost (only their attempt row
+    is written, as ``cancelled`` unless a new owner already recorded it as ``lost``, and
+    our lock released if still held), and a new :class:`Claim` for every outcome marked
+    ``chain``: its instance stays locked by this worker (lease renewed) and names the next
+    attempt in ``running_attempt``. Each finished attempt's row is written here, once.
+
+    ``optimistic`` (used only where the database serialises writers, ``db.serial_writes``:
+    SQLite) skips reading the fences first and counts the rows the fenced updates
+    changed instead; when one claim was no longer held it raises :class:`FenceMoved`
+    before any attempt row is written.
+    """
+    outcomes = list(outcomes)
+    if not outcomes:
+        return [], []
+    at = time.time() if at is None else at
+    hot = hot_for(conn)
+    optimistic = optimistic and serial_writes(conn.engine)
+    if optimistic:
+        good, lost = outcomes, []
+    else:
+        ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
+        current = dict(hot.fences.fetch(conn, {"ids": ids, "w": worker_id}))
+        good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
+        lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
+    js = hot.json
+    released, kept, chained, finished = [], [], [], []
+    for o in good:  # the hot loop: plain item assignments, no helper calls per field
+        v, c, av = o.values, o.claim, o.attempt_values
+        row = {
+            "state": v["state"],
+            "errors": v["errors"],
+            "restarts": v["restarts"],
+            "state_restarts": v["state_restarts"],
+            "last_error": v["last_error"],
+            "state_changed": v["state_changed"],
+            "data": None if "data" in o.unchanged else js(v["data"]),
+            "state_errors": None if "state_errors" in o.unchanged else js(v["state_errors"]),
+            "b_id": c.id,
+            "b_worker": worker_id,
+            "b_fence": c.fence,
+            "b_at": at,
+        }
+        if o.chain:
+            assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
+            nxt = _next_claim(o, at)
+            chained.append(nxt)
+            row["b_until"] = at + lease
+            row["b_next"] = row["b_attempts"] = nxt.attempt
+            kept.append(row)
+        else:
+            row["status"] = v["status"]
+            row["due_at"] = v["due_at"]
+            row["b_attempts"] = c.attempt
+            released.append(row)
+        checkpoint = av["checkpoint"]
+        finished.append(
+            attempt_row(
+                c,
+                worker_id,
+                at,
+                av["outcome"],
+                av["to_state"],
+                av["error"],
+                None if checkpoint is None else js(checkpoint),
+            )
+        )
+    changed = hot.commit_instances.executemany(conn, released)
+    changed += hot.commit_chained.executemany(conn, kept)
+    if optimistic and changed != len(good):
+        raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
+    hot.close_attempts.executemany(conn, finished)
+    for o in lost:
+        cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
+    return [o.instance_id for o in lost], chained
+
+
+def _next_claim(o: Outcome, at: float) -> Claim:
+    prev, v = o.claim, o.values
+    return Claim(
+        id=prev.id,
+        flow=prev.flow,
+        version=prev.version,
+        state=v["state"],
+        data=v["data"],
+        fence=prev.fence,
+        attempt=prev.attempt + 1,
+        errors=v["errors"],
+        restarts=v["restarts"],
+        state_errors=list(v["state_errors"]),
+        state_restarts=v["state_restarts"],
+        event_id=prev.event_id,
+        started_at=at,
+        chain=prev.chain + 1,
+    )
+
+
+def cancel_attempt(
+    conn: Connection,
+    worker_id: str,
+    claim: Claim,
+    reason: str,
+    *,
+    outcome: str = "cancelled",
+    at: float | None = None,
+) -> None:
+    """Record the attempt of ``claim`` as ended without a result (``cancelled``: its
+    instance was taken away, or the worker stops), and release our lock if still ours.
+
+    The row is left as it is when another worker already recorded the attempt (``lost``).
+    Writes nothing to the instance but the lock columns, and only while ``locked_by`` is
+    still this worker and ``running_attempt`` is this attempt.
+    """
+    at = time.time() if at is None else at
+    hot_for(conn).close_attempts.executemany(
+        conn, [attempt_row(claim, worker_id, at, outcome, error=reason)]
+    )
+    conn.execute(
+        update(instances)
+        .where(
+            instances.c.id == claim.id,
+            instances.c.locked_by == worker_id,
+            instances.c.running_attempt == claim.attempt,
+        )
+        .values(locked_by=None, locked_until=None, running_attempt=None, updated_at=at)
+    )
+
+
+def save_checkpoint(
+    conn: Connection,
+    worker_id: str,
+    claim: Claim,
+    data: dict,
+    checkpoint: dict,
+) -> bool:
+    """Durably store a handler's checkpoint mid-attempt; False when the fence was lost.
+
+    ``data`` is the instance's whole data after merging ``checkpoint`` into it; the next
+    attempt (or restart) starts from it (majordomo's "update state" message). The
+    attempt's row is written now, still open (``outcome`` NULL), with ``checkpoint``; the
+    attempt's end completes it.
+    """
+    res = conn.execute(
+        update(instances)
+        .where(
+            instances.c.id == claim.id,
+            instances.c.locked_by == worker_id,
+            instances.c.fence == claim.fence,
+        )
+        .values(data=data, updated_at=time.time())
+    )
+    if res.rowcount != 1:
+        return False
+    ins = dialect_insert(conn)(attempts).values(
+        instance_id=claim.id,
+        attempt=claim.attempt,
+        state=claim.state,
+        worker=worker_id,
+        fence=claim.fence,
+        started_at=claim.started_at,
+        checkpoint=checkpoint,
+    )
+    conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=[attempts.c.instance_id, attempts.c.attempt],
+            set_={"checkpoint": ins.excluded.checkpoint},
+            where=attempts.c.outcome.is_(None),
+        )
+    )
+    return True

@@ -1,0 +1,95 @@
+"""Creating instances: the initial row of a flow's instance and its stored version.
+
+Usable inside a caller's transaction (``flowrun start``, rules, tests), so an instance and
+the flow version it refers to commit, or roll back, together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, insert
+
+from runner.store.db import insert_ignore
+from runner.store.leases import now
+from runner.store.tables import flow_versions, instances
+
+
+def record_version(conn: Connection, flow: Any) -> None:
+    """Store ``flow``'s source under its content hash (a no-op when already stored).
+
+    Runs in the caller's transaction, so the version row commits (or rolls back) together
+    with the instances that refer to it.
+
+    Args:
+        conn: a connection inside the caller's transaction.
+        flow: a ``CompiledFlow`` (needs ``version``, ``name``, ``path``, ``source``).
+    """
+    insert_ignore(
+        conn,
+        flow_versions,
+        {
+            "version": flow.version,
+            "flow": flow.name,
+            "path": str(flow.path),
+            "source": flow.source,
+            "loaded_at": now(),
+        },
+    )
+
+
+def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float) -> dict:
+    """The column values of a new instance of ``flow`` (not yet inserted)."""
+    state = flow.states[flow.initial]
+    status, due = "runnable", at
+    if state.kind == "terminal":
+        status, due = "completed", None
+    elif state.kind == "external":
+        due = None
+    return {
+        "flow": flow.name,
+        "version": flow.version,
+        "state": flow.initial,
+        "status": status,
+        "data": {**flow.data, **(data or {})},
+        "due_at": due,
+        "fence": 0,
+        "attempts": 0,
+        "errors": 0,
+        "restarts": 0,
+        "state_errors": [],
+        "state_restarts": 0,
+        "state_changed": at,
+        "created_at": at,
+        "updated_at": at,
+        "event_id": event_id,
+    }
+
+
+def create_instance(
+    conn: Connection,
+    flow: Any,
+    data: dict | None = None,
+    *,
+    event_id: int | None = None,
+    at: float | None = None,
+) -> int:
+    """Insert one instance of ``flow`` (a ``CompiledFlow``) and return its id.
+
+    ``data`` is merged over the flow's default ``data``. Runs inside the caller's
+    transaction, so a rule can create the instance and mark its event handled atomically.
+    """
+    record_version(conn, flow)
+    row = initial_row(flow, data, event_id=event_id, at=at if at is not None else now())
+    return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
+
+
+def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) -> int:
+    """Insert many instances of ``flow`` in one statement; returns how many."""
+    record_version(conn, flow)
+    at = now()
+    rows = [initial_row(flow, d, event_id=None, at=at) for d in datas]
+    if rows:
+        conn.execute(insert(instances), rows)
+    return len(rows)

@@ -1,0 +1,387 @@
+"""Engine creation and every SQL dialect difference, in one place.
+
+SQLite (the default): a file with WAL, ``busy_timeout`` and ``synchronous=NORMAL``; every
+transaction starts with ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a
+read lock to a write lock. PostgreSQL: ``postgresql+psycopg://`` URLs; the claim uses
+``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
+
+from runner.errors import ConfigError
+from runner.store.wal import SAFETY_PAGES
+
+DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
+
+
+def redact(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (for logs and errors).
+
+    A ``password=`` query parameter is masked too. When the string does not parse, or has
+    more than one ``@`` (an unencoded ``@`` in a password), everything between the scheme
+    and the LAST ``@`` except the user name is masked, so no part of a password can leak.
+    """
+    url = _mask_query_password(url)
+    if url.count("@") <= 1:
+        try:
+            return _mask_query_password(make_url(url).render_as_string(hide_password=True))
+        except (ArgumentError, ValueError):
+            pass
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    creds, at, tail = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = creds.partition(":")
+    masked = f"{user}:***" if colon else creds
+    return f"{scheme}{sep}{masked}@{tail}"
+
+
+def _mask_query_password(url: str) -> str:
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` and ``postgres://`` to the psycopg 3 driver."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
+    """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
+
+    ``create`` runs the alembic migrations (``runner.store.migrate.upgrade``): an empty database
+    gets every table, an older one is upgraded, one made before migrations is stamped.
+
+    For a SQLite file URL the parent folder is created. Raises ``ConfigError`` (one clear
+    line, password redacted) for a malformed URL or an unreachable database.
+    """
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
+    if "@" in (parsed.host or ""):
+        raise ConfigError(
+            f"bad database URL {redact(url)!r}: write an '@' in the user name or password as %40"
+        )
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = _sqlite_engine(url, parsed.database)
+        else:
+            engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=4,
+                max_overflow=8,
+                connect_args={"connect_timeout": 5} if "psycopg" in url else {},
+            )
+    except (ArgumentError, ImportError) as exc:
+        raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
+    if create:
+        from runner.store.migrate import upgrade
+
+        try:
+            upgrade(engine)
+        except ConfigError as exc:
+            engine.dispose()
+            raise ConfigError(f"database {redact(url)}: {exc}") from None
+        except OperationalError as exc:
+            engine.dispose()
+            raise ConfigError(
+                f"cannot reach database {redact(url)}: {_first_line(exc.orig or exc)}"
+            ) from None
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
+    return engine
+
+
+def short_error(exc: BaseException) -> str:
+    """The first line of a database error, for a one-line log (an outage is not a bug)."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _first_line(exc: object) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def no_wait_engine(engine: Engine) -> Engine | None:
+    """A new sibling of ``engine`` whose writers never wait for a lock, or ``None``.
+
+    SQLite only: the same file with a busy timeout of 0, so ``BEGIN IMMEDIATE`` either
+    takes the write lock at once or fails at once (:func:`is_busy`). The worker runs its
+    database cycle on the event loop through it (no thread hand-off, which on this
+    2-core VM cost a third of the time of a cycle) and falls back to its database thread,
+    which may wait, when another process holds the lock. ``None`` for PostgreSQL, whose
+    statements are network round trips that must not block the loop, and for an
+    in-memory SQLite database. The caller owns the sibling (``dispose()`` it when done).
+
+    Its commits leave WAL checkpoints to a :class:`runner.store.wal.WalCheckpointer` (their
+    automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
+    """
+    if engine.dialect.name != "sqlite":
+        return None
+    database = engine.url.database or ""
+    if database in ("", ":memory:") or "mode=memory" in str(engine.url):
+        return None  # a second engine would open a different, empty database
+    return _sqlite_engine(
+        engine.url.render_as_string(hide_password=False),
+        engine.url.database,
+        timeout=0,
+        autocheckpoint=SAFETY_PAGES,
+    )
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True for SQLite's "database is locked" (another writer holds the lock)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return "database is locked" in text or "database is busy" in text
+
+
+def _sqlite_engine(
+    url: str, database: str | None, timeout: float = 30.0, autocheckpoint: int | None = None
+) -> Engine:
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
+    busy_ms = int(timeout * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # pragma: no cover - trivial
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        if autocheckpoint is not None:
+            cur.execute(f"PRAGMA wal_autocheckpoint={int(autocheckpoint)}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # pragma: no cover - trivial
+        # writers take the write lock up front (no deadlocking lock upgrades); readers
+        # opened with reading() take a plain snapshot and never wait on a writer (WAL)
+        read = conn.get_execution_options().get("flowrun_read")
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def reading(engine: Engine):
+    """A connection for reads only: on SQLite its transactions do not take the write lock.
+
+    Use as ``with reading(engine) as conn: ...``.
+    """
+    return engine.connect().execution_options(flowrun_read=True)
+
+
+def serial_writes(engine: Engine) -> bool:
+    """True when one write transaction holds the whole database until it ends (SQLite's
+    ``BEGIN IMMEDIATE``): nothing another process does can interleave with it, so a
+    batch may write first and check the row counts after (``commit.commit_outcomes``)."""
+    return engine.dialect.name == "sqlite"
+
+
+def skip_locked(engine: Engine) -> bool:
+    """True when the claim may use ``FOR UPDATE SKIP LOCKED`` (PostgreSQL)."""
+    return engine.dialect.name == "postgresql"
+
+
+def dialect_insert(engine: Engine | Connection):
+    """The ``insert`` construct of ``engine``'s dialect (SQLite or PostgreSQL), which has
+    ``on_conflict_do_nothing`` / ``on_conflict_do_update``."""
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+def insert_ignore(conn, table, values: dict) -> None:
+    """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL.
+
+    Args:
+        conn: an open ``Connection`` inside the caller's transaction.
+        table: a SQLAlchemy ``Table``.
+        values: one row as a dict of column name to value.
+    """
+    conn.execute(dialect_insert(conn)(table).values(**values).on_conflict_do_nothing())
+
+
+class Prepared:
+    """A Core statement compiled once for one engine's dialect, run through the driver.
+
+    The worker's hot statements run thousands of times a second; compiling them once and
+    handing plain tuples to the driver removes SQLAlchemy's statement building, cache-key
+    generation and per-row parameter processing. Every parameter must be an explicit
+    ``bindparam`` supplied by name (those the compiler adds itself, such as SQLite's
+    ``OFFSET 0``, keep their compiled value); JSON values must already be adapted with
+    :func:`json_adapter`, and JSON results are raw driver values (see :func:`json_loader`).
+
+    On SQLite the statement goes straight to the connection's ``sqlite3`` cursor, inside
+    the transaction the SQLAlchemy ``Connection`` began (a driver error is raised as
+    SQLAlchemy's ``DBAPIError``, as through ``exec_driver_sql``); there the worker's
+    cycle runs on the event loop, where SQLAlchemy's per-statement bookkeeping cost
+    about a tenth of the loop's time. PostgreSQL keeps ``exec_driver_sql``, which also
+    notices a lost connection and invalidates it.
+    """
+
+    def __init__(self, engine: Engine, stmt) -> None:
+        compiled = stmt.compile(dialect=engine.dialect)
+        self.sql = str(compiled)
+        self.raw = engine.dialect.name == "sqlite"
+        self.order = compiled.positiontup if compiled.positional else None
+        # a C-level getter building each row's tuple in the driver's order
+        self._tuple = None
+        if self.order:
+            pick = operator.itemgetter(*self.order)
+            self._tuple = pick if len(self.order) > 1 else (lambda r: (pick(r),))
+        # values written into the statement itself (``.values(status="runnable")``, SQLite's
+        # ``OFFSET 0``); every other parameter is required in each call
+        self.defaults = {
+            name: compiled.params[name]
+            for name, bind in compiled.binds.items()
+            if not bind.required and name in compiled.params
+        }
+
+    def _params(self, row: dict):
+        if self.order is None:
+            return {**self.defaults, **row} if self.defaults else row
+        if self.defaults:
+            row = {**self.defaults, **row}
+        return tuple(row[k] for k in self.order)
+
+    def _run(self, conn, params, many: bool):
+        if not self.raw:
+            return conn.exec_driver_sql(self.sql, params)
+        cur = conn.connection.dbapi_connection.cursor()
+        try:
+            if many:
+                cur.executemany(self.sql, params)
+            else:
+                cur.execute(self.sql, params)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                self.sql, params, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
+            ) from exc
+        return cur
+
+    def fetch(self, conn, params: dict) -> list:
+        """Run the statement once with ``params`` (by name); returns its rows (tuples)."""
+        out = self._run(conn, self._params(params), False)
+        return out.fetchall() if self.raw else out.all()
+
+    def executemany(self, conn, rows: list[dict]) -> int:
+        """Run the statement once per row dict, in one driver call; returns the number of
+        rows it changed in all (``-1`` where the driver does not say)."""
+        if not rows:
+            return 0
+        if self._tuple is not None and not self.defaults:
+            params = list(map(self._tuple, rows))
+        else:
+            params = [self._params(r) for r in rows]
+        return self._run(conn, params, True).rowcount
+
+
+def ids_in(engine: Engine, column, name: str = "ids"):
+    """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
+
+    Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for every
+    list length) it compiles once, for :class:`Prepared`: ``= ANY(%(ids)s)`` with an
+    integer array on PostgreSQL, ``IN (SELECT value FROM json_each(?))`` on SQLite. Pass
+    the value through :func:`ids_value`.
+    """
+    from sqlalchemy import Integer, any_, bindparam, func, select
+
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return column == any_(bindparam(name, type_=ARRAY(Integer)))
+    each = func.json_each(bindparam(name)).table_valued("value")
+    return column.in_(select(each.c.value).scalar_subquery())
+
+
+def ids_value(engine: Engine, ids: list[int]):
+    """The parameter value for :func:`ids_in`: a list (PostgreSQL) or JSON text (SQLite)."""
+    if engine.dialect.name == "postgresql":
+        return list(ids)
+    import json
+
+    return json.dumps(list(ids))
+
+
+def json_loader(engine: Engine):
+    """The function that turns a raw JSON column value from the driver into Python.
+
+    psycopg decodes JSONB itself; SQLite hands back the stored text, decoded here by the
+    C scanner directly (``json.loads`` costs four times as much in its Python layers;
+    the claim decodes two columns per instance). Anything the scanner does not consume
+    whole (surrounding whitespace) goes through ``json.loads``, which also raises the
+    usual ``JSONDecodeError`` for invalid text.
+    """
+    if engine.dialect.name == "postgresql":
+        return lambda v: v
+    import json
+
+    scan = json.JSONDecoder().scan_once
+
+    def load(v):
+        if not isinstance(v, str):
+            return v
+        try:
+            value, end = scan(v, 0)
+        except StopIteration:
+            return json.loads(v)
+        return value if end == len(v) else json.loads(v)
+
+    return load
+
+
+def json_adapter(engine: Engine):
+    """The function that turns a Python value into a JSON parameter for ``Prepared``.
+
+    On SQLite a list of finite floats (an error budget's timestamps, written with every
+    failed or moved attempt) is spelled by ``repr`` directly, as the JSON encoder would
+    spell it, at a third of the encoder's cost.
+    """
+    if engine.dialect.name == "postgresql":
+        from psycopg.types.json import Jsonb
+
+        return lambda v: None if v is None else Jsonb(v)
+    import json
+
+    encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: dumps() with
+    # options builds a new encoder per call, which cost more than the encoding
+
+    def adapt(v):
+        if v is None:
+            return None
+        if type(v) is list:
+            if not v:
+                return "[]"
+            for x in v:
+                if type(x) is not float:
+                    break
+            else:
+                text = repr(v)
+                if "n" not in text:  # no inf or nan: those JSON spells differently
+                    return text.replace(" ", "")
+        return encode(v)
+
+    return adapt
