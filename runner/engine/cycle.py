@@ -32,7 +32,7 @@ from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
 from runner.store.db import is_busy, reading, short_error
-from runner.store.tables import events
+from runner.store.tables import events, instances
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -133,7 +133,35 @@ def run_cycle(
     stats["claimed"] += len(claims)
     stats["chained"] += len(chained)
     stats["cancelled"] += len(cancels)
+    if recovered:
+        stats["recovered"] = stats.get("recovered", 0) + len(recovered)
+    if lost:
+        log_fenced(engine, worker_id, lost)
     return claims, chained, recovered, lost, limit
+
+
+def log_fenced(engine: Engine, worker_id: str, lost: Sequence[int]) -> None:
+    """One WARNING per holder for outcomes the fence refused (``lost``: instance ids
+    taken away by a command or another worker), naming who holds them now."""
+    try:
+        with reading(engine) as conn:
+            rows = conn.execute(
+                select(instances.c.id, instances.c.locked_by).where(instances.c.id.in_(lost))
+            ).all()
+    except DBAPIError:
+        rows = []
+    holders = {iid: holder for iid, holder in rows}
+    by_holder: dict[str, list[int]] = {}
+    for iid in lost:
+        by_holder.setdefault(holders.get(iid) or "nobody (released)", []).append(iid)
+    for holder, ids in by_holder.items():
+        log.warning(
+            "fenced out: outcome of instances %s not committed by %s; held now by %s",
+            ", ".join(map(str, ids)),
+            worker_id,
+            holder,
+            extra={"instances": ids, "worker": worker_id, "holder": holder},
+        )
 
 
 def run_inline(

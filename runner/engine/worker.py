@@ -91,6 +91,8 @@ class Worker:
         self.running: dict[int, _Running] = {}
         self.finished: list[tuple[_Running, AttemptResult]] = []
         self.stats = {"claimed": 0, "chained": 0, "committed": 0, "cancelled": 0, "lost_fence": 0}
+        #: Called with ``(claim, result)`` for every finished attempt (metrics, attempt log).
+        self.on_finished: Callable[[rows.Claim, AttemptResult], None] | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._abort = False
@@ -334,6 +336,8 @@ class Worker:
         self._finished(run, result)
 
     def _finished(self, run: _Running, result: AttemptResult) -> None:
+        if self.on_finished is not None:
+            self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
         if self._wake is not None:
