@@ -64,8 +64,11 @@ async def fail_once(ctx):
 '''
 
 
-def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
-    """Drain ``n`` instances with one daemon; returns the figures."""
+def run_flowrun(
+    n: int, concurrency: int, case: str, workdir: Path, extra: tuple[str, ...] = ()
+) -> dict:
+    """Drain ``n`` instances with one daemon (``extra``: more daemon options); returns
+    the figures."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -95,6 +98,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
             str(concurrency),
             "--log-format",
             "json",
+            *extra,
         ],
         check=True,
         env=env,
@@ -160,7 +164,15 @@ def main() -> None:
         help="huey consumer threads (default 2, as issue 2 specifies; huey's own consumer "
         "default is 1, which is faster on this 2-core machine)",
     )
+    ap.add_argument(
+        "--vs-args",
+        help='compare flowrun against itself with these daemon options (e.g. "--metrics 0" '
+        'or "--log-attempts"), interleaved, instead of against huey',
+    )
     args = ap.parse_args()
+    if args.vs_args:
+        compare_options(args)
+        return
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
         rates: dict[str, list[float]] = {"flowrun": [], "default": [], "normal": []}
@@ -193,6 +205,27 @@ def main() -> None:
                         f"ratio {med['flowrun'] / med[sync]:.2f}x"
                     )
             print(line)
+
+
+def compare_options(args: argparse.Namespace) -> None:
+    """flowrun plain vs flowrun with ``--vs-args``, interleaved; prints the medians and
+    their ratio per case (issue 15: no case may get more than 5 % slower)."""
+    extra = tuple(args.vs_args.split())
+    cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
+    for case in cases:
+        rates: dict[str, list[float]] = {"plain": [], "with": []}
+        for i in range(args.repeat):
+            sides = [("plain", ()), ("with", extra)]
+            for side, opts in sides if i % 2 == 0 else sides[::-1]:  # alternate the order
+                with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+                    fr = run_flowrun(args.n, args.concurrency, case, Path(tmp), opts)
+                rates[side].append(fr["per_s"])
+                print(f"[{case}] flowrun {' '.join(opts) or '(plain)'}: {fr['per_s']:,.0f}/s")
+        plain, other = statistics.median(rates["plain"]), statistics.median(rates["with"])
+        print(
+            f"[{case}] median of {args.repeat}: plain {plain:,.0f}/s, with {args.vs_args} "
+            f"{other:,.0f}/s, ratio {other / plain:.3f}"
+        )
 
 
 if __name__ == "__main__":

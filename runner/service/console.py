@@ -59,10 +59,38 @@ class EmbeddedWorker:
             self.error = exc
             self._ready.set()
 
+    def alive(self) -> bool:
+        """True while the worker thread runs."""
+        return self._thread.is_alive()
+
     def stop(self, timeout: float) -> None:
         if self.worker is not None:
             self.worker.request_stop()
         self._thread.join(timeout)
+
+
+class ConsoleStopper:
+    """What the console's ``q`` needs of the embedded worker (``runner.tui`` never
+    imports the worker): ``running()`` attempts, ``grace`` seconds, ``stop()`` (first
+    graceful, then abort) and ``stopped()``."""
+
+    def __init__(self, embedded: EmbeddedWorker, grace: float) -> None:
+        self.embedded = embedded
+        self.grace = grace
+
+    def running(self) -> int:
+        """Attempts the embedded worker runs now."""
+        worker = self.embedded.worker
+        return len(worker.running) if worker is not None else 0
+
+    def stop(self) -> None:
+        """Ask the worker to stop (graceful the first time, abort the second)."""
+        if self.embedded.worker is not None:
+            self.embedded.worker.request_stop()
+
+    def stopped(self) -> bool:
+        """True once the worker thread has ended."""
+        return not self.embedded.alive()
 
 
 def run_console(c: Any, *, attach: bool, readonly: bool) -> None:
@@ -84,7 +112,10 @@ def run_console(c: Any, *, attach: bool, readonly: bool) -> None:
         _log_to_file(Path(".flowrun") / "console.log")
         embedded = EmbeddedWorker(engine, registry, worker_config(c))
         embedded.start()
-    app = FlowrunApp(engine, flows_dir=flows_dir, readonly=readonly, clock=time.time)
+    stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
+    app = FlowrunApp(
+        engine, flows_dir=flows_dir, readonly=readonly, clock=time.time, stopper=stopper
+    )
     try:
         app.run()
     finally:

@@ -177,7 +177,8 @@ def test_metrics_scraped_over_http(live: Live) -> None:
     assert m[("flowrun_running_attempts", ())] == 0
     assert m[("flowrun_free_slots", ())] == 8
     assert m[("flowrun_event_start_latency_seconds_count", ())] == N
-    assert m[("flowrun_database_errors_total", (("kind", "disconnect"),))] == 0
+    assert m[("flowrun_database_disconnects_total", ())] == 0
+    assert m[("flowrun_database_errors_total", (("part", "rules"),))] == 0
     assert m[("flowrun_part_up", (("part", "worker"),))] == 1
     assert m[("flowrun_part_up", (("part", "sensor svc.inbox"),))] == 1
 

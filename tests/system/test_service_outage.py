@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from runner.store.db import make_engine
@@ -70,6 +73,17 @@ def _ran(engine) -> dict[str, list[float]]:
     return out
 
 
+def _scrape(logfile: Path) -> dict:
+    url = re.search(r"metrics on (http://\S+)", logfile.read_text()).group(1)
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
+
+
 def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -> None:
     flows = tmp_path / "flows"
     (flows / "inbox").mkdir(parents=True)
@@ -88,7 +102,7 @@ def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
             [*flowrun_cmd(), "--flows", str(flows), "--db", via_proxy, "--lease", f"{LEASE:g}"]
-            + ["--daemon", "--worker-id", "outage"],
+            + ["--daemon", "--worker-id", "outage", "--metrics", "127.0.0.1:0"],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -139,6 +153,12 @@ def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -
             30,
             what="a clock tick after the outage",
         )
+        # the outage shows in the metrics; every part is up again
+        metrics = _scrape(logfile)
+        assert metrics[("flowrun_database_disconnects_total", ())] > 0
+        assert metrics[("flowrun_database_errors_total", (("part", "rules"),))] > 0
+        down = [k for k, v in metrics.items() if k[0] == "flowrun_part_up" and v != 1]
+        assert not down, down
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
