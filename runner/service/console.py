@@ -34,6 +34,7 @@ class EmbeddedWorker:
         self.engine, self.registry, self.config = engine, registry, config
         self.worker: Any = None
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="flowrun-worker", daemon=True)
 
@@ -45,6 +46,7 @@ class EmbeddedWorker:
         from runner.service.daemon import serve
 
         async def go() -> None:
+            self.loop = asyncio.get_running_loop()
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             fut.add_done_callback(
                 lambda f: (setattr(self, "worker", f.result()), self._ready.set())
@@ -63,9 +65,20 @@ class EmbeddedWorker:
         """True while the worker thread runs."""
         return self._thread.is_alive()
 
+    def request_stop(self) -> None:
+        """Ask the worker to stop, on its own loop (first call graceful, then abort); a
+        worker that already ended is left alone."""
+        if self.worker is None or self.loop is None or not self.alive():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.worker.request_stop)
+        except RuntimeError:  # its loop closed meanwhile: it has stopped
+            pass
+
     def stop(self, timeout: float) -> None:
-        if self.worker is not None:
-            self.worker.request_stop()
+        """Stop gracefully (unless already stopped) and wait up to ``timeout`` seconds."""
+        if not self.worker or not self.worker.stopping:
+            self.request_stop()
         self._thread.join(timeout)
 
 
@@ -85,8 +98,7 @@ class ConsoleStopper:
 
     def stop(self) -> None:
         """Ask the worker to stop (graceful the first time, abort the second)."""
-        if self.embedded.worker is not None:
-            self.embedded.worker.request_stop()
+        self.embedded.request_stop()
 
     def stopped(self) -> bool:
         """True once the worker thread has ended."""

@@ -130,7 +130,8 @@ def test_console_says_it_is_stopping(tmp_path: Path) -> None:
             what="stopping message",
         )
         assert line
-        pane.keys("q")
+        pane.keys("q")  # again: abort now
         poll(lambda: "EXIT=" in pane.text(), 60, what="console exit")
+        assert "EXIT=0" in pane.text() and "Traceback" not in pane.text(), pane.text()
     finally:
         pane.close()
