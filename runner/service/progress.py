@@ -99,25 +99,27 @@ async def progress_loop(
         TextColumn("ETA"),
         TimeRemainingColumn(),
         console=Console(stderr=True),
-        transient=False,
     ) as bar:
+        # log lines go through rich's redirected stderr, printed above the live bar
+        handlers = [h for h in logging.getLogger("flowrun").handlers if hasattr(h, "setStream")]
+        streams = [h.stream for h in handlers]
+        for h in handlers:
+            h.setStream(sys.stderr)
         task = bar.add_task("instances", total=None, rate=0.0)
-        while not stop.is_set():
-            prog.update(await _counts(engine))
-            bar.update(
-                task,
-                completed=prog.done,
-                total=prog.total or None,
-                rate=prog.rate(time.monotonic()),
-            )
-            try:
-                await asyncio.wait_for(stop.wait(), 0.5)
-            except TimeoutError:
-                pass
-        prog.update(await _counts(engine))
-        bar.update(
-            task, completed=prog.done, total=prog.total or None, rate=prog.rate(time.monotonic())
-        )
+        try:
+            while True:
+                prog.update(await _counts(engine))
+                rate = prog.rate(time.monotonic())
+                bar.update(task, completed=prog.done, total=prog.total or None, rate=rate)
+                if stop.is_set():
+                    break
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                except TimeoutError:
+                    pass
+        finally:
+            for h, stream in zip(handlers, streams, strict=True):
+                h.setStream(stream)
 
 
 async def status_loop(

@@ -140,10 +140,18 @@ class Supervisor:
                 if give_up:
                     part.state = "failed"
                     if expected or isinstance(exc, GiveUp):
-                        log.error("%s: cannot be kept alive (%s); stopping the daemon", name, text)
+                        log.error(
+                            "%s: cannot be kept alive (%s); stopping the daemon",
+                            name,
+                            text,
+                            extra={"part": name},
+                        )
                     else:
                         log.error(
-                            "%s: cannot be kept alive; stopping the daemon", name, exc_info=exc
+                            "%s: cannot be kept alive; stopping the daemon",
+                            name,
+                            exc_info=exc,
+                            extra={"part": name},
                         )
                     self._give_up(name)
                     return
@@ -153,9 +161,22 @@ class Supervisor:
                     if now - last_logged >= self.quiet_for or part.failures == 1:
                         last_logged = now
                         again = f" ({part.failures} times)" if part.failures > 1 else ""
-                        log.warning("%s: %s%s; restarting in %.2gs", name, text, again, wait)
+                        log.warning(
+                            "%s: %s%s; restarting in %.2gs",
+                            name,
+                            text,
+                            again,
+                            wait,
+                            extra={"part": name},
+                        )
                 else:
-                    log.error("%s failed; restarting in %.2gs", name, wait, exc_info=exc)
+                    log.error(
+                        "%s failed; restarting in %.2gs",
+                        name,
+                        wait,
+                        exc_info=exc,
+                        extra={"part": name},
+                    )
                 part.state = "retrying"
                 if stop is not None:
                     try:
@@ -180,7 +201,7 @@ class Supervisor:
 
         def check() -> None:
             if part.restarts == restarts and part.state == "running" and part.failures:
-                log.warning("%s: running again", part.name)
+                log.warning("%s: running again", part.name, extra={"part": part.name})
                 part.failures = 0
 
         asyncio.get_running_loop().call_later(3.0, check)

@@ -208,7 +208,7 @@ def test_clean_stop_notifies_and_exits_0(live: Live) -> None:
 
 
 def test_second_sigterm_aborts_with_143(tmp_path: Path) -> None:
-    flows = _home(tmp_path, SLOW_FLOW.replace("svc_handlers", "svc_handlers"))
+    flows = _home(tmp_path, SLOW_FLOW)
     (flows / "svc.yaml").rename(flows / "slow.yaml")
     proc, logfile = _start(tmp_path, "--grace", "60", env=_env())
     try:
@@ -258,3 +258,22 @@ def test_bad_flow_is_json_too_and_exits_2(tmp_path: Path) -> None:
     assert lines
     records = [json.loads(ln) for ln in lines]  # every line is JSON
     assert any(r["level"] == "error" and "bad.yaml" in r["msg"] for r in records), records
+
+
+def test_exit_when_idle_without_a_terminal_prints_progress_lines(tmp_path: Path) -> None:
+    flows = _home(tmp_path, SLOW_FLOW.replace("slow", "nap"))
+    (flows / "svc.yaml").rename(flows / "nap.yaml")
+    (flows / "svc_handlers.py").write_text(
+        "import asyncio\n\n\nasync def nap(ctx):\n    await asyncio.sleep(1)\n    return True\n"
+    )
+    db = ["--flows", str(flows), "--db", f"sqlite:///{tmp_path}/f.db"]
+    for _ in range(12):
+        res = subprocess.run(
+            [*flowrun_cmd(), *db, "start", "nap"], env=_env(), capture_output=True, timeout=60
+        )
+        assert res.returncode == 0, res.stderr
+    proc, logfile = _start(tmp_path, "--exit-when-idle", "--concurrency", "2", env=_env())
+    assert proc.wait(120) == 0
+    lines = re.findall(r"progress: (\d+)/12 done, [\d.]+/s, ETA \S+", logfile.read_text())
+    assert lines, logfile.read_text()  # 12 one-second jobs two at a time: at least one line
+    assert int(lines[0]) < 12
