@@ -87,6 +87,7 @@ def run_flowrun(
         create_instances(conn, flow, [{"i": i} for i in range(n)])
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
     t0 = time.perf_counter()
+    cpu0 = _children_cpu()
     subprocess.run(
         [
             sys.executable,
@@ -106,6 +107,7 @@ def run_flowrun(
         stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0  # the daemon's user + system CPU seconds, start-up included
     with engine.connect() as conn:
         first, last = conn.execute(
             select(func.min(attempts.c.started_at), func.max(attempts.c.finished_at))
@@ -119,7 +121,15 @@ def run_flowrun(
         "seconds": secs,
         "per_s": moved / secs,
         "wall": wall,
+        "cpu_us": cpu / max(moved, 1) * 1e6,
     }
+
+
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> dict:
@@ -214,17 +224,24 @@ def compare_options(args: argparse.Namespace) -> None:
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
         rates: dict[str, list[float]] = {"plain": [], "with": []}
+        cpus: dict[str, list[float]] = {"plain": [], "with": []}
         for i in range(args.repeat):
             sides = [("plain", ()), ("with", extra)]
             for side, opts in sides if i % 2 == 0 else sides[::-1]:  # alternate the order
                 with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
                     fr = run_flowrun(args.n, args.concurrency, case, Path(tmp), opts)
                 rates[side].append(fr["per_s"])
-                print(f"[{case}] flowrun {' '.join(opts) or '(plain)'}: {fr['per_s']:,.0f}/s")
+                cpus[side].append(fr["cpu_us"])
+                print(
+                    f"[{case}] flowrun {' '.join(opts) or '(plain)'}: {fr['per_s']:,.0f}/s, "
+                    f"{fr['cpu_us']:.0f} us CPU per transition (start-up included)"
+                )
         plain, other = statistics.median(rates["plain"]), statistics.median(rates["with"])
+        cpu_plain, cpu_other = statistics.median(cpus["plain"]), statistics.median(cpus["with"])
         print(
             f"[{case}] median of {args.repeat}: plain {plain:,.0f}/s, with {args.vs_args} "
-            f"{other:,.0f}/s, ratio {other / plain:.3f}"
+            f"{other:,.0f}/s, ratio {other / plain:.3f}; CPU per transition plain "
+            f"{cpu_plain:.0f} us, with {cpu_other:.0f} us, ratio {cpu_other / cpu_plain:.3f}"
         )
 
 
