@@ -275,6 +275,7 @@ def log_lost(recovered: list[leases.Lost]) -> None:
             "restarts spent: instance failed"
             if lost.failed
             else "restarting from its last checkpoint",
+            extra={"instance": lost.instance_id, "worker": lost.worker, "attempt": lost.attempt},
         )
 
 

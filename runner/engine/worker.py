@@ -357,7 +357,9 @@ class Worker:
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
                 log.info(
-                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
+                    "instance %d: taken away (command or lease lost); cancelling its attempt",
+                    iid,
+                    extra={"instance": iid, "flow": run.claim.flow, "state": run.claim.state},
                 )
                 run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
 

@@ -122,7 +122,13 @@ class RuleEngine:
             except RULE_ERRORS as exc:
                 savepoint.rollback()
                 text = f"{source} error: {exc}"
-                log.warning("event %d (%s): %s", event_id, sensor, text)
+                log.warning(
+                    "event %d (%s): %s",
+                    event_id,
+                    sensor,
+                    text,
+                    extra={"event": event_id, "sensor": sensor},
+                )
             else:
                 savepoint.commit()
                 acted += n
