@@ -88,6 +88,7 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     default="info",
     show_default=True,
     envvar="FLOWRUN_LOG_LEVEL",
+    help="--daemon: least severe log level shown.",
 )
 @click.option("--log-attempts", is_flag=True, help="--daemon: one INFO line per finished attempt.")
 @click.option(
