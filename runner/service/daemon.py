@@ -250,6 +250,10 @@ async def serve(
             done, pending = await asyncio.wait(side, timeout=10)
             for task in pending:
                 task.cancel()
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

@@ -83,6 +83,12 @@ def setup_logging(fmt: str = "text", level: str | int = logging.INFO, attempts: 
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
     root.propagate = False
+    # everything else (asyncio, SQLAlchemy, Python warnings) in the same format, so a
+    # JSON log stays JSON
+    other = logging.getLogger()
+    other.handlers[:] = [handler]
+    other.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
     logging.getLogger("flowrun.attempts").setLevel(logging.INFO if attempts else logging.WARNING)
 
 
