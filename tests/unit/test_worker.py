@@ -48,6 +48,13 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
     item = queries.get_instance(engine, iid)
     assert item["status"] == "completed"
     assert item["data"] == {"summary": {"rows": 42}, "tags": ["seen"]}
+    assert worker.stats.items() == [
+        ("claimed", 1),
+        ("chained", 0),
+        ("committed", 1),
+        ("cancelled", 0),
+        ("lost_fence", 0),
+    ], "the counters of the daemon's exit line"
 
 
 def test_chained_moves_are_separate_attempts(tmp_path: Path) -> None:
