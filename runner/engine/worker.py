@@ -13,6 +13,14 @@ claiming and let running attempts finish within ``grace`` seconds (then cancel t
 release every lock, exit cleanly; twice → abort now: handler process groups are killed and
 the attempts still running are left for a worker to record as ``lost`` once their lease
 has expired (``store.recover_lost``).
+
+Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one turn, in
+named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
+below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
+``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
+a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``); the attempts in
+progress are a ``running.RunningAttempts``; blocking calls go to a
+``db_thread.DatabaseThread``. :meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ from runner.handlers.attempt import AttemptResult, Cancel
 from runner.store import leases
 from runner.store.db import make_engine, no_wait_engine
 from runner.store.rows import Claim
-from tests.support.fault import attempts_of, engine_at, load, new_instance, row, write_flow
+from tests.support.fault import attempts_of, flow_world, load, new_instance, row, write_flow
+
+LEASE = 30.0  # seconds
 
 FLOW = """\
 initial: a
@@ -47,13 +49,10 @@ states:
   done: {terminal: true}
 """
 
-LEASE = 30.0
-
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[Engine, CompiledFlow]:
-    flow = load(write_flow(tmp_path / "flows", "cy", FLOW))
-    return engine_at(tmp_path), flow
+    return flow_world(tmp_path, "cy", FLOW)
 
 
 def finished(claim: Claim, outcome: str, to_state: str | None = None, error: str | None = None):
