@@ -90,10 +90,20 @@ def _check_event_template(value: str) -> str:
     return value
 
 
+def _check_label(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] != "data":
+            raise ValueError(
+                f"placeholder {{{path}}} is not allowed in a label (expected {{data.…}})"
+            )
+    return value
+
+
 Regex = Annotated[str, AfterValidator(check_regex)]
 """A Python regular expression (checked at load time)."""
 ExecArg = Annotated[str, AfterValidator(_check_exec_arg)]
 EventTemplate = Annotated[str, AfterValidator(_check_event_template)]
+LabelTemplate = Annotated[str, AfterValidator(_check_label)]
 
 
 class _Strict(BaseModel):
@@ -187,20 +197,37 @@ class StateSpec(_Strict):
 
 
 class FilesSpec(_Strict):
-    """Watch a folder for new files (``path`` relative to the flow file's folder)."""
+    """Watch a folder for new files (``path`` relative to the flow file's folder).
 
-    path: str
-    glob: str = "*"
-    recursive: bool = False
+    A file counts once per path and inode: touching or rewriting a file already handled
+    starts nothing, unless ``modified: true`` (then each settled change of its size or
+    modification time is a new event).
+    """
+
+    path: str = Field(description="folder to watch, relative to the flow file's folder")
+    glob: str = Field("*", description="file name pattern (fnmatch; with '/' the relative path)")
+    recursive: bool = Field(False, description="also watch sub-folders")
     settle: Duration = Field(0.2, description="size must be stable this long (seconds)")
-    force_polling: bool = False
+    force_polling: bool = Field(False, description="poll instead of OS file events")
+    modified: bool = Field(
+        False, description="a changed file (new size or mtime) counts again (default: once)"
+    )
 
 
 class TailSpec(_Strict):
-    """Follow a log file; each line matching ``match`` (named groups → fields) is an event."""
+    """Follow a log file; each line matching ``match`` (named groups → fields) is an event.
 
-    path: str
+    ``from`` says where a file first seen by a new sensor is read from: ``end`` (only
+    lines written from now on, like ``tail -f``) or ``start`` (the whole file). A sensor
+    that has already read the file resumes where it stopped, and a rotated successor is
+    always read from its start.
+    """
+
+    path: str = Field(description="the log file, relative to the flow file's folder")
     match: Regex | None = Field(None, description="regex; named groups become event fields")
+    from_: Literal["end", "start"] = Field(
+        "end", alias="from", description="where a new sensor starts reading: end or start"
+    )
 
 
 def _check_cron(value: str | None) -> str | None:
@@ -235,6 +262,27 @@ class SensorSpec(_Strict):
     def kind(self) -> str:
         """``"files"``, ``"tail"``, ``"every"`` or ``"cron"``."""
         return next(k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None)
+
+
+#: The fields of each sensor kind's events (the payload keys the sensors in
+#: ``runner.sensors`` write; a test runs every sensor and compares). A ``tail`` event also
+#: has one field per named group of its ``match`` regex (:func:`event_fields`).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "files": ("path", "name", "size"),
+    "tail": ("line", "file"),
+    "every": ("tick", "scheduled", "missed"),
+    "cron": ("tick", "scheduled", "missed"),
+}
+
+
+def event_fields(sensor: SensorSpec) -> list[str]:
+    """The field names of ``sensor``'s events: :data:`EVENT_FIELDS` of its kind, plus a
+    ``tail`` regex's named groups (first)."""
+    fields = list(EVENT_FIELDS[sensor.kind])
+    if sensor.tail is not None and sensor.tail.match:
+        groups = list(re.compile(sensor.tail.match).groupindex)
+        fields = [*groups, *(f for f in fields if f not in groups)]
+    return fields
 
 
 class SelectorSpec(_Strict):
@@ -306,6 +354,10 @@ class FlowSpec(_Strict):
 
     flow: Name | None = Field(None, description="flow name; defaults to the file's stem")
     description: str | None = None
+    label: LabelTemplate | None = Field(
+        None,
+        description="short text naming each instance, e.g. '{data.path}' (paths shortened)",
+    )
     initial: StateName = Field(description="the state new instances start in")
     data: dict[str, Any] = Field(default_factory=dict, description="default instance data")
     defaults: Defaults = Field(default_factory=Defaults)
