@@ -200,36 +200,26 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
             continue  # reported by _check_rules
         fields = event_fields(sensor)
         kind = _KIND_NAMES.get(sensor.kind, sensor.kind)
-
-        def unknown(
-            name: str,
-            loc: tuple,
-            shown: str,
-            *,
-            key: bool = False,
-            sensor_name: str = rule.when,
-            kind: str = kind,
-        ) -> None:
-            err(
-                f"{shown} is not a field of {kind} sensor '{sensor_name}' events"
-                f"{did_you_mean(name, fields)} (fields: {', '.join(fields)})",
-                loc,
-                key=key,
-            )
-
+        used: list[tuple[str, tuple, str, bool]] = []  # (field, loc, shown, at the key)
         for field in rule.match or {}:
-            if field not in fields:
-                unknown(field, ("rules", i, "match", field), f"match key '{field}'", key=True)
+            used.append((field, ("rules", i, "match", field), f"match key '{field}'", True))
         for key, template in (rule.data or {}).items():
             for path in placeholders(template):
                 head, _, rest = path.partition(".")
-                name = rest.split(".")[0]
-                if head == "event" and name not in fields:
-                    unknown(name, ("rules", i, "data", key), f"{{event.{name}}}")
-        if rule.action == "start":
-            continue
-        sel = getattr(rule, rule.action)
-        for key, pattern in (sel.data or {}).items():
-            for name in event_refs(pattern):
-                if name not in fields:
-                    unknown(name, ("rules", i, rule.action, "data", key), f"{{event.{name}}}")
+                if head == "event":
+                    name = rest.split(".")[0]
+                    used.append((name, ("rules", i, "data", key), f"{{event.{name}}}", False))
+        if rule.action != "start":
+            sel = getattr(rule, rule.action)
+            for key, pattern in (sel.data or {}).items():
+                for name in event_refs(pattern):
+                    loc = ("rules", i, rule.action, "data", key)
+                    used.append((name, loc, f"{{event.{name}}}", False))
+        for name, loc, shown, key in used:
+            if name not in fields:
+                err(
+                    f"{shown} is not a field of {kind} sensor '{rule.when}' events"
+                    f"{did_you_mean(name, fields)} (fields: {', '.join(fields)})",
+                    loc,
+                    key=key,
+                )
