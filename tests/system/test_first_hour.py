@@ -88,6 +88,10 @@ def test_start_uses_the_last_good_version_of_a_broken_flow(tmp_path: Path) -> No
         ("wait", "y/z.csv"),
     ]
     assert len({r["data"]["path"] for r in rows}) == 2
+    table = flowrun(tmp_path, "ls").stdout
+    assert "label" in table.splitlines()[0] and "2024/jan.csv" in table and "y/z.csv" in table
+    shown = flowrun(tmp_path, "show", first).stdout
+    assert "label  2024/jan.csv" in shown
     found = json.loads(flowrun(tmp_path, "ls", "--json", "--search", "JAN.csv").stdout)
     assert [r["id"] for r in found] == [int(first)]
     # a broken flow never stored: its errors, then one line, exit 2
