@@ -86,7 +86,8 @@ class Ctx:
 
         if not self.flows.is_dir():
             raise ConfigError(
-                f"{self.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)"
+                f"{self.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+                "`flowrun init` creates one)"
             )
         reg = FlowRegistry(self.flows)
         errors = reg.load_all()

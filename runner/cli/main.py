@@ -120,7 +120,10 @@ def run_daemon(c: Ctx) -> int:
     log = logging.getLogger("flowrun.daemon")
     registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
     if registry is None:
-        raise ConfigError(f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)")
+        raise ConfigError(
+            f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+            "`flowrun init` creates one)"
+        )
     log.info("loaded %d flows from %s", len(registry.flows), c.flows)
     if not registry.flows and not registry.errors:
         log.warning(
