@@ -13,6 +13,7 @@ lines (``ServiceOptions``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import signal
@@ -99,6 +100,9 @@ class Served:
     metrics_port: int | None = None
 
 
+#: Seconds without a turn of the worker loop after which it counts as stuck (no watchdog).
+LOOP_STALE = 10.0
+
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
 
 
@@ -149,6 +153,18 @@ async def serve(
             return False
         return not hub.ready.is_set() or hub.pending()
 
+    ticked: list[float] = []  # the worker loop's last turn (``WorkerConfig.on_tick``)
+    outer_tick = config.on_tick
+
+    def on_tick() -> None:
+        if outer_tick is not None:
+            outer_tick()
+        if ticked:
+            ticked[0] = time.monotonic()
+        else:
+            ticked.append(time.monotonic())
+
+    config = dataclasses.replace(config, on_tick=on_tick)
     worker = Worker(engine, config, idle_hint=busy)
     if hub is not None:
         hub.on_work = worker.wake
@@ -162,7 +178,7 @@ async def serve(
 
     sup = Supervisor(on_fatal=fatal)
     tally = AttemptTally() if opts.metrics else None
-    worker.on_finished = _hooks(
+    worker.attempts.on_finished = _hooks(
         tally.finished if tally else None,
         attempt_logger(config.worker_id) if opts.log_attempts else None,
     )
@@ -211,7 +227,10 @@ async def serve(
         return hub is None or hub.ready.is_set() or time.monotonic() - started > 60
 
     def healthy() -> bool:
-        return sup.healthy() and not worker_task.done()
+        """No part given up, the worker task alive and its loop turning (it turns at
+        least every second; before its first turn, start-up counts as healthy)."""
+        fresh = not ticked or time.monotonic() - ticked[0] < LOOP_STALE
+        return sup.healthy() and not worker_task.done() and fresh
 
     def status() -> str:
         return (

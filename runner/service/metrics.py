@@ -3,7 +3,7 @@
 A custom collector (prometheus_client's "custom collectors" pattern) reads, at scrape
 time, the counters the worker, the sensor hub, the rules and the supervisor keep anyway,
 so the hot loop pays nothing for them. Only two things are gathered per attempt, by the
-worker's ``on_finished`` hook: attempts by (flow, state, outcome) and the attempt
+worker's ``attempts.on_finished`` hook: attempts by (flow, state, outcome) and the attempt
 duration histogram, each a dictionary increment (:class:`AttemptTally`). Instance counts
 by flow and status, and the event → handler start latency, are read from the database by
 the scrape, at most every ``refresh`` seconds (a grouped count over an index, not a scan

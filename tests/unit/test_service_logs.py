@@ -34,14 +34,14 @@ def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) ->
     # another worker takes the instance over (its lease "expired"): fence bumped
     sql(engine, "UPDATE instances SET locked_by='worker-b', fence=fence+1 WHERE id=:i", i=iid)
     run = SimpleNamespace(claim=claim, durable=[claim.data])
-    outcomes, cancels, chain = cycle.decide_finished(
-        engine, [(run, AttemptResult("moved", {}, to_state="done"))], 0, False
+    request = cycle.decide_finished(
+        engine,
+        [(run, AttemptResult("moved", {}, to_state="done"))],
+        cycle.CycleRequest("worker-a", 30.0),
+        stopping=False,
     )
-    stats = {"claimed": 0, "chained": 0, "cancelled": 0}
     with caplog.at_level(logging.WARNING, "flowrun.worker"):
-        _, _, _, lost, _ = cycle.run_cycle(
-            engine, "worker-a", 30.0, stats, outcomes, cancels, chain, 0, False, False
-        )
+        lost = cycle.run_cycle(engine, request).lost
     assert lost == [iid]
     (record,) = [r for r in caplog.records if "fenced out" in r.getMessage()]
     assert record.levelno == logging.WARNING
