@@ -55,6 +55,7 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
         ("committed", 1),
         ("cancelled", 0),
         ("lost_fence", 0),
+        ("recovered", 0),
     ], "the counters of the daemon's exit line"
 
 
