@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from runner.engine.worker import WorkerConfig
 from runner.errors import ConfigError, FlowErrors
-from runner.store.db import make_engine
+
+if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
+    from runner.engine.worker import WorkerConfig
+    from runner.flowspec.registry import FlowRegistry
 
 
 class Ctx:
@@ -40,10 +42,12 @@ class Ctx:
             ConfigError: a malformed URL or an unreachable database.
         """
         if self._engine is None:
+            from runner.store.db import make_engine
+
             self._engine = make_engine(self.db)
         return self._engine
 
-    def registry(self, *, strict: bool = False):
+    def registry(self, *, strict: bool = False) -> FlowRegistry:
         """The flows folder loaded (a ``FlowRegistry``); with ``strict``, any error aborts.
 
         Raises:
@@ -70,6 +74,8 @@ pass_ctx = click.make_pass_decorator(Ctx)
 def worker_config(c: Ctx) -> WorkerConfig:
     """The ``WorkerConfig`` the global options in ``c`` describe (lease and grace in
     seconds); raises ``KeyError`` if ``c.worker_options`` was never set."""
+    from runner.engine.worker import WorkerConfig
+
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,

@@ -11,7 +11,6 @@ line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -23,7 +22,10 @@ from runner.cli import flows as cli_flows
 from runner.cli import operator as cli_operator
 from runner.cli.context import Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import DEFAULT_URL
+
+#: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
+#: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
+DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
@@ -112,6 +114,8 @@ def run_daemon(c: Ctx) -> int:
         ConfigError: the flows folder does not exist, or the database cannot be opened.
         FlowErrors: a flow file has errors (the daemon refuses to start).
     """
+    import asyncio
+
     from runner.service.daemon import load_registry, serve, setup_logging
 
     setup_logging(c.worker_options["log_format"])
@@ -140,7 +144,9 @@ def tui(c: Ctx, attach: bool, readonly: bool):
     """
     from runner.service.console import run_console
 
-    run_console(c, attach=attach or readonly, readonly=readonly)
+    attach = attach or readonly
+    config = None if attach else worker_config(c)
+    run_console(c, attach=attach, readonly=readonly, config=config)
 
 
 for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
