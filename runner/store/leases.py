@@ -1,7 +1,7 @@
 """Leases: claim due instances, renew, recover lost attempts, release (creating is
 ``runner.store.create``; the fenced commit is ``runner.store.commit``).
 
-SQLModel defines the tables; this module uses SQLAlchemy Core statements with batched
+The tables are SQLAlchemy Core tables; this module uses Core statements with batched
 commits, because the ORM's per-object overhead (~3.6k rows/s here) would dominate the loop
 (Core with batched commits reaches ~40k rows/s on the same machine).
 
@@ -14,8 +14,9 @@ The protocol (after Takahē's Stator, made sharper by a fence):
    left running (outcome ``lost``, one restart each) once their lease has expired.
 2. :func:`renew` extends the leases of running attempts and reports which instances
    were taken away (fence or owner changed) so their attempts can be cancelled.
-3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and ``fence`` still
-   match the claim; a worker that lost its lease can write nothing to the instance.
+3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and
+   ``fence`` still match the claim; a worker that lost its lease can write nothing to the
+   instance.
 """
 
 from __future__ import annotations
