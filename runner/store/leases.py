@@ -15,8 +15,7 @@ The protocol (after Takahē's Stator, made sharper by a fence):
 2. :func:`renew` extends the leases of running attempts and reports which instances
    were taken away (fence or owner changed) so their attempts can be cancelled.
 3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and
-   ``fence`` still match the claim; a worker that lost its lease can write nothing to the
-   instance.
+   ``fence`` still match the claim; a worker that lost its lease can write nothing to the instance.
 """
 
 from __future__ import annotations

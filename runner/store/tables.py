@@ -51,7 +51,6 @@ metadata = MetaData()
 #: and ``locked_by`` its worker: the attempt's own row is written when it ends. When the
 #: lease of a running attempt expires (its worker died), a worker records it as ``lost``
 #: (``store.recover_lost``) before the instance can be claimed again.
-#:
 instances = Table(
     "instances",
     metadata,
@@ -77,6 +76,7 @@ instances = Table(
     Column("created_at", Float, nullable=False, default=0.0),
     Column("updated_at", Float, nullable=False, default=0.0),
     Column("event_id", Integer, nullable=True),  # the sensor event that started it
+    Column("label", String(200), nullable=True),  # the flow's label template over the data
     Index("ix_instances_claim", "status", "due_at"),
     Index("ix_instances_flow_status", "flow", "status"),
     Index("ix_instances_locked_by", "locked_by"),
@@ -89,7 +89,6 @@ instances = Table(
 #: instance row describes it (``running_attempt``). An attempt a dead worker left running
 #: is recorded as ``lost``. ``checkpoint`` is the last data the handler checkpointed
 #: during this attempt.
-#:
 attempts = Table(
     "attempts",
     metadata,
@@ -113,7 +112,6 @@ attempts = Table(
 #: ``command`` is one of pause, resume, kill, retry, send (``args`` holds ``{"event": ...}``
 #: for send). ``status`` is ``applied`` or ``refused``; ``result`` is the message shown
 #: to the operator (for a refusal, e.g. "cannot resume: instance 42 is completed").
-#:
 commands = Table(
     "commands",
     metadata,
@@ -134,7 +132,6 @@ commands = Table(
 #: daemons see it. ``handled_at`` is set in the same transaction as the rule's action;
 #: ``action`` says what the rules did ("started instance 42", "no rule matched", ...).
 #: ``sensor`` is ``"<flow>.<sensor name>"``.
-#:
 events = Table(
     "events",
     metadata,
@@ -153,7 +150,6 @@ events = Table(
 #:
 #: ``cursor`` is sensor-specific JSON (a tail's inode and byte offset, a clock's last
 #: tick). ``locked_by``/``locked_until`` make a sensor run in one daemon at a time.
-#:
 sensors = Table(
     "sensors",
     metadata,
@@ -181,7 +177,6 @@ workers = Table(
 #:
 #: Running instances keep the version they started with; any worker on any host can
 #: recompile it from ``source``.
-#:
 flow_versions = Table(
     "flow_versions",
     metadata,
