@@ -229,7 +229,7 @@ def test_nothing_re_exports():
 def test_the_checks_see_the_real_imports():
     """Guards the scanner itself: known edges of the real package are found."""
     found = {(i.importer, i.target, i.eager) for i in imports_of(ROOT)}
-    assert ("runner.engine.worker", "runner.store.leases", True) in found  # from x import mod
+    assert ("runner.engine.worker", "runner.store.heartbeat", True) in found  # from x import mod
     assert ("runner.cli.operator", "runner.ops.queries", False) in found  # in a body
     assert ("runner.cli.context", "runner.engine.worker", False) in found  # TYPE_CHECKING
     assert ("runner.handlers.exec_handler", "runner.control", True) in found  # from runner
