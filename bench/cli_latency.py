@@ -18,9 +18,14 @@ Cases (goals from issue 12):
   time runs until that instance's first attempt starts (its ``call`` handler writes
   ``time.time()`` to a file)
 
+``--peer`` times another install (say the commit before a change, checked out with its
+own venv) in the same interleaved rounds: before/after figures from one run.
+
 Usage::
 
     .venv/bin/python bench/cli_latency.py [--runs 10] [--budget 60] [--instances 10000]
+                                          [--skip-full] [--flows DIR]
+                                          [--peer OTHER/.venv/bin/flowrun --peer-flows DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
+
+from latency import stop  # noqa: E402 - bench/ is on the path only now
 
 FLOW = """\
 flow: blink
@@ -125,7 +131,8 @@ def populate_db(path: Path, n: int) -> None:
 
 def daemon_first_claim(flowrun: str, tmp: Path, runs: int) -> list[float]:
     """Seconds from launching ``flowrun --daemon`` to its first attempt's start, once per
-    run, each on a fresh database holding one instance."""
+    run, each on a fresh database holding one instance (folders made under ``tmp``)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     out: list[float] = []
     for i in range(runs + 1):  # the first run is a warm-up
         flows = tmp / f"daemon{i}"
@@ -154,15 +161,39 @@ def daemon_first_claim(flowrun: str, tmp: Path, runs: int) -> list[float]:
                     time.sleep(0.002)
                 first = float(started.read_text())
             finally:
-                daemon.send_signal(signal.SIGINT)
-                try:
-                    daemon.wait(30)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
-                    daemon.wait()
+                stop(daemon)
         if i:
             out.append(first - t0)
     return out
+
+
+def cases_for(flowrun: str, url: list[str], flows: Path, full: bool, tag: str) -> dict:
+    """The commands to time for one install (``tag`` marks a peer's rows), and notes."""
+    ls_help = subprocess.run([flowrun, "ls", "--help"], capture_output=True, text=True)
+    if "--limit" in ls_help.stdout:
+        cases = {"ls --limit 50": [flowrun, *url, "ls", "--limit", "50"]}
+    else:
+        print(f"note: {flowrun}: ls has no --limit: `ls --status paused` instead")
+        cases = {"ls --status paused": [flowrun, *url, "ls", "--status", "paused"]}
+    cases = {
+        "flowrun --help": [flowrun, "--help"],
+        **cases,
+        "check flows/": [flowrun, "--flows", str(flows), "check"],
+    }
+    if full:
+        cases["ls (all)"] = [flowrun, *url, "ls"]
+        cases["ls --json (all)"] = [flowrun, *url, "ls", "--json"]
+    return {f"{name}{tag}": argv for name, argv in cases.items()}
+
+
+GOALS = {
+    "flowrun --help": 150,
+    "ls --limit 50": 300,
+    "check flows/": 400,
+    "ls (all)": 1000,
+    "ls --json (all)": 1000,
+    "--daemon → first claim": 400,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--instances", type=int, default=10_000)
     ap.add_argument("--skip-full", action="store_true", help="skip the full ls / ls --json")
+    ap.add_argument("--flows", type=Path, default=ROOT / "flows", help="folder `check` reads")
+    ap.add_argument(
+        "--peer",
+        help="another install's flowrun script (e.g. an older commit in its own venv), "
+        "timed in the same interleaved rounds; its rows are marked [peer]",
+    )
+    ap.add_argument("--peer-flows", type=Path, help="folder the peer's `check` reads")
     args = ap.parse_args(argv)
     flowrun = flowrun_script()
     compile_bytecode()
@@ -182,47 +220,31 @@ def main(argv: list[str] | None = None) -> int:
         db = tmp / "ls.db"
         populate_db(db, args.instances)
         url = ["--db", f"sqlite:///{db}"]
-        ls_help = subprocess.run([flowrun, "ls", "--help"], capture_output=True, text=True)
-        notes = []
-        if "--limit" in ls_help.stdout:
-            limited = ("ls --limit 50", [flowrun, *url, "ls", "--limit", "50"])
-        else:
-            limited = ("ls --status paused", [flowrun, *url, "ls", "--status", "paused"])
-            notes.append("this flowrun's ls has no --limit: `ls --status paused` instead")
-        cases = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "flowrun --help": [flowrun, "--help"],
-            limited[0]: limited[1],
-            "check flows/": [flowrun, "--flows", str(ROOT / "flows"), "check"],
-        }
-        if not args.skip_full:
-            cases["ls (all)"] = [flowrun, *url, "ls"]
-            cases["ls --json (all)"] = [flowrun, *url, "ls", "--json"]
+        full = not args.skip_full
+        cases = {"python -c pass": [sys.executable, "-c", "pass"]}
+        cases.update(cases_for(flowrun, url, args.flows, full, ""))
+        if args.peer:
+            peer_flows = args.peer_flows or args.flows
+            cases.update(cases_for(args.peer, url, peer_flows, full, " [peer]"))
         times = measure(cases, ROOT, args.runs, args.budget)
-        times["--daemon → first claim"] = daemon_first_claim(flowrun, tmp, args.runs)
-    goals = {
-        "flowrun --help": 150,
-        "ls --limit 50": 300,
-        "check flows/": 400,
-        "ls (all)": 1000,
-        "ls --json (all)": 1000,
-        "--daemon → first claim": 400,
-    }
+        times["--daemon → first claim"] = daemon_first_claim(flowrun, tmp / "this", args.runs)
+        if args.peer:
+            key = "--daemon → first claim [peer]"
+            times[key] = daemon_first_claim(args.peer, tmp / "peer", args.runs)
     base = statistics.median(times["python -c pass"])
     print(
-        f"flowrun CLI latency: medians in ms, {args.instances:,} instances, "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        f"{flowrun}{f' (peer: {args.peer})' if args.peer else ''}: medians in ms, "
+        f"{args.instances:,} instances, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'case':<26}{'median':>9}{'runs':>6}{'× pass':>9}{'- pass':>9}{'goal':>7}")
-    for name, values in times.items():
+    print(f"{'case':<33}{'median':>9}{'runs':>6}{'× pass':>9}{'- pass':>9}{'goal':>7}")
+    for name, values in sorted(times.items(), key=lambda kv: kv[0].endswith("[peer]")):
         med = statistics.median(values) * 1000
-        goal = goals.get(name)
+        goal = GOALS.get(name)
         print(
-            f"{name:<26}{med:9.1f}{len(values):6d}{med / (base * 1000):9.2f}"
+            f"{name:<33}{med:9.1f}{len(values):6d}{med / (base * 1000):9.2f}"
             f"{med - base * 1000:9.1f}{goal if goal else '':>7}"
         )
-    for note in notes:
-        print(f"note: {note}")
     return 0
 
 
