@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from runner.engine.worker import WorkerConfig
 from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import make_engine, normalize_url
+
+if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
+    from runner.engine.worker import WorkerConfig
+    from runner.flowspec.registry import FlowRegistry
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
 #: that does not exist they say so and exit 1 instead of creating it.
@@ -24,6 +26,8 @@ def missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite ``url`` when it does not exist yet, else ``None`` (any other
     database, an in-memory one, or a URL that does not parse: ``make_engine`` reports it)."""
     from sqlalchemy.engine import make_url
+
+    from runner.store.db import normalize_url
 
     try:
         parsed = make_url(normalize_url(url))
@@ -65,6 +69,8 @@ class Ctx:
                 (exit 1; it is not created).
         """
         if self._engine is None:
+            from runner.store.db import make_engine
+
             missing = missing_sqlite_file(self.db) if self.read_only else None
             if missing is not None:
                 raise UserError(
@@ -75,7 +81,7 @@ class Ctx:
             self._engine = make_engine(self.db)
         return self._engine
 
-    def registry(self, *, strict: bool = False):
+    def registry(self, *, strict: bool = False) -> FlowRegistry:
         """The flows folder loaded (a ``FlowRegistry``); with ``strict``, any error aborts.
 
         Raises:
@@ -141,6 +147,8 @@ pass_ctx = click.make_pass_decorator(Ctx)
 def worker_config(c: Ctx) -> WorkerConfig:
     """The ``WorkerConfig`` the global options in ``c`` describe (lease and grace in
     seconds); raises ``KeyError`` if ``c.worker_options`` was never set."""
+    from runner.engine.worker import WorkerConfig
+
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,

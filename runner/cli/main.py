@@ -11,7 +11,6 @@ line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -24,7 +23,10 @@ from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import DEFAULT_URL
+
+#: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
+#: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
+DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
@@ -142,6 +144,8 @@ def run_daemon(c: Ctx) -> int:
     JSON log stays JSON), 70 a part could not be kept alive, 130/143 aborted by a second
     SIGINT/SIGTERM.
     """
+    import asyncio
+
     from runner.service.daemon import ServiceOptions, load_registry, serve
     from runner.service.logs import setup_logging
     from runner.service.metrics import parse_address
@@ -205,7 +209,9 @@ def tui(c: Ctx, attach: bool, readonly: bool):
     """
     from runner.service.console import run_console
 
-    run_console(c, attach=attach or readonly, readonly=readonly)
+    attach = attach or readonly
+    config = None if attach else worker_config(c)
+    run_console(c, attach=attach, readonly=readonly, config=config)
 
 
 for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS, *cli_init.COMMANDS):

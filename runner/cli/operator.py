@@ -11,15 +11,15 @@ shown by ``--help``.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
-from runner import lifecycle
 from runner.cli.context import Ctx, flow_to_start, pass_ctx
 from runner.errors import UserError
-from runner.ops import queries
-from runner.ops.commands import CommandResult, allowed_events, select_ids, submit
-from runner.store.db import reading
+
+if TYPE_CHECKING:  # the database side is imported in the command bodies (fast --help)
+    from runner.ops.commands import CommandResult
 
 
 def _parse_kv(pairs: tuple[str, ...]) -> dict:
@@ -86,6 +86,8 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     rows = queries.list_instances(
         c.engine,
         flow=flow,
@@ -117,6 +119,8 @@ def show(c: Ctx, instance_id: int, as_json: bool):
         UserError: no such instance (exit 1).
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     item = queries.get_instance(c.engine, instance_id)
     if item is None:
         raise UserError(f"no instance {instance_id}", 1)
@@ -132,6 +136,10 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
     """Apply ``command`` to ``ids`` and/or every instance of ``flow`` it can act on; prints
     one line per instance. Raises ``UserError(..., 2)`` with neither, and
     ``SystemExit(1)`` when any instance refused."""
+    from runner import lifecycle
+    from runner.ops.commands import select_ids, submit
+    from runner.store.db import reading
+
     if not ids and not flow:
         raise UserError(f"{command}: give instance ids or --flow F", 2)
     id_list = list(ids)
@@ -186,6 +194,8 @@ def send(c: Ctx, instance_id: int, event: str):
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops.commands import allowed_events, submit
+
     results = submit(c.engine, [instance_id], "send", event=event, source="cli")
     r = results[0]
     if r.ok:
@@ -232,6 +242,8 @@ def workers_cmd(c: Ctx, as_json: bool):
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     rows = queries.list_workers(c.engine)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

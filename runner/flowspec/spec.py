@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from croniter import croniter
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -235,6 +234,8 @@ class TailSpec(_Strict):
 
 
 def _check_cron(value: str | None) -> str | None:
+    from croniter import croniter  # only flows with a cron sensor pay for its import
+
     if value is not None and not croniter.is_valid(value):
         raise ValueError(f"invalid cron expression {value!r} (expected e.g. '0 3 * * *')")
     return value

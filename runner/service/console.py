@@ -105,15 +105,16 @@ class ConsoleStopper:
         return not self.embedded.alive()
 
 
-def run_console(c: Any, *, attach: bool, readonly: bool) -> None:
-    """Open the console for the CLI context ``c`` (``runner.cli.context.Ctx``)."""
+def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> None:
+    """Open the console for the CLI context ``c`` (``runner.cli.context.Ctx``); unless
+    ``attach``, with an embedded worker run with ``config`` (a
+    ``runner.engine.worker.WorkerConfig``, required then)."""
     from runner.tui.app import FlowrunApp
 
     engine = c.engine
     flows_dir = c.flows if c.flows.is_dir() else None
     embedded = None
     if not attach:
-        from runner.cli.context import worker_config
         from runner.service.daemon import load_registry
 
         if flows_dir is None:
@@ -122,7 +123,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool) -> None:
             raise ConfigError(f"{c.flows}: flows folder not found (use --attach to only observe)")
         registry = load_registry(engine, flows_dir)
         _log_to_file(Path(".flowrun") / "console.log")
-        embedded = EmbeddedWorker(engine, registry, worker_config(c))
+        embedded = EmbeddedWorker(engine, registry, config)
         embedded.start()
     stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
     app = FlowrunApp(

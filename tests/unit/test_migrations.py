@@ -245,3 +245,43 @@ def test_concurrent_upgrades_all_succeed(db_url, legacy):
         assert schema_diffs(engine) == []
     finally:
         engine.dispose()
+
+
+def test_latest_revision_read_without_alembic_is_alembics_head():
+    assert migrate.latest_revision() == migrate.head()
+
+
+UP_TO_DATE = """
+import sys
+from runner.store.db import make_engine
+make_engine(sys.argv[1]).dispose()
+print(sorted(m for m in sys.modules if m.split(".")[0] == "alembic"))
+"""
+
+
+def test_a_database_at_head_is_opened_without_importing_alembic(db_url):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def open_in_subprocess() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", UP_TO_DATE, db_url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert open_in_subprocess() != "[]"  # an empty database: alembic creates the tables
+    assert open_in_subprocess() == "[]"  # already at head: one read, no alembic
+    engine = make_engine(db_url, create=False)
+    try:
+        with engine.begin() as conn:
+            from alembic import command
+
+            command.downgrade(migrate.alembic_config(conn), "0001")
+        assert open_in_subprocess() != "[]"  # behind: upgraded (0001 -> head)
+        assert revision(engine) == migrate.head()
+    finally:
+        engine.dispose()
