@@ -224,8 +224,10 @@ def _env() -> dict:
 # -- runs --------------------------------------------------------------------------------------
 
 
-def run_flowrun(server: str, case: str, workers: int, n: int, workdir: Path) -> float:
-    """Jobs/s of ``workers`` flowrun daemons draining ``n`` instances."""
+def run_flowrun(
+    server: str, case: str, workers: int, n: int, workdir: Path, concurrency: int = 8
+) -> float:
+    """Jobs/s of ``workers`` flowrun daemons (``--concurrency``) draining ``n`` instances."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -242,9 +244,23 @@ def run_flowrun(server: str, case: str, workers: int, n: int, workdir: Path) -> 
                 create_instances(conn, flow, [{"i": i} for i in range(n)])
             procs = [
                 subprocess.Popen(
-                    [*_flowrun_argv(), "--flows", str(flows), "--db", _sa(url), "--daemon",
-                     "--exit-when-idle", "--concurrency", "8", "--worker-id", f"w{k}"],
-                    env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    [
+                        *_flowrun_argv(),
+                        "--flows",
+                        str(flows),
+                        "--db",
+                        _sa(url),
+                        "--daemon",
+                        "--exit-when-idle",
+                        "--concurrency",
+                        str(concurrency),
+                        "--worker-id",
+                        f"w{k}",
+                    ],
+                    env=_env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
                 )
                 for k in range(workers)
             ]
@@ -271,11 +287,24 @@ def run_peer(server: str, peer: str, case: str, workers: int, n: int, batch: int
     with fresh_db(server) as url:
         queue = _queue_pgqueuer if peer == "pgqueuer" else _queue_procrastinate
         asyncio.run(queue(url, n))
-        argv = [sys.executable, __file__, "--worker", peer, "--url", url, "--case", case,
-                "--concurrency", "8", "--batch", str(batch)]
+        argv = [
+            sys.executable,
+            __file__,
+            "--worker",
+            peer,
+            "--url",
+            url,
+            "--case",
+            case,
+            "--concurrency",
+            "8",
+            "--batch",
+            str(batch),
+        ]
         procs = [
-            subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+            subprocess.Popen(
+                argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             for _ in range(workers)
         ]
         spans = []
@@ -291,8 +320,9 @@ def run_peer(server: str, peer: str, case: str, workers: int, n: int, batch: int
         return n / (last - first)
 
 
-def throughput(server: str, repeat: int, workdir: Path, cases: list[str], n_noop: int,
-               n_io: int) -> list[tuple[str, dict[str, float]]]:
+def throughput(
+    server: str, repeat: int, workdir: Path, cases: list[str], n_noop: int, n_io: int
+) -> list[tuple[str, dict[str, float]]]:
     """Median jobs/s per system and configuration, runs interleaved ``repeat`` times."""
     configs: list[tuple[str, str, int, int]] = []
     if "noop" in cases:
@@ -358,9 +388,19 @@ def idle_cost(server: str, daemons: int, seconds: float, workdir: Path) -> float
         flows = _flowrun_flows(workdir, "noop")
         procs = [
             subprocess.Popen(
-                [*_flowrun_argv(), "--flows", str(flows), "--db", _sa(url), "--daemon",
-                 "--worker-id", f"idle{k}"],
-                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    *_flowrun_argv(),
+                    "--flows",
+                    str(flows),
+                    "--db",
+                    _sa(url),
+                    "--daemon",
+                    "--worker-id",
+                    f"idle{k}",
+                ],
+                env=_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             for k in range(daemons)
         ]
@@ -392,9 +432,19 @@ def start_latency(server: str, starts: int, workdir: Path) -> tuple[float, float
         engine = make_engine(_sa(url))
         procs = [
             subprocess.Popen(
-                [*_flowrun_argv(), "--flows", str(flows), "--db", _sa(url), "--daemon",
-                 "--worker-id", f"lat{k}"],
-                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    *_flowrun_argv(),
+                    "--flows",
+                    str(flows),
+                    "--db",
+                    _sa(url),
+                    "--daemon",
+                    "--worker-id",
+                    f"lat{k}",
+                ],
+                env=_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             for k in range(2)
         ]
@@ -411,9 +461,7 @@ def start_latency(server: str, starts: int, workdir: Path) -> tuple[float, float
             deadline = time.time() + 30
             while time.time() < deadline:
                 with engine.connect() as conn:
-                    rows = conn.execute(
-                        select(attempts.c.instance_id, attempts.c.started_at)
-                    ).all()
+                    rows = conn.execute(select(attempts.c.instance_id, attempts.c.started_at)).all()
                 if len(rows) >= starts:
                     break
                 time.sleep(0.2)

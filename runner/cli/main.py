@@ -80,10 +80,28 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     show_default=True,
     help="On SIGINT/SIGTERM, seconds running attempts get to finish.",
 )
+@click.option(
+    "--idle-poll",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="FLOWRUN_IDLE_POLL",
+    help="PostgreSQL: an idle worker woken by LISTEN/NOTIFY still looks for due work every "
+    "S seconds (default: half the lease; 0: never).",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
-    ctx, flows, db, lease, daemon, concurrency, worker_id, exit_when_idle, log_format, grace
+    ctx,
+    flows,
+    db,
+    lease,
+    daemon,
+    concurrency,
+    worker_id,
+    exit_when_idle,
+    log_format,
+    grace,
+    idle_poll,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -97,6 +115,7 @@ def main_group(
         exit_when_idle=exit_when_idle,
         log_format=log_format,
         grace=grace,
+        idle_poll=idle_poll,
     )
     if ctx.invoked_subcommand is None:
         if daemon:
