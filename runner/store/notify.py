@@ -29,8 +29,10 @@ from sqlalchemy import Connection, text
 
 log = logging.getLogger("flowrun.notify")
 
-#: The one channel every flowrun daemon listens on.
+#: Work is due (payload: the earliest due time, or empty for now): wakes the workers.
 CHANNEL = "flowrun_due"
+#: A sensor stored an event (no payload): wakes the rule engines.
+EVENTS_CHANNEL = "flowrun_events"
 
 #: How often (seconds) a listener waiting for notifications looks whether to stop.
 STOP_CHECK = 0.25
@@ -53,6 +55,13 @@ def notify_due(conn: Connection, due_at: float | None = None) -> None:
     conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": payload})
 
 
+def notify_event(conn: Connection) -> None:
+    """Tell every listening daemon's rule engine that an event was stored, once ``conn``'s
+    transaction commits. A no-op on SQLite."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_NOTIFY, {"channel": EVENTS_CHANNEL, "payload": ""})
+
+
 def parse_payload(payload: str) -> float | None:
     """The due time a notification carries (seconds since the epoch, UTC), None for now."""
     try:
@@ -69,12 +78,15 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class DueListener:
-    """One ``LISTEN`` connection that calls ``on_wake(due_at)`` for every notification.
+    """One ``LISTEN`` connection that calls ``on_wake(due_at)`` for every notification on
+    :data:`CHANNEL` and ``on_event()`` for every one on :data:`EVENTS_CHANNEL`.
 
     Args:
         url: the database URL (SQLAlchemy form; the password, if any, is used as is).
         on_wake: called on the event loop with the notification's due time (seconds since
             the epoch, UTC) or ``None`` (due now, or "look once": after a (re)connection).
+        on_event: called on the event loop when an event was stored (and after a
+            (re)connection); ``None``: events are not listened to.
         retry_max: the longest wait between reconnection attempts, in seconds.
 
     ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are one
@@ -85,11 +97,13 @@ class DueListener:
         self,
         url: str,
         on_wake: Callable[[float | None], None],
+        on_event: Callable[[], None] | None = None,
         *,
         retry_max: float = 10.0,
     ) -> None:
         self.url = libpq_url(url)
         self.on_wake = on_wake
+        self.on_event = on_event
         self.retry_max = retry_max
         self.connected = asyncio.Event()
         self.received = 0
@@ -125,11 +139,15 @@ class DueListener:
                 continue
             try:
                 await conn.execute(f"LISTEN {CHANNEL}")
+                if self.on_event is not None:
+                    await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                 if failures:
                     log.warning("listener: connected again")
                 failures = 0
                 self.connected.set()
                 self.on_wake(None)  # anything sent while we were away: look once
+                if self.on_event is not None:
+                    self.on_event()
                 await self._drain(conn, stop)
             except psycopg.Error as exc:
                 failures += 1
@@ -147,7 +165,11 @@ class DueListener:
         while not stop.is_set():
             async for note in conn.notifies(timeout=STOP_CHECK):
                 self.received += 1
-                self.on_wake(parse_payload(note.payload))
+                if note.channel == EVENTS_CHANNEL:
+                    if self.on_event is not None:
+                        self.on_event()
+                else:
+                    self.on_wake(parse_payload(note.payload))
                 if stop.is_set():
                     return
 
