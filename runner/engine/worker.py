@@ -44,7 +44,6 @@ from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.store import heartbeat
 from runner.store.db import no_wait_engine, short_error
-from runner.store.notify import DueListener
 from runner.store.wal import WalCheckpointer
 
 log = logging.getLogger("flowrun.worker")
@@ -55,10 +54,11 @@ class WorkerConfig:
     """Options of one worker; every duration is in seconds.
 
     ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
-    creating an instance, cuts it short). On PostgreSQL with ``listen`` (the default) the
-    worker is woken through ``LISTEN/NOTIFY`` (``runner.store.notify``) and sleeps until
-    the earliest due time or lease expiry it knows, looking anyway every ``idle_poll``
-    seconds (``None``: half the lease; ``0``: never). ``fence_poll`` how often running attempts are
+    creating an instance, cuts it short). With ``listen`` (set by the daemon on
+    PostgreSQL, which then feeds :meth:`Worker.notify_due` from a ``LISTEN`` connection,
+    ``runner.store.notify``) the worker sleeps until the earliest due time or lease expiry
+    it knows, looking anyway every ``idle_poll`` seconds (``None``: half the lease; ``0``:
+    never). ``fence_poll`` how often running attempts are
     checked for commands; ``grace`` how long a graceful stop waits for running attempts.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
@@ -75,7 +75,7 @@ class WorkerConfig:
     heartbeat: float = 2.0
     exit_when_idle: bool = False
     on_tick: Callable[[], None] | None = None
-    listen: bool = True
+    listen: bool = False
     idle_poll: float | None = None
 
 
@@ -124,10 +124,11 @@ class Worker:
         # the loop's chores, each due at once, then every interval (seconds)
         # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
         # loop sleeps until the next due time or lease expiry it knows (``_wake_at``)
-        self._listener: DueListener | None = None
-        self._notified = cfg.listen and engine.dialect.name == "postgresql"
+        self._notified = cfg.listen
         self._wake_at = math.inf  # monotonic seconds
         fallback = cfg.lease / 2 if cfg.idle_poll is None else cfg.idle_poll or math.inf
+        #: seconds between idle looks for due work when woken by notifications (inf: never)
+        self.idle_poll = fallback
         self._probe = LoopingTimer(fallback if self._notified else cfg.poll)  # idle look
         recover_every = fallback if self._notified else min(1.0, cfg.lease / 4)
         self._recover = LoopingTimer(recover_every)  # attempts of dead workers
@@ -144,8 +145,9 @@ class Worker:
         if self._loop and self._wake:
             self._loop.call_soon_threadsafe(self._wake.set)
 
-    def _notified_due(self, due_at: float | None) -> None:
-        """A notification (on the loop): work due at ``due_at`` (epoch s; None: now)."""
+    def notify_due(self, due_at: float | None) -> None:
+        """Work is due at ``due_at`` (epoch seconds, UTC; ``None``: now), as a notification
+        said; call on the worker's loop. Used with ``WorkerConfig.listen``."""
         delay = 0.0 if due_at is None else due_at - time.time()
         if delay <= 0:
             self.wake()
@@ -263,9 +265,6 @@ class Worker:
         )
         if self._no_wait is not None:
             self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
-        if self._notified:
-            url = self.engine.url.render_as_string(hide_password=False)
-            self._listener = DueListener(url, self._notified_due).start()
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits or is in flight; past the grace
@@ -441,8 +440,6 @@ class Worker:
                     await asyncio.sleep(1.0)
                 self._sent = []
 
-        if self._listener is not None:
-            await self._listener.close()
         try:
             await self._db.guard(
                 heartbeat.stopped,

@@ -107,19 +107,6 @@ class DueListener:
         self.retry_max = retry_max
         self.connected = asyncio.Event()
         self.received = 0
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> DueListener:
-        """Listen in a task on the running loop until :meth:`close`; returns ``self``."""
-        self._task = asyncio.get_running_loop().create_task(self.run(self._stop))
-        return self
-
-    async def close(self) -> None:
-        """Stop listening (within ``STOP_CHECK`` seconds) and close the connection."""
-        self._stop.set()
-        if self._task is not None:
-            await self._task
 
     async def run(self, stop: asyncio.Event) -> None:
         """Listen until ``stop`` is set. Never raises for a database fault."""
