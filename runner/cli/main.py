@@ -100,6 +100,14 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     envvar="FLOWRUN_METRICS",
     help="--daemon: serve Prometheus /metrics here (loopback when only a port).",
 )
+@click.option(
+    "--idle-poll",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="FLOWRUN_IDLE_POLL",
+    help="--daemon on PostgreSQL: an idle worker woken by LISTEN/NOTIFY still looks for due "
+    "work every S seconds (default: half the lease; 0: never).",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
@@ -116,6 +124,7 @@ def main_group(
     log_level="info",
     log_attempts=False,
     metrics=None,
+    idle_poll=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -130,6 +139,7 @@ def main_group(
         exit_when_idle=exit_when_idle,
         log_format=log_format,
         grace=grace,
+        idle_poll=idle_poll,
     )
     ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
     if ctx.invoked_subcommand is None:

@@ -110,6 +110,10 @@ class SensorHub:
 
     # -- public -----------------------------------------------------------------------
 
+    def kick(self) -> None:
+        """Run the rules now (on the hub's loop): an event was stored, maybe elsewhere."""
+        self._rules_kick.set()
+
     def pending(self) -> bool:
         """True while a sensor of this daemon holds unstored input (a file settling) or
         any event is not handled yet (blocking: one ``COUNT`` query)."""

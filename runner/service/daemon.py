@@ -41,6 +41,7 @@ from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
+from runner.store.notify import DueListener
 
 log = logging.getLogger("flowrun.daemon")
 
@@ -164,10 +165,17 @@ async def serve(
         else:
             ticked.append(time.monotonic())
 
-    config = dataclasses.replace(config, on_tick=on_tick)
+    listen = engine.dialect.name == "postgresql"  # wake-ups through LISTEN/NOTIFY
+    config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
     if hub is not None:
         hub.on_work = worker.wake
+    listener = None
+    if listen:
+        url = engine.url.render_as_string(hide_password=False)
+        listener = DueListener(url, worker.notify_due, hub.kick if hub is not None else None)
+        if hub is not None:
+            hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     aborted_by: list[int] = []
@@ -240,6 +248,8 @@ async def serve(
         )
 
     parts: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+    if listener is not None:
+        parts.append(("listener", lambda: listener.run(stop)))
     if notifier.enabled:
 
         def notify() -> Awaitable[None]:
