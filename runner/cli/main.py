@@ -18,15 +18,17 @@ import sys
 from pathlib import Path
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from runner.cli import flows as cli_flows
 from runner.cli import operator as cli_operator
 from runner.cli.context import Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import DEFAULT_URL
+from runner.store.db import DEFAULT_URL, short_error
 
 EPILOG = """\b
-Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
+Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage;
+75 the database failed mid-command (full disk, lost connection): nothing was changed.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
 
@@ -148,6 +150,19 @@ for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
 del _sub
 
 
+EXIT_DATABASE = 75
+"""Exit code of a command the database failed (full disk, lost connection): nothing of
+it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
+
+
+def database_failure(exc: BaseException) -> str:
+    """One line for a database error that interrupted a command (a full disk named)."""
+    text = short_error(exc)
+    if "disk is full" in text or "No space left" in text or "disk I/O error" in text:
+        return f"database write failed: {text} (free some disk space and try again)"
+    return f"database error: {text} (nothing was changed; try again)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 
@@ -155,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 130 interrupted); raises nothing for user mistakes.
+    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
+    nothing for user mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -172,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         click.echo(f"flowrun: {exc}", err=True)
         return exc.exit_code
+    except DBAPIError as exc:  # the database failed mid-command: its transaction rolled back
+        click.echo(f"flowrun: {database_failure(exc)}", err=True)
+        return EXIT_DATABASE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -95,6 +95,7 @@ class Worker:
         self._stopping = False
         self._abort = False
         self._poke = False
+        self._down_at_stop = False  # the database was down when the grace ran out
         self._db = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
         self._threads = ThreadPoolExecutor(
             max(4, self.config.concurrency), thread_name_prefix="flowrun-call"
@@ -185,7 +186,10 @@ class Worker:
                         claims, chained, recovered, lost, limit = inflight.result()
                     except DBAPIError as exc:
                         self.finished[:0] = sent  # commit them with the next cycle
-                        await asyncio.sleep(backoff.fail(exc))
+                        if grace_deadline is not None and time.monotonic() > grace_deadline:
+                            inflight, sent, self._down_at_stop = None, [], True
+                            break  # stopping, database down past the grace: _finish tries
+                        await self._pause(backoff.fail(exc), grace_deadline)
                         want_claim = True
                     else:
                         backoff.ok()
@@ -253,6 +257,17 @@ class Worker:
                 except DBAPIError:
                     self.finished[:0] = sent
             await self._finish()
+
+    async def _pause(self, delay: float, until: float | None) -> None:
+        """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is
+        requested or, once stopping, at ``until`` (the grace deadline, monotonic)."""
+        stopping = self._stopping
+        end = time.monotonic() + delay
+        while not self._abort and stopping == self._stopping:
+            left = min(end, until or end) - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.1))
 
     async def _retrying(self, fn: Callable, *args: Any) -> Any:
         """Run ``fn`` on the database thread, retrying with backoff while it is down."""
@@ -372,7 +387,9 @@ class Worker:
             for run in self.running.values():
                 run.task.cancel()
         else:
-            for _ in range(5):  # the last outcomes; the database may be briefly away
+            # the last outcomes; the database may be briefly away (once: it was down
+            # for the whole grace already)
+            for _ in range(1 if self._down_at_stop else 5):
                 batch, self.finished = self.finished, []
                 if not batch:
                     break
