@@ -23,8 +23,8 @@ from sqlalchemy.exc import DBAPIError
 from runner.cli import flows as cli_flows
 from runner.cli import operator as cli_operator
 from runner.cli.context import Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import DEFAULT_URL, short_error
+from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.store.db import DEFAULT_URL
 
 EPILOG = """\b
 Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage;
@@ -153,14 +153,6 @@ del _sub
 EXIT_DATABASE = 75
 """Exit code of a command the database failed (full disk, lost connection): nothing of
 it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
-
-
-def database_failure(exc: BaseException) -> str:
-    """One line for a database error that interrupted a command (a full disk named)."""
-    text = short_error(exc)
-    if "disk is full" in text or "No space left" in text or "disk I/O error" in text:
-        return f"database write failed: {text} (free some disk space and try again)"
-    return f"database error: {text} (nothing was changed; try again)"
 
 
 def main(argv: list[str] | None = None) -> int:

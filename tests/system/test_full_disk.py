@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.disk import fill, small_disk
 from tests.support.fault import Flowrun, poll, unique, write_flow
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,37 +34,14 @@ states:
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs mounted at ``tmp_path/disk`` (unmounted afterwards)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs at ``tmp_path/disk``."""
+    with small_disk(tmp_path / "disk") as folder:
+        yield folder
 
 
-def fill(disk: Path) -> Path:
-    """Write zeros into ``disk`` until it is full; returns the filler file."""
-    filler = disk / "filler"
-    with filler.open("wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-        except OSError:
-            pass
-    return filler
-
-
-def fill_under(db: Path, disk: Path, daemon_pid: int) -> Path:
-    """Fill ``disk`` with the WAL of ``db`` emptied first, so that the very next write
+def fill_under(db: Path, folder: Path, daemon_pid: int) -> Path:
+    """Fill ``folder`` with the WAL of ``db`` emptied first, so that the very next write
     needs space: the daemon is paused (SIGSTOP) meanwhile, and the WAL truncated by a
     checkpoint (retried while the daemon was caught inside a transaction)."""
     for _ in range(100):
@@ -75,7 +53,7 @@ def fill_under(db: Path, disk: Path, daemon_pid: int) -> Path:
             finally:
                 conn.close()
             if busy == 0 and (db.parent / f"{db.name}-wal").stat().st_size == 0:
-                return fill(disk)
+                return fill(folder)
         except sqlite3.OperationalError:
             pass
         finally:
@@ -96,9 +74,9 @@ def one_line(res: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_full_disk_cli_and_daemon(tmp_path: Path, small_disk: Path) -> None:
+def test_full_disk_cli_and_daemon(tmp_path: Path, disk: Path) -> None:
     fr = Flowrun(tmp_path)
-    db = small_disk / "flowrun.db"
+    db = disk / "flowrun.db"
     fr.db = f"sqlite:///{db}"
     name = unique("slow")
     write_flow(fr.flows, name, FLOW)
@@ -108,7 +86,7 @@ def test_full_disk_cli_and_daemon(tmp_path: Path, small_disk: Path) -> None:
     try:
         poll(lambda: "started" in daemon.log(), 120, what="daemon start")
         poll(lambda: "attempts running" in daemon.log() or _claimed(db), 60, what="claimed")
-        filler = fill_under(db, small_disk, daemon.pid)
+        filler = fill_under(db, disk, daemon.pid)
         # writes fail as one line, exit 75, and change nothing
         for args in (("start", name), ("pause", ids[0]), ("kill", "--flow", name)):
             res = fr(*args)
