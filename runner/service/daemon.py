@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from runner.engine.worker import Worker, WorkerConfig
 from runner.errors import FlowErrors
 from runner.flowspec.registry import FlowRegistry
 from runner.store import versions
 from runner.store.create import record_version
+from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.daemon")
 
@@ -85,6 +87,10 @@ def _report_hub_end(task: asyncio.Task) -> None:
     """Say at once if the sensors stopped on an error (the worker carries on without them)."""
     if not task.cancelled() and task.exception() is not None:
         exc = task.exception()
+        if isinstance(exc, DBAPIError):  # an outage is not a bug: one line (their leases
+            # expire; the stored events wait for the next start)
+            log.warning("sensors and rules stopped: database unavailable (%s)", short_error(exc))
+            return
         log.error("sensors and rules stopped: %s: %s", type(exc).__name__, exc, exc_info=exc)
 
 
@@ -153,6 +159,8 @@ async def serve(
                 await asyncio.wait_for(hub_task, 10)
             except (TimeoutError, asyncio.CancelledError):
                 hub_task.cancel()
+            except Exception:  # noqa: BLE001 - logged by _report_hub_end; the stop is clean
+                pass
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
