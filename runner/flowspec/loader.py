@@ -8,6 +8,7 @@ file's errors are collected and raised together as ``FlowErrors``.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -95,6 +96,13 @@ def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> An
     if isinstance(node, int):
         return int(node)
     if isinstance(node, float):
+        if not math.isfinite(node) and "data" in loc:  # elsewhere the field says why
+            line, col = pos.find(loc, key=False)
+            errors.append(
+                FlowError(
+                    f"{node} is not a finite number (JSON has no NaN or Infinity)", file, line, col
+                )
+            )
         return float(node)
     if isinstance(node, dt.date):
         return node.isoformat()
