@@ -89,3 +89,25 @@ def test_daemon_keeps_last_good_versions(tmp_path: Path) -> None:
         assert daemon.wait(60) == 0, daemon.log()
     finally:
         daemon.stop()
+
+
+def test_start_with_data_the_cli_cannot_take(tmp_path: Path) -> None:
+    """Too deep, not strict JSON, not an object: one line, exit 2, nothing created."""
+    fr = Flowrun(tmp_path)
+    name = unique("good")
+    write_flow(fr.flows, name, FLOW)
+    deep = "[" * 10_000 + "]" * 10_000
+    for args in (
+        ("--data", '{"v": ' + deep + "}"),
+        (f"v={deep}",),
+        ("--data", '{"v": NaN}'),
+        ("--data", "[1, 2]"),
+        ("--data", "{not json"),
+    ):
+        res = fr("start", name, *args)
+        assert res.returncode == 2, (args[0][:20], res)
+        assert "Traceback" not in res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("flowrun: "), res.stderr
+    res = fr("ls", "--json")
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res
