@@ -270,7 +270,8 @@ class Worker:
             await asyncio.sleep(min(left, 0.1))
 
     async def _retrying(self, fn: Callable, *args: Any) -> Any:
-        """Run ``fn`` on the database thread, retrying with backoff while it is down."""
+        """Run ``fn`` on the database thread, retrying with backoff while it is down
+        (``None`` once a stop is requested: a stop must not wait for the database)."""
         backoff = cycle.OutageBackoff()
         while True:
             try:
@@ -278,7 +279,9 @@ class Worker:
             except DBAPIError as exc:
                 if self._abort:
                     raise
-                await asyncio.sleep(backoff.fail(exc))
+                if self._stopping:
+                    return None  # asked to stop before the database came back
+                await self._pause(backoff.fail(exc), None)
 
     async def _guard(self, fn: Callable, *args: Any) -> Any:
         """Run ``fn`` on the database thread; a database error is logged, not raised."""

@@ -25,7 +25,9 @@ scanner and parser (subclasses, see :func:`guarded_yaml`): the file is parsed on
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +89,10 @@ def read_flow_file(path: str | Path) -> str:
     """
     file = str(path)
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FlowErrors([FlowError("not a regular file", file)])
             data = fh.read(MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 fh.seek(0, 2)

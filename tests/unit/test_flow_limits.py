@@ -4,6 +4,7 @@ and the daemon's hot reload use) on real files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,12 @@ def test_unreadable_and_text_too_large(tmp_path: Path) -> None:
     assert errors_of(tmp_path / "missing.yaml")[0].endswith("No such file or directory")
     message = one_error(body("description: " + "x" * limits.MAX_FILE_BYTES + "\n"))
     assert message.startswith("f.yaml:1:1: flow file too large")
+
+
+def test_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it for reading must not block
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")  # endless bytes
+    for path in (fifo, zero):
+        assert errors_of(path) == [f"{path}: not a regular file"]
