@@ -15,7 +15,7 @@ import json
 import click
 
 from runner import lifecycle
-from runner.cli.context import Ctx, pass_ctx
+from runner.cli.context import Ctx, flow_to_start, pass_ctx
 from runner.cli.data import parse_data
 from runner.errors import UserError
 from runner.ops import queries
@@ -42,7 +42,7 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
     from runner.store.create import create_instance
 
     data = parse_data(data_json, pairs)
-    compiled = c.registry().get(flow)
+    compiled = flow_to_start(c, flow)  # the last good version when the file has errors
     with c.engine.begin() as conn:
         iid = create_instance(conn, compiled, data)
     click.echo(iid)
@@ -56,8 +56,11 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--limit", type=int, default=None, help="At most this many (newest first).")
+@click.option(
+    "--search", help="Only those whose label, flow, state, status, error or data contain this."
+)
 @pass_ctx
-def ls_cmd(c: Ctx, flow, status, as_json, limit):
+def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     """List instances.
 
     \f
@@ -65,7 +68,13 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit):
         ConfigError: the database cannot be opened.
     """
     rows = queries.list_instances(
-        c.engine, flow=flow, status=status, limit=limit, order_by="id", desc=limit is not None
+        c.engine,
+        flow=flow,
+        status=status,
+        text=search,
+        limit=limit,
+        order_by="id",
+        desc=limit is not None,
     )
     if limit is not None:
         rows.reverse()

@@ -14,8 +14,8 @@ The protocol (after Takahē's Stator, made sharper by a fence):
    left running (outcome ``lost``, one restart each) once their lease has expired.
 2. :func:`renew` extends the leases of running attempts and reports which instances
    were taken away (fence or owner changed) so their attempts can be cancelled.
-3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and ``fence`` still
-   match the claim; a worker that lost its lease can write nothing to the instance.
+3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and
+   ``fence`` still match the claim; a worker that lost its lease can write nothing to the instance.
 """
 
 from __future__ import annotations
