@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError
+from runner.errors import ConfigError, FlowErrors, UserError, database_failure
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -31,6 +32,7 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
 command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
+75 the database failed mid-command (full disk, lost connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
@@ -229,6 +231,11 @@ for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS, *cli_init.COMMANDS):
 del _sub
 
 
+EXIT_DATABASE = 75
+"""Exit code of a command the database failed (full disk, lost connection): nothing of
+it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 
@@ -236,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 130 interrupted); raises nothing for user mistakes.
+    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
+    nothing for user mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -253,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         click.echo(f"flowrun: {exc}", err=True)
         return exc.exit_code
+    except DBAPIError as exc:  # the database failed mid-command: its transaction rolled back
+        click.echo(f"flowrun: {database_failure(exc)}", err=True)
+        return EXIT_DATABASE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -112,6 +112,7 @@ class Worker:
         self._stopping = False
         self._abort = False
         self._poke = False
+        self._down_at_stop = False  # stopping, and the database down when the grace ran out
         self._loop: asyncio.AbstractEventLoop | None = None
         self._no_wait = no_wait_engine(engine)
         self._wal: WalCheckpointer | None = None
@@ -209,6 +210,8 @@ class Worker:
             return False
         if self._inflight is not None and self._inflight.done():
             await self._collect()
+            if self._down_at_stop:
+                return False
         if now >= self._wake_at:  # a due time or lease expiry we were told of
             self._wake_at = math.inf
             self._poke = True
@@ -254,9 +257,18 @@ class Worker:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self._wake = self.attempts.ended = asyncio.Event()
-        await self._db.retrying(
-            heartbeat.register, self.engine, cfg.worker_id, give_up=lambda: self._abort
-        )
+        try:
+            await self._db.retrying(
+                heartbeat.register,
+                self.engine,
+                cfg.worker_id,
+                give_up=lambda: self._abort or self._stopping,
+            )
+        except DBAPIError:
+            if self._abort:
+                raise
+            log.warning("worker %s stopped before the database came back", cfg.worker_id)
+            return  # a stop must not wait for the database
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
             cfg.worker_id,
@@ -289,12 +301,26 @@ class Worker:
             result = done.result()  # type: ignore[union-attr]
         except DBAPIError as exc:
             self.attempts.put_back(sent)  # commit them with the next cycle
-            await asyncio.sleep(self._outage.fail(exc))
+            if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
+                self._down_at_stop = True  # stopping, down past the grace: _close tries once
+                return
+            await self._pause(self._outage.fail(exc))
             self._want_claim = True
             return
         self._outage.ok()
         self._took(result)
         self._want_claim = result.claimed_all
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is
+        requested or, once stopping, at the end of the grace period."""
+        stopping = self._stopping
+        end = time.monotonic() + delay
+        while not self._abort and stopping == self._stopping:
+            left = min(end, self._grace_deadline or end) - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.1))
 
     def _start_cycle(self, now: float) -> bool:
         """Start the next database cycle when there are finished attempts to commit, lost
@@ -428,7 +454,9 @@ class Worker:
                 "aborted: %d attempts left for the next claim to recover", len(self.running)
             )
         else:
-            for _ in range(5):  # the last outcomes; the database may be briefly away
+            # the last outcomes; the database may be briefly away (once: it was down for
+            # the whole grace already)
+            for _ in range(1 if self._down_at_stop else 5):
                 if not self.attempts.finished:
                     break
                 request = self._take_finished(0)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from runner.engine.worker import Worker, WorkerConfig
 from runner.errors import ConfigError, FlowErrors
@@ -41,6 +42,7 @@ from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
+from runner.store.db import short_error
 from runner.store.notify import DueListener
 
 log = logging.getLogger("flowrun.daemon")
@@ -282,6 +284,10 @@ async def serve(
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     exc = task.exception()
+                    if isinstance(exc, DBAPIError):  # an outage at stop is not a bug: one
+                        # line (leases expire; stored events wait for the next start)
+                        log.warning("stopping: database unavailable (%s)", short_error(exc))
+                        continue
                     log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 
+from runner.errors import database_failure
 from runner.tui.data import ConsoleData
 from runner.tui.palette import ConsoleCommands
 from runner.tui.screens.detail import DetailScreen
@@ -208,6 +210,11 @@ class FlowrunApp(App[None]):
     def _submit_now(self, ids: list[int], command: str, event: str | None = None) -> None:
         try:
             results = self.data.submit(ids, command, event)
+        except DBAPIError as exc:  # a full disk, a lost connection: one line
+            self.call_from_thread(
+                self.notify, f"{command}: {database_failure(exc)}", severity="error"
+            )
+            return
         except Exception as exc:  # never crash the console on a command
             self.call_from_thread(self.notify, f"{command}: {exc}", severity="error")
             return

@@ -28,6 +28,12 @@ class TcpProxy:
         self._thread.start()
         self.restore()
 
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _call(self, coro) -> object:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
 
