@@ -33,8 +33,8 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.engine import cycle
 from runner.engine.attempt_run import load_event_payload, run_attempt
+from runner.handlers import reaper
 from runner.handlers.attempt import AttemptResult, Cancel
-from runner.handlers.exec_handler import live_groups
 from runner.store import heartbeat, leases, rows
 from runner.store.db import no_wait_engine, reading, short_error
 from runner.store.wal import WalCheckpointer
@@ -167,6 +167,7 @@ class Worker:
         backoff = cycle.OutageBackoff()
         if self._no_wait is not None:  # its commits leave checkpoints to this thread
             self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
+        reaper.start()  # exec handlers' escaped descendants are ended with their attempt
         try:
             while not self._abort:
                 now = time.monotonic()
@@ -252,7 +253,10 @@ class Worker:
                     await inflight
                 except DBAPIError:
                     self.finished[:0] = sent
-            await self._finish()
+            try:
+                await self._finish()
+            finally:
+                reaper.stop()
 
     async def _retrying(self, fn: Callable, *args: Any) -> Any:
         """Run ``fn`` on the database thread, retrying with backoff while it is down."""
@@ -403,9 +407,5 @@ class Worker:
         log.info("worker %s stopped", self.config.worker_id)
 
     def _kill_groups(self) -> None:
-        """Abort: SIGKILL every handler process group still running."""
-        for pgid in list(live_groups):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """Abort: SIGKILL every handler process group still running, and what they left."""
+        reaper.kill_all(signal.SIGKILL)
