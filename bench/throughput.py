@@ -81,8 +81,11 @@ async def fail_once(ctx):
 '''
 
 
-def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
-    """Drain ``n`` instances with one daemon; returns the figures."""
+def run_flowrun(
+    n: int, concurrency: int, case: str, workdir: Path, root: Path | None = None
+) -> dict:
+    """Drain ``n`` instances with one daemon (the flowrun of source tree ``root``, default
+    this one); returns the figures."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -100,6 +103,8 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
     with engine.begin() as conn:
         create_instances(conn, flow, [{"i": i} for i in range(n)])
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     t0 = time.perf_counter()
     subprocess.run(
         [
@@ -189,7 +194,7 @@ def main_exec(args: argparse.Namespace) -> None:
 
     for r in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
-            fr = run_flowrun(n, args.concurrency, "exec", Path(tmp))
+            fr = run_flowrun(n, args.concurrency, "exec", Path(tmp) / "flowrun")
             add("flowrun", fr["per_s"])
             print(
                 f"[exec {r + 1}] flowrun: {fr['transitions']} transitions in "
@@ -197,6 +202,14 @@ def main_exec(args: argparse.Namespace) -> None:
                 f"concurrency {args.concurrency})",
                 flush=True,
             )
+            if args.compare:
+                old = run_flowrun(
+                    n, args.concurrency, "exec", Path(tmp) / "compare", Path(args.compare)
+                )
+                add("flowrun (compare)", old["per_s"])
+                print(
+                    f"[exec {r + 1}] flowrun of {args.compare}: {old['per_s']:,.0f}/s", flush=True
+                )
             if not args.skip_huey:
                 best = 0.0
                 for workers, kind in HUEY_CONFIGS:
@@ -229,6 +242,8 @@ def main_exec(args: argparse.Namespace) -> None:
     for k, v in med.items():
         print(f"  {k:>28}: {v:,.0f}/s")
     line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
+    if "flowrun (compare)" in med:
+        line += f", flowrun/compared tree {med['flowrun'] / med['flowrun (compare)']:.2f}x"
     if "huey best" in med:
         line += f", flowrun/huey-best {med['flowrun'] / med['huey best']:.2f}x"
     print(line)
@@ -240,6 +255,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--case", choices=["noop", "fail_once", "both", "exec"], default="both")
     ap.add_argument("--skip-huey", action="store_true")
+    ap.add_argument(
+        "--compare",
+        metavar="ROOT",
+        help="exec case: also run the flowrun of this source tree (e.g. an export of an "
+        "older commit), interleaved, for before/after figures from one run",
+    )
     ap.add_argument(
         "--repeat",
         type=int,

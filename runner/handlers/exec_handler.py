@@ -15,6 +15,7 @@ stderr, control, a pidfd for the exit); no asyncio transport, stream or task.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -34,6 +35,9 @@ from runner.handlers.attempt import (
 )
 from runner.handlers.spawn import Child, remove_data_file, spawn
 from runner.templating import render
+
+#: Seconds after its start from which a handler's pipes are read as data comes.
+READ_AFTER = 0.05
 
 
 def interpreter(arg0: str) -> str:
@@ -138,11 +142,21 @@ class _Supervised:
         self._storing: asyncio.Task | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
-        for fd in self._bufs:
-            self.loop.add_reader(fd, self._readable, fd)
+        self._reading = False
         self.exited: asyncio.Future = self.loop.create_future()
         self._pidfd: int | None = None
         self._watch_exit()
+        # Most handlers are done before the pipes matter: they are watched only from
+        # READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more meanwhile
+        # waits that long), and drained at the exit. Two selector registrations an
+        # attempt instead of eight.
+        self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
+
+    def _start_reading(self) -> None:
+        if not self._reading:
+            self._reading = True
+            for fd in self._open:
+                self.loop.add_reader(fd, self._readable, fd)
 
     # -- exit ------------------------------------------------------------------------
 
@@ -174,6 +188,7 @@ class _Supervised:
         if self.child.proc.poll() is None:
             return False
         reaper.leader_reaped(self.child.proc.pid)
+        self._timer.cancel()
         self.exited.set_result(self.child.proc.returncode)
         return True
 
@@ -209,11 +224,13 @@ class _Supervised:
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
             self._open.discard(fd)
-            self.loop.remove_reader(fd)
+            if self._reading:
+                self.loop.remove_reader(fd)
             os.close(fd)
 
     def close(self) -> None:
         """Close every descriptor, stop watching, remove the data file, end the token."""
+        self._timer.cancel()
         for fd in list(self._open):
             self._close_fd(fd)
         if self._pidfd is not None:
@@ -300,16 +317,24 @@ def _killpg(pgid: int, sig: int) -> None:
 def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> dict:
     """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
     (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
-    env = dict(os.environ)
+    env = _base_env(cwd).copy()
     env.update(
         FLOWRUN_INSTANCE=str(instance_id),
         FLOWRUN_FLOW=flow,
         FLOWRUN_STATE=state,
         FLOWRUN_ATTEMPT=str(attempt),
     )
-    extra = [str(cwd)]
-    root = str(Path(__file__).resolve().parents[2])  # so `python -m runner.control` works
-    extra.append(root)
+    return env
+
+
+@functools.lru_cache(maxsize=64)
+def _base_env(cwd: Path) -> dict[str, str]:
+    """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
+    extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
+    Worked out once: copying ``os.environ`` and resolving paths cost more per attempt
+    than the rest of starting it."""
+    env = dict(os.environ)
+    extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(extra)

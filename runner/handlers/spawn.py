@@ -34,8 +34,10 @@ DATA_INLINE_MAX = 64 * 1024
 DATA_ENV = "FLOWRUN_DATA"
 DATA_FILE_ENV = "FLOWRUN_DATA_FILE"
 
-#: Threads that run the spawns (each blocks for one fork/exec at a time).
-SPAWN_THREADS = 2
+#: Threads that run the spawns (each blocks for one fork/exec at a time): 2 x cores, as
+#: the spawn ceiling of ``bench/throughput.py --case exec`` (on 2 busy cores, 0 (spawn on
+#: the loop), 1 and 2 threads all measured slower than 4).
+SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
