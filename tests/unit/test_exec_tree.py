@@ -195,3 +195,11 @@ def test_data_file_is_private_and_the_threshold_holds() -> None:
         spawn.remove_data_file(path)
     env, path = spawn.data_env({"a": 1})
     assert (env, path) == ({spawn.DATA_ENV: '{"a":1}'}, None)
+
+
+@pytest.mark.parametrize("size", [10, 1024 * 1024])
+async def test_control_data_reads_inline_or_file(tmp_path: Path, size: int) -> None:
+    script = "from runner.control import data; open('n', 'w').write(str(len(data()['blob'])))"
+    res = await run(["python", "-c", script], tmp_path, data={"blob": "b" * size})
+    assert res.outcome == "moved", res.error
+    assert (tmp_path / "n").read_text() == str(size)
