@@ -8,8 +8,9 @@ after the grace); on a clean exit, whatever the handler left in its group is end
 and descendants that left the group are ended by ``runner.handlers.reaper``.
 
 Per attempt the cost outside the process itself is one spawn on a spawn thread
-(``runner.handlers.spawn``) and four descriptors in the event loop's selector (stdout,
-stderr, control, a pidfd for the exit); no asyncio transport, stream or task.
+(``runner.handlers.spawn``), its exit from one thread watching every handler's pidfd
+(``runner.handlers.exits``), and a final read of its pipes; no asyncio transport, stream
+or task, and no selector registration unless it runs longer than ``READ_AFTER``.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ class _Supervised:
 
     Its stdout, stderr and control pipe are non-blocking descriptors read by loop
     callbacks as data comes (only the last ``TAIL`` bytes of the output are kept, so a
-    handler may write gigabytes); its exit is a pidfd (Linux ≥ 5.3) in the same loop,
-    after which its status is collected at once. Control lines are handled as they are
+    handler may write gigabytes); its exit comes from ``runner.handlers.exits`` (or
+    polling, without pidfds). Control lines are handled as they are
     read; checkpoints are stored in order by one task, started by the first one.
     """
 
@@ -144,8 +145,13 @@ class _Supervised:
         self._open = set(self._bufs)
         self._reading = False
         self.exited: asyncio.Future = self.loop.create_future()
-        self._pidfd: int | None = None
-        self._watch_exit()
+        code = child.exit_code
+        if code is not None:  # it exited before we got here
+            self.exited.set_result(code)
+        elif child.exit_watched:
+            child.on_exit = self._exited
+        else:
+            self.loop.call_soon(self._poll_exit)
         # Most handlers are done before the pipes matter: they are watched only from
         # READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more meanwhile
         # waits that long), and drained at the exit. Two selector registrations an
@@ -160,37 +166,20 @@ class _Supervised:
 
     # -- exit ------------------------------------------------------------------------
 
-    def _watch_exit(self) -> None:
-        pid = self.child.proc.pid
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):  # not Linux ≥ 5.3: look every 20 ms
-            self._poll_exit()
-            return
-        self.loop.add_reader(self._pidfd, self._on_exit)
+    def _exited(self, code: int) -> None:
+        """The handler exited with ``code`` (its status collected): on the loop."""
+        self._timer.cancel()
+        if not self.exited.done():
+            self.exited.set_result(code)
 
     def _poll_exit(self) -> None:
-        if self._collect():
-            return
-        self.loop.call_later(0.02, self._poll_exit)
-
-    def _on_exit(self) -> None:
-        if self._pidfd is not None:
-            self.loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
-        if not self._collect():  # cannot happen: a readable pidfd means it exited
+        """Without pidfds: look every 20 ms."""
+        code = self.child.proc.poll()
+        if code is None:
             self.loop.call_later(0.02, self._poll_exit)
-
-    def _collect(self) -> bool:
-        if self.exited.done():
-            return True
-        if self.child.proc.poll() is None:
-            return False
-        reaper.leader_reaped(self.child.proc.pid)
-        self._timer.cancel()
-        self.exited.set_result(self.child.proc.returncode)
-        return True
+        else:
+            reaper.leader_reaped(self.child.proc.pid)
+            self._exited(code)
 
     # -- pipes -----------------------------------------------------------------------
 
@@ -231,12 +220,9 @@ class _Supervised:
     def close(self) -> None:
         """Close every descriptor, stop watching, remove the data file, end the token."""
         self._timer.cancel()
+        self.child.on_exit = None
         for fd in list(self._open):
             self._close_fd(fd)
-        if self._pidfd is not None:
-            self.loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
         remove_data_file(self.child.data_file)
         reaper.ended(self.child.token)
 

@@ -23,11 +23,12 @@ import os
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runner import control
-from runner.handlers import reaper
+from runner.handlers import exits, reaper
 
 #: Largest JSON (bytes) passed inline in ``FLOWRUN_DATA``; larger goes to a file.
 DATA_INLINE_MAX = 64 * 1024
@@ -57,7 +58,17 @@ class Child:
     control: int
     data_file: str | None = None
     token: str = ""
-    closed: set[int] = field(default_factory=set)
+    #: True when ``runner.handlers.exits`` reports the exit (else the caller polls)
+    exit_watched: bool = False
+    #: the exit status once reported, and who to tell (set and read on the loop only)
+    exit_code: int | None = None
+    on_exit: Callable[[int], None] | None = None
+
+    def exited(self, code: int) -> None:
+        """Called on the loop with the exit status (``exits.watch``)."""
+        self.exit_code = code
+        if self.on_exit is not None:
+            self.on_exit(code)
 
 
 def data_env(data: dict) -> tuple[dict[str, str], str | None]:
@@ -89,8 +100,11 @@ def remove_data_file(path: str | None) -> None:
             pass
 
 
-def _start(argv: list[str], cwd: str, env: dict[str, str], token: str) -> Child:
-    """Create the pipes and start the process (blocking; runs on a spawn thread)."""
+def _start(
+    argv: list[str], cwd: str, env: dict[str, str], token: str, loop: asyncio.AbstractEventLoop
+) -> Child:
+    """Create the pipes, start the process and have its exit watched (blocking; runs on a
+    spawn thread)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
@@ -118,7 +132,9 @@ def _start(argv: list[str], cwd: str, env: dict[str, str], token: str) -> Child:
             os.close(fd)
     for fd in (out_r, err_r, ctl_r):
         os.set_blocking(fd, False)
-    return Child(proc, out_r, err_r, ctl_r, token=token)
+    child = Child(proc, out_r, err_r, ctl_r, token=token)
+    child.exit_watched = exits.watch(proc, loop, child.exited)
+    return child
 
 
 async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> Child:
@@ -137,7 +153,7 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
                 _pool = ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="flowrun-spawn")
     loop = asyncio.get_running_loop()
     try:
-        child = await loop.run_in_executor(_pool, _start, argv, cwd, env, reaper.new_token())
+        child = await loop.run_in_executor(_pool, _start, argv, cwd, env, reaper.new_token(), loop)
     except BaseException:
         remove_data_file(path)
         raise
