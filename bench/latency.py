@@ -111,6 +111,16 @@ def breakdown(db: Path, written: dict[str, float]) -> dict[str, list[float]]:
     return {k: v for k, v in stages.items() if v}
 
 
+def stop(daemon: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop a daemon gracefully (SIGINT); kill it if it has not exited in ``timeout`` s."""
+    daemon.send_signal(signal.SIGINT)
+    try:
+        daemon.wait(timeout)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
@@ -183,11 +193,7 @@ def main() -> int:
                     f"({len(done) / (max(done) - t0):.0f} files/s)"
                 )
         finally:
-            daemon.send_signal(signal.SIGINT)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+            stop(daemon)
             log.close()
     return 0
 

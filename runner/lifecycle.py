@@ -1,6 +1,6 @@
 """The status lifecycle of an instance, compiled with ``transitions`` from one table.
 
-Source: Metafora's statemachine ``Rules`` table (``../shared/seeds/metafora-statemachine.txt``)
+Source: Metafora's statemachine ``Rules`` table (see ``docs/sources.md``)
 and DefaultErrHandler, adapted: ``fault`` is not a stored status (an error either sleeps
 for the backoff or spends the budget at once), and ``retry`` revives a failed instance.
 

@@ -11,7 +11,6 @@ line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -20,13 +19,19 @@ from pathlib import Path
 import click
 
 from runner.cli import flows as cli_flows
+from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import Ctx, pass_ctx, worker_config
+from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError
-from runner.store.db import DEFAULT_URL
+
+#: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
+#: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
+DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
-Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
+Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
+command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
+130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
 
@@ -80,10 +85,46 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     show_default=True,
     help="On SIGINT/SIGTERM, seconds running attempts get to finish.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="FLOWRUN_LOG_LEVEL",
+    help="--daemon: least severe log level shown.",
+)
+@click.option("--log-attempts", is_flag=True, help="--daemon: one INFO line per finished attempt.")
+@click.option(
+    "--metrics",
+    metavar="[HOST:]PORT",
+    envvar="FLOWRUN_METRICS",
+    help="--daemon: serve Prometheus /metrics here (loopback when only a port).",
+)
+@click.option(
+    "--idle-poll",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="FLOWRUN_IDLE_POLL",
+    help="--daemon on PostgreSQL: an idle worker woken by LISTEN/NOTIFY still looks for due "
+    "work every S seconds (default: half the lease; 0: never).",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
-    ctx, flows, db, lease, daemon, concurrency, worker_id, exit_when_idle, log_format, grace
+    ctx,
+    flows,
+    db,
+    lease,
+    daemon,
+    concurrency,
+    worker_id,
+    exit_when_idle,
+    log_format,
+    grace,
+    log_level="info",
+    log_attempts=False,
+    metrics=None,
+    idle_poll=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -91,13 +132,16 @@ def main_group(
     `flowrun --daemon` runs the headless worker.
     """
     ctx.obj = Ctx(flows, db, lease)
+    ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
         concurrency=concurrency,
         worker_id=worker_id,
         exit_when_idle=exit_when_idle,
         log_format=log_format,
         grace=grace,
+        idle_poll=idle_poll,
     )
+    ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -106,23 +150,58 @@ def main_group(
 
 def run_daemon(c: Ctx) -> int:
     """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
-    the exit code (0).
-
-    Raises:
-        ConfigError: the flows folder does not exist, or the database cannot be opened.
-        FlowErrors: a flow file has errors (the daemon refuses to start).
+    the exit code: 0 clean stop or idle exit, 2 bad flows or configuration (logged, so a
+    JSON log stays JSON), 70 a part could not be kept alive, 130/143 aborted by a second
+    SIGINT/SIGTERM.
     """
-    from runner.service.daemon import load_registry, serve, setup_logging
+    import asyncio
 
-    setup_logging(c.worker_options["log_format"])
+    from runner.service.daemon import ServiceOptions, load_registry, serve
+    from runner.service.logs import setup_logging
+    from runner.service.metrics import parse_address
+
+    so = c.service_options
+    setup_logging(c.worker_options["log_format"], so["log_level"], so["log_attempts"])
     log = logging.getLogger("flowrun.daemon")
-    registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
-    if registry is None:
-        raise ConfigError(f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)")
-    log.info("loaded %d flows from %s", len(registry.flows), c.flows)
-    worker = asyncio.run(serve(c.engine, registry, worker_config(c)))
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in worker.stats.items()))
-    return 0
+    try:
+        address = None
+        if so["metrics"]:
+            try:
+                address = parse_address(so["metrics"])
+            except ValueError as exc:
+                raise ConfigError(f"--metrics {so['metrics']}: {exc}") from None
+        if not c.flows.is_dir():
+            raise ConfigError(
+                f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+                "`flowrun init` creates one)"
+            )
+        registry = load_registry(c.engine, c.flows)
+        log.info("loaded %d flows from %s", len(registry.flows), c.flows)
+        if not registry.flows and not registry.errors:
+            log.warning(
+                "no flows in %s: `flowrun init` writes an example; a flow file added there is "
+                "loaded while running",
+                c.flows,
+            )
+        options = ServiceOptions(
+            metrics=address,
+            progress=c.worker_options["exit_when_idle"],
+            log_attempts=so["log_attempts"],
+        )
+        served = asyncio.run(serve(c.engine, registry, worker_config(c), options=options))
+    except FlowErrors as exc:
+        if c.worker_options["log_format"] != "json":
+            raise  # one plain line each: file:line:col: message
+        for e in exc.errors:
+            log.error("%s", e, extra={"file": e.file, "line": e.line, "col": e.col})
+        return 2
+    except (ConfigError, UserError) as exc:
+        if c.worker_options["log_format"] != "json":
+            raise
+        log.error("flowrun: %s", exc)
+        return exc.exit_code
+    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    return served.code
 
 
 @main_group.command()
@@ -140,10 +219,12 @@ def tui(c: Ctx, attach: bool, readonly: bool):
     """
     from runner.service.console import run_console
 
-    run_console(c, attach=attach or readonly, readonly=readonly)
+    attach = attach or readonly
+    config = None if attach else worker_config(c)
+    run_console(c, attach=attach, readonly=readonly, config=config)
 
 
-for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
+for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS, *cli_init.COMMANDS):
     main_group.add_command(_sub)
 del _sub
 

@@ -11,15 +11,15 @@ shown by ``--help``.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
-from runner import lifecycle
-from runner.cli.context import Ctx, pass_ctx
+from runner.cli.context import Ctx, flow_to_start, pass_ctx
 from runner.errors import UserError
-from runner.ops import queries
-from runner.ops.commands import CommandResult, allowed_events, select_ids, submit
-from runner.store.db import reading
+
+if TYPE_CHECKING:  # the database side is imported in the command bodies (fast --help)
+    from runner.ops.commands import CommandResult
 
 
 def _parse_kv(pairs: tuple[str, ...]) -> dict:
@@ -61,7 +61,7 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
         if not isinstance(data, dict):
             raise UserError("--data must be a JSON object", 2)
     data.update(_parse_kv(pairs))
-    compiled = c.registry().get(flow)
+    compiled = flow_to_start(c, flow)  # the last good version when the file has errors
     with c.engine.begin() as conn:
         iid = create_instance(conn, compiled, data)
     click.echo(iid)
@@ -75,16 +75,27 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--limit", type=int, default=None, help="At most this many (newest first).")
+@click.option(
+    "--search", help="Only those whose label, flow, state, status, error or data contain this."
+)
 @pass_ctx
-def ls_cmd(c: Ctx, flow, status, as_json, limit):
+def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     """List instances.
 
     \f
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     rows = queries.list_instances(
-        c.engine, flow=flow, status=status, limit=limit, order_by="id", desc=limit is not None
+        c.engine,
+        flow=flow,
+        status=status,
+        text=search,
+        limit=limit,
+        order_by="id",
+        desc=limit is not None,
     )
     if limit is not None:
         rows.reverse()
@@ -108,6 +119,8 @@ def show(c: Ctx, instance_id: int, as_json: bool):
         UserError: no such instance (exit 1).
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     item = queries.get_instance(c.engine, instance_id)
     if item is None:
         raise UserError(f"no instance {instance_id}", 1)
@@ -123,6 +136,10 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
     """Apply ``command`` to ``ids`` and/or every instance of ``flow`` it can act on; prints
     one line per instance. Raises ``UserError(..., 2)`` with neither, and
     ``SystemExit(1)`` when any instance refused."""
+    from runner import lifecycle
+    from runner.ops.commands import select_ids, submit
+    from runner.store.db import reading
+
     if not ids and not flow:
         raise UserError(f"{command}: give instance ids or --flow F", 2)
     id_list = list(ids)
@@ -177,6 +194,8 @@ def send(c: Ctx, instance_id: int, event: str):
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops.commands import allowed_events, submit
+
     results = submit(c.engine, [instance_id], "send", event=event, source="cli")
     r = results[0]
     if r.ok:
@@ -223,6 +242,8 @@ def workers_cmd(c: Ctx, as_json: bool):
     Raises:
         ConfigError: the database cannot be opened.
     """
+    from runner.ops import queries
+
     rows = queries.list_workers(c.engine)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

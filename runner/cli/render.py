@@ -38,11 +38,14 @@ def _due(r: dict) -> str:
 
 
 def instance_table(rows: list[dict]) -> None:
-    """Print instances: id, flow, state, status, attempts, errors, restarts, due, lock, error."""
+    """Print instances: id, flow, label (when any has one), state, status, attempts, errors,
+    restarts, due, lock, error."""
     t = Table(box=None, pad_edge=False, header_style="bold")
+    labels = any(r.get("label") for r in rows)
     for col in (
         "id",
         "flow",
+        *(("label",) if labels else ()),
         "state",
         "status",
         "att",
@@ -53,7 +56,11 @@ def instance_table(rows: list[dict]) -> None:
         "last error",
     ):
         t.add_column(
-            col, no_wrap=True, overflow="ellipsis", max_width=60 if col == "last error" else None
+            col,
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width={"last error": 60, "label": 30}.get(col),
+            ratio=1 if col == "label" else None,  # the label shrinks before id and status
         )
     for r in rows:
         lock = (
@@ -62,6 +69,7 @@ def instance_table(rows: list[dict]) -> None:
         t.add_row(
             str(r["id"]),
             r["flow"],
+            *((r.get("label") or "",) if labels else ()),
             r["state"],
             r["status"],
             str(r["attempts"]),
@@ -80,6 +88,7 @@ def instance_detail(item: dict) -> None:
     for key in (
         "id",
         "flow",
+        "label",
         "version",
         "state",
         "status",

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.store.db import reading
+from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
 from runner.store.tables import commands, instances
 from runner.store.versions import compiled
@@ -79,6 +80,7 @@ def apply(
         raise UserError("send needs an event name", 2)
     at = time.time()
     results = []
+    due: list[float] = []  # due times the commands made, for the listening daemons
     ids = list(dict.fromkeys(ids))  # each instance once, in the order given
     rows = {
         r["id"]: r
@@ -102,6 +104,10 @@ def apply(
         )
         _log(conn, iid, command, event, source, at, "applied", message)
         results.append(CommandResult(iid, command, True, message))
+        if values.get("status", row["status"]) == "runnable":
+            due.append(values.get("due_at", row["due_at"]) or at)
+    if due:
+        notify_due(conn, min(due))
     return results
 
 

@@ -18,6 +18,7 @@ from runner.store.tables import attempts, commands, instances
 INSTANCE_KEYS = (
     "id",
     "flow",
+    "label",
     "state",
     "status",
     "data",
@@ -80,8 +81,8 @@ def list_instances(
 ) -> list[dict]:
     """One page of instances as ``instance_json`` dicts.
 
-    ``text`` matches (case-insensitively) the flow, state, status, last error or the data's
-    JSON text. ``order_by`` is one of ``SORTABLE``.
+    ``text`` matches (case-insensitively) the flow, label, state, status, last error or the
+    data's JSON text. ``order_by`` is one of ``SORTABLE``.
     """
     q = _filtered(select(instances), flow, status, text)
     col = instances.c[order_by if order_by in SORTABLE else "id"]
@@ -104,6 +105,7 @@ def _filtered(q, flow, status, text):
         q = q.where(
             or_(
                 func.lower(instances.c.flow).like(like),
+                func.lower(func.coalesce(instances.c.label, "")).like(like),
                 func.lower(instances.c.state).like(like),
                 func.lower(instances.c.status).like(like),
                 func.lower(func.coalesce(instances.c.last_error, "")).like(like),

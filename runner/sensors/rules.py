@@ -7,6 +7,9 @@ event's flow whose ``when`` is the event's sensor and whose ``match`` regexes al
 ``re.search`` the event's fields, and write what was done to ``events.action``. A crash
 before the commit undoes the claim and the actions together; nothing is lost or doubled.
 
+A selector's ``data`` regexes may name event fields as ``{event.x}``: the value is put in
+escaped (``re.escape``), so it matches literally (e.g. ``path: "^{event.path}$"``).
+
 Each rule runs in a savepoint: a rule that fails (a template naming a missing event field,
 an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +30,7 @@ from runner.ops import commands
 from runner.sensors.base import log
 from runner.store import create
 from runner.store.tables import events
-from runner.templating import render
+from runner.templating import render, render_event_refs
 
 #: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
 #: "every csv_ingest instance" does not log a refusal for each finished one.
@@ -62,6 +66,8 @@ class RuleEngine:
         self.engine = engine
         self.registry = registry
         self.batch = batch
+        #: Actions taken (instances started, commands applied), by event sensor (metrics).
+        self.actions: Counter[str] = Counter()
 
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
@@ -71,6 +77,7 @@ class RuleEngine:
         """
         at = time.time()
         acted = 0
+        by_sensor: Counter[str] = Counter()
         with self.engine.begin() as conn:
             rows = conn.execute(
                 select(events.c.id, events.c.sensor, events.c.payload)
@@ -92,9 +99,11 @@ class RuleEngine:
                     continue  # another daemon handled it first
                 texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
                 acted += n
+                by_sensor[sensor] += n
                 done.append({"eid": event_id, "text": "; ".join(texts)})
             if done:
                 conn.execute(_SET_ACTION, done)
+        self.actions.update(by_sensor)
         return len(rows), acted
 
     def _apply_rules(
@@ -116,7 +125,13 @@ class RuleEngine:
             except RULE_ERRORS as exc:
                 savepoint.rollback()
                 text = f"{source} error: {exc}"
-                log.warning("event %d (%s): %s", event_id, sensor, text)
+                log.warning(
+                    "event %d (%s): %s",
+                    event_id,
+                    sensor,
+                    text,
+                    extra={"event": event_id, "sensor": sensor},
+                )
             else:
                 savepoint.commit()
                 acted += n
@@ -144,12 +159,16 @@ class RuleEngine:
             if selector is None:
                 continue
             target_flow = selector.flow or flow.name
+            # ``{event.x}`` in a selector regex matches the event's value literally
+            data_match = {
+                k: render_event_refs(v, payload) for k, v in (selector.data or {}).items()
+            }
             ids = commands.select_ids(
                 conn,
                 flow=target_flow,
                 state=selector.state,
                 status=_ACTIONABLE[command],
-                data_match=selector.data,
+                data_match=data_match or None,
             )
             event = getattr(selector, "event", None) if command == "send" else None
             results = commands.apply(conn, ids, command, event=event, source=source)

@@ -13,7 +13,9 @@ from sqlalchemy import Connection, insert
 
 from runner.store.db import insert_ignore
 from runner.store.leases import now
+from runner.store.notify import notify_due
 from runner.store.tables import flow_versions, instances
+from runner.templating import render_label
 
 
 def record_version(conn: Connection, flow: Any) -> None:
@@ -40,8 +42,11 @@ def record_version(conn: Connection, flow: Any) -> None:
 
 
 def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float) -> dict:
-    """The column values of a new instance of ``flow`` (not yet inserted)."""
+    """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
+    the flow's label template rendered over the merged data (``None`` without one)."""
     state = flow.states[flow.initial]
+    merged = {**flow.data, **(data or {})}
+    template = getattr(flow, "label", None)
     status, due = "runnable", at
     if state.kind == "terminal":
         status, due = "completed", None
@@ -52,7 +57,8 @@ def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float
         "version": flow.version,
         "state": flow.initial,
         "status": status,
-        "data": {**flow.data, **(data or {})},
+        "data": merged,
+        "label": render_label(template, {"data": merged}) if template else None,
         "due_at": due,
         "fence": 0,
         "attempts": 0,
@@ -82,6 +88,8 @@ def create_instance(
     """
     record_version(conn, flow)
     row = initial_row(flow, data, event_id=event_id, at=at if at is not None else now())
+    if row["due_at"] is not None:
+        notify_due(conn, row["due_at"])
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
 
 
@@ -92,4 +100,5 @@ def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) 
     rows = [initial_row(flow, d, event_id=None, at=at) for d in datas]
     if rows:
         conn.execute(insert(instances), rows)
+        notify_due(conn)
     return len(rows)

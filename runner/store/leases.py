@@ -1,7 +1,7 @@
 """Leases: claim due instances, renew, recover lost attempts, release (creating is
 ``runner.store.create``; the fenced commit is ``runner.store.commit``).
 
-SQLModel defines the tables; this module uses SQLAlchemy Core statements with batched
+The tables are SQLAlchemy Core tables; this module uses Core statements with batched
 commits, because the ORM's per-object overhead (~3.6k rows/s here) would dominate the loop
 (Core with batched commits reaches ~40k rows/s on the same machine).
 
@@ -14,8 +14,8 @@ The protocol (after Takahē's Stator, made sharper by a fence):
    left running (outcome ``lost``, one restart each) once their lease has expired.
 2. :func:`renew` extends the leases of running attempts and reports which instances
    were taken away (fence or owner changed) so their attempts can be cancelled.
-3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and ``fence`` still
-   match the claim; a worker that lost its lease can write nothing to the instance.
+3. ``runner.store.commit.commit_outcomes`` writes outcomes only where ``locked_by`` and
+   ``fence`` still match the claim; a worker that lost its lease can write nothing to the instance.
 """
 
 from __future__ import annotations
@@ -224,3 +224,27 @@ def busy_count(conn: Connection, at: float | None = None) -> int:
         )
     )
     return conn.execute(q).scalar_one()
+
+
+def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]:
+    """When the next piece of work appears without anyone saying so (epoch seconds, UTC).
+
+    Returns ``(next_due, next_expiry)``: the earliest ``due_at`` after ``at`` of an
+    unlocked claimable instance (a backoff or try interval coming due), and the earliest
+    lease expiry of an attempt running anywhere (when ``recover_lost`` may find it lost);
+    ``None`` where there is none. Two index reads (``(status, due_at)`` and the locked
+    rows); a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier of them
+    instead of polling.
+    """
+    i = instances.c
+    due = conn.execute(
+        select(func.min(i.due_at)).where(
+            i.status.in_(CLAIMABLE), i.due_at > at, i.locked_by.is_(None)
+        )
+    ).scalar()
+    expiry = conn.execute(
+        select(func.min(i.locked_until)).where(
+            i.locked_by.is_not(None), i.running_attempt.is_not(None)
+        )
+    ).scalar()
+    return due, expiry

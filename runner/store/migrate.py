@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
 from runner.errors import ConfigError
+from runner.store.db import reading
+
+if TYPE_CHECKING:  # alembic is imported only when there is something to migrate
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 log = logging.getLogger("flowrun.migrate")
 
@@ -52,6 +55,8 @@ def alembic_config(connection: Connection | None = None) -> Config:
         connection: when given, ``env.py`` runs the migrations on it (inside the caller's
             transaction) instead of opening its own.
     """
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     if connection is not None:
@@ -61,6 +66,8 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 @functools.lru_cache(maxsize=1)
 def _script() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -73,7 +80,29 @@ def head() -> str:
 
 def current(conn: Connection) -> str | None:
     """The revision stamped in the database (``None``: never migrated)."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(conn).get_current_revision()
+
+
+def latest_revision() -> str:
+    """The head revision read without alembic: the ``revision`` declared by the migration
+    file whose name sorts last (``versions/NNNN_*.py``; a unit test checks it equals
+    :func:`head`)."""
+    last = max(MIGRATIONS.joinpath("versions").glob("[0-9]*.py"))
+    found = re.search(r"^revision(?:: *str)? *= *[\"']([^\"']+)[\"']", last.read_text(), re.M)
+    if found is None:
+        raise MigrationError(f"{last}: no revision = '...' line")
+    return found.group(1)
+
+
+def stamped(engine: Engine) -> list[str]:
+    """The revisions in ``engine``'s ``alembic_version`` table (empty when there is none),
+    read without a lock or alembic: one plain read transaction."""
+    with reading(engine) as conn:
+        if not inspect(conn).has_table("alembic_version"):
+            return []
+        return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
 
 
 def _has_unique(conn: Connection, table: str, name: str) -> bool:
@@ -83,6 +112,10 @@ def _has_unique(conn: Connection, table: str, name: str) -> bool:
     return name in uniques | indexes
 
 
+def _has_column(conn: Connection, table: str, name: str) -> bool:
+    return name in {c["name"] for c in inspect(conn).get_columns(table)}
+
+
 def _has_index(conn: Connection, table: str, name: str) -> bool:
     return name in {i.get("name") for i in inspect(conn).get_indexes(table)}
 
@@ -90,6 +123,7 @@ def _has_index(conn: Connection, table: str, name: str) -> bool:
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0003", lambda c: _has_column(c, "instances", "label")),
     ("0002", lambda c: _has_unique(c, "attempts", "uq_attempts_instance_attempt")),
     ("0001", lambda c: _has_index(c, "attempts", "ix_attempts_instance")),
 )
@@ -131,7 +165,15 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
     know (made by a newer flowrun) or with an unrecognisable schema; SQLAlchemy errors
     (unreachable database, ...) propagate for the caller to report.
     """
+    if revision == "head":
+        # the usual case, every CLI command's start: already there (one cheap read,
+        # no alembic import, no write lock); anything else takes the locked path below
+        latest = latest_revision()
+        if stamped(engine) == [latest]:
+            return latest
     target = head() if revision == "head" else revision
+    from alembic import command
+
     with engine.begin() as conn:
         _lock(conn)
         found = current(conn)

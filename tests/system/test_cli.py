@@ -1,4 +1,4 @@
-"""The `flowrun` command contract (shared/design/cli.md), run as real subprocesses on a
+"""The `flowrun` command contract (docs/cli.md), run as real subprocesses on a
 real SQLite file: JSON keys, exit codes, and one clear line (never a traceback) for every
 user mistake."""
 

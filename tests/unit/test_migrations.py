@@ -54,11 +54,14 @@ def legacy_083da5a_metadata() -> MetaData:
     """The schema as ``create_all`` made it up to commit 083da5a (before migrations).
 
     Today's tables, except that attempts had a plain ``(instance_id, id)`` index instead of
-    the ``(instance_id, attempt)`` unique constraint (added by revision 0002).
+    the ``(instance_id, attempt)`` unique constraint (added by revision 0002), and instances
+    had no ``label`` (added by revision 0003).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
         table.to_metadata(md)
+    inst = md.tables["instances"]
+    inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     att = md.tables["attempts"]
     for constraint in list(att.constraints):
         if constraint.name == "uq_attempts_instance_attempt":
@@ -148,7 +151,7 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
             ],
         )
     with old.connect() as conn:
-        assert migrate.legacy_revision(conn) == ("0002" if legacy == "today" else "0001")
+        assert migrate.legacy_revision(conn) == ("0003" if legacy == "today" else "0001")
     old.dispose()
 
     engine = make_engine(db_url)
@@ -240,5 +243,45 @@ def test_concurrent_upgrades_all_succeed(db_url, legacy):
     try:
         assert revision(engine) == migrate.head()
         assert schema_diffs(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_latest_revision_read_without_alembic_is_alembics_head():
+    assert migrate.latest_revision() == migrate.head()
+
+
+UP_TO_DATE = """
+import sys
+from runner.store.db import make_engine
+make_engine(sys.argv[1]).dispose()
+print(sorted(m for m in sys.modules if m.split(".")[0] == "alembic"))
+"""
+
+
+def test_a_database_at_head_is_opened_without_importing_alembic(db_url):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def open_in_subprocess() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", UP_TO_DATE, db_url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert open_in_subprocess() != "[]"  # an empty database: alembic creates the tables
+    assert open_in_subprocess() == "[]"  # already at head: one read, no alembic
+    engine = make_engine(db_url, create=False)
+    try:
+        with engine.begin() as conn:
+            from alembic import command
+
+            command.downgrade(migrate.alembic_config(conn), "0001")
+        assert open_in_subprocess() != "[]"  # behind: upgraded (0001 -> head)
+        assert revision(engine) == migrate.head()
     finally:
         engine.dispose()
