@@ -14,7 +14,8 @@ descriptor named by ``FLOWRUN_CONTROL_FD``. A handler writes one line per messag
 
 From Python::
 
-    from runner.control import keepalive, checkpoint, goto
+    from runner.control import data, keepalive, checkpoint, goto
+    rows_done = data().get("rows_done", 0)    # the instance data, however large
     checkpoint({"rows_done": 1000})
     goto("quarantine")
 
@@ -50,6 +51,17 @@ def _send(line: str) -> bool:
         n = os.write(int(fd), view)
         view = view[n:]
     return True
+
+
+def data() -> dict:
+    """The instance data this handler was started with: ``FLOWRUN_DATA`` (JSON, while it
+    is at most 64 kB) or else the file named by ``FLOWRUN_DATA_FILE``; ``{}`` outside
+    flowrun."""
+    path = os.environ.get("FLOWRUN_DATA_FILE")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(os.environ.get("FLOWRUN_DATA") or "{}")
 
 
 def keepalive() -> bool:

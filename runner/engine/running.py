@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +19,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from runner.engine.attempt_run import load_event_payload, run_attempt
+from runner.handlers import reaper
 from runner.handlers.attempt import AttemptResult, Cancel
-from runner.handlers.exec_handler import live_groups
 from runner.store import leases, rows
 from runner.store.db import reading
 
@@ -124,13 +123,10 @@ class RunningAttempts:
             run.cancel.set(reason)
 
     def abort(self) -> None:
-        """SIGKILL every handler process group still running and cancel every task: the
-        attempts are left for a worker to record as lost once their lease expired."""
-        for pgid in list(live_groups):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL every handler process group still running (and the descendants that
+        left them) and cancel every task: the attempts are left for a worker to record as
+        lost once their lease expired."""
+        reaper.kill_all(signal.SIGKILL)
         for run in self.running.values():
             run.task.cancel()
 

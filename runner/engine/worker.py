@@ -42,6 +42,7 @@ from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
+from runner.handlers import reaper
 from runner.store import heartbeat
 from runner.store.db import no_wait_engine, short_error
 from runner.store.wal import WalCheckpointer
@@ -188,11 +189,15 @@ class Worker:
         its finished attempts kept: nothing is lost.
         """
         await self._open()
+        reaper.start()  # exec handlers' escaped descendants are ended with their attempt
         try:
             while not self._abort and await self._turn():
                 pass
         finally:
-            await self._close()
+            try:
+                await self._close()
+            finally:
+                reaper.stop()
 
     async def _turn(self) -> bool:
         """One turn of the loop; False when the loop is done. The steps, in order:
