@@ -148,6 +148,18 @@ for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
 del _sub
 
 
+def _add_novel_commands() -> None:
+    """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
+    migrate, serve); each module imports its heavy parts inside its command bodies."""
+    from runner.cli import explain as cli_explain
+
+    for sub in cli_explain.COMMANDS:
+        main_group.add_command(sub)
+
+
+_add_novel_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 

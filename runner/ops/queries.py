@@ -281,3 +281,49 @@ def _budget(engine: Engine, row: Any) -> dict | None:
     except (UserError, KeyError):
         return None
     return lifecycle.budget(row["state_errors"], time.time(), policy, row["state_restarts"])
+
+
+def instance_rows(engine: Engine, instance_id: int) -> dict | None:
+    """The raw rows behind one instance, for reasoning over its history (``runner.ops.explain``).
+
+    Returns ``None`` for an unknown id, else ``{"instance": {...}, "attempts": [...],
+    "commands": [...], "event": {...} | None}``: plain dicts of the table columns with
+    float epoch seconds (no ISO conversion), attempts oldest first with the attempt
+    running now (from the instance row, ``outcome`` ``None``) last, commands in the order
+    they were written, and the sensor event that started the instance, if any.
+    """
+    from runner.store.tables import events
+
+    with reading(engine) as conn:
+        row = (
+            conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
+        )
+        if row is None:
+            return None
+        att = (
+            conn.execute(
+                select(attempts)
+                .where(attempts.c.instance_id == instance_id)
+                .order_by(attempts.c.attempt.desc())
+            )
+            .mappings()
+            .all()
+        )
+        cmds = conn.execute(
+            select(commands).where(commands.c.instance_id == instance_id).order_by(commands.c.id)
+        ).mappings()
+        cmds = [dict(c) for c in cmds]
+        event = None
+        if row["event_id"] is not None:
+            found = (
+                conn.execute(select(events).where(events.c.id == row["event_id"]))
+                .mappings()
+                .first()
+            )
+            event = dict(found) if found is not None else None
+    return {
+        "instance": dict(row),
+        "attempts": list(reversed(with_running(row, att))),
+        "commands": cmds,
+        "event": event,
+    }

@@ -205,6 +205,18 @@ class ConsoleData:
 
     # -- one instance ----------------------------------------------------------------
 
+    def explain(self, instance_id: int) -> str | None:
+        """The text of ``flowrun explain`` for one instance (``runner.ops.explain``), or
+        ``None`` when there is no such id."""
+        from runner.ops.explain import explain, render_text
+        from runner.ops.queries import instance_rows
+
+        rows = instance_rows(self.reader, instance_id)
+        if rows is None:
+            return None
+        now = self.clock()
+        return render_text(explain(rows, self.compiled, now), now)
+
     def detail(self, instance_id: int, *, history: int = 200) -> Detail | None:
         """One instance with its last ``history`` attempts and last 50 commands, or
         ``None`` when there is no such id. A flow version that cannot be compiled is

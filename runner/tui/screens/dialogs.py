@@ -90,6 +90,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("g / G  home end", "first / last row"),
             ("space", "mark / unmark (commands act on the marked set)"),
             ("enter", "detail of the instance"),
+            ("e", "explain: its timeline (waits and their causes) and what happens next"),
             ("/", "filter by text (id, flow, state, status, error, data)"),
             ("f", "filter by status"),
             ("F", "filter by flow"),

@@ -33,6 +33,7 @@ class InstancesScreen(Screen):
         Binding("r", "command('retry')", "Retry"),
         Binding("s", "command('send')", "Send"),
         Binding("enter", "detail", "Detail", show=False),
+        Binding("e", "explain", "Explain", show=False),
         Binding("slash", "text_filter", "Filter"),
         Binding("f", "status_filter", "Status"),
         Binding("F", "flow_filter", "Flow", show=False),
@@ -151,6 +152,14 @@ class InstancesScreen(Screen):
     def action_command(self, command: str) -> None:
         """Run ``command`` on the marked rows, or on the row under the cursor."""
         self.app.request_command(command, self.table.selected_ids())
+
+    def action_explain(self) -> None:
+        """Explain the row under the cursor (``runner.tui.screens.explain``)."""
+        from runner.tui.screens.explain import ExplainScreen
+
+        row = self.table.cursor_row
+        if row is not None:
+            self.app.push_screen(ExplainScreen(row.id))
 
     def action_detail(self) -> None:
         """Open the detail of the row under the cursor."""

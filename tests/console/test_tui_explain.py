@@ -1,0 +1,50 @@
+"""``e`` in the console shows ``flowrun explain``'s text (Pilot, a real SQLite file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runner.ops.explain import explain, render_text
+from runner.ops.queries import instance_rows
+from runner.store.versions import compiled
+from runner.tui.app import FlowrunApp
+from runner.tui.screens.detail import DetailScreen
+from runner.tui.screens.explain import ExplainScreen
+from runner.tui.screens.instances import InstancesScreen
+from tests.support.console_db import build_db, clock
+
+
+async def _settle(app: FlowrunApp, pilot) -> None:
+    for _ in range(4):
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def test_e_explains_the_instance_under_the_cursor(tmp_path: Path) -> None:
+    engine, _, flows = build_db(tmp_path)
+    app = FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, InstancesScreen)
+        screen.table.cursor = 0
+        await pilot.pause()
+        await pilot.press("e")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ExplainScreen) and app.screen.instance_id == 1
+        expected = render_text(
+            explain(instance_rows(engine, 1), lambda v: compiled(engine, v), clock()), clock()
+        )
+        assert app.screen.text == expected
+        assert "What happened" in expected and "What happens next" in expected
+        assert "attempt 1 in 'fetch'" in expected
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("enter")  # from the detail screen too
+        await _settle(app, pilot)
+        assert isinstance(app.screen, DetailScreen)
+        await pilot.press("e")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ExplainScreen) and app.screen.text == expected
+    engine.dispose()
