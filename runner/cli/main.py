@@ -152,8 +152,9 @@ def _add_novel_commands() -> None:
     """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
+    from runner.cli import sleep as cli_sleep
 
-    for sub in cli_explain.COMMANDS:
+    for sub in (*cli_explain.COMMANDS, *cli_sleep.COMMANDS):
         main_group.add_command(sub)
 
 

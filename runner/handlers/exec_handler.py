@@ -2,9 +2,10 @@
 
 Each argument is rendered on its own from ``{data.x}``/``{event.x}`` key paths. The handler
 gets ``FLOWRUN_*`` variables and a control channel (``runner.control``). Exit 0 → its
-``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; other → error with the
-tail of stderr. A cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL
-after the grace); on a clean exit, whatever the handler left in its group is ended too.
+``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; after a ``sleep`` line,
+0 or 75 → sleep in this state until then; other → error with the tail of stderr. A
+cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL after the grace);
+on a clean exit, whatever the handler left in its group is ended too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from runner.handlers.attempt import (
     Cancel,
     CheckpointFn,
     Limits,
+    Sleep,
     Watch,
+    slept,
     supervise,
 )
 from runner.templating import render
@@ -81,7 +84,13 @@ async def run_exec(
         )
     finally:
         os.close(write_fd)
-    state: dict[str, Any] = {"goto": None, "checkpoint": None, "lost": False, "bad": None}
+    state: dict[str, Any] = {
+        "goto": None,
+        "checkpoint": None,
+        "lost": False,
+        "bad": None,
+        "sleep": None,
+    }
 
     async def on_line(line: str) -> None:
         try:
@@ -92,6 +101,8 @@ async def run_exec(
         watch.signal()
         if kind == "goto":
             state["goto"] = value
+        elif kind == "sleep":
+            state["sleep"] = value
         elif kind == "checkpoint":
             data.update(value)
             state["checkpoint"] = value
@@ -124,6 +135,8 @@ async def run_exec(
     if how == "cancelled":
         return AttemptResult("cancelled", data, error=why, checkpoint=last)
     code = proc.returncode
+    if state["sleep"] is not None and code in (0, EXIT_NOT_YET) and not state["bad"]:
+        return slept(Sleep(state["sleep"]), data, last)
     if code == 0:
         target = state["goto"] or next_state
         if state["bad"]:

@@ -334,9 +334,9 @@ def _ended(out: list[Entry], t: _Track, a: dict, pol: Policy | None, flow_of) ->
         return
     if outcome == "sleep":
         out.append(
-            Entry(a["started_at"], "attempt", f"{head}: took {took}, asked to sleep: {error}", data)
+            Entry(a["started_at"], "attempt", f"{head}: took {took}, asked to {error}", data)
         )
-        _wait(t, at, f"the handler asked to sleep ({error}); nothing spent", kind="sleep")
+        _wait(t, at, f"the handler asked to {error} (nothing spent)", kind="sleep")
         return
     if outcome == "error":
         out.append(Entry(a["started_at"], "attempt", f"{head}: took {took}, error: {error}", data))
@@ -481,7 +481,7 @@ def _command(out: list[Entry], t: _Track, c: dict, flow_of) -> None:
     if name in ("resume", "retry", "send", "wake", "migrate"):
         _wait(t, c["created_at"], f"{name} by {who}", kind="command", command=name)
     elif name == "sleep":
-        _wait(t, c["created_at"], f"asleep: {c['result']}", kind="sleep")
+        _wait(t, c["created_at"], f"put to sleep by {who} (nothing spent)", kind="sleep")
 
 
 def forecast(inst: dict, flow: Any, now: float, t: _Track | None = None) -> list[Entry]:

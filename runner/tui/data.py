@@ -353,11 +353,18 @@ class ConsoleData:
             common = evs if common is None else common & evs
         return sorted(common or ())
 
-    def submit(self, ids: Sequence[int], command: str, event: str | None = None) -> list[Any]:
-        """Apply ``command`` (pause, resume, kill, retry, send) to ``ids`` through
+    def submit(
+        self,
+        ids: Sequence[int],
+        command: str,
+        event: str | None = None,
+        *,
+        until: float | None = None,
+    ) -> list[Any]:
+        """Apply ``command`` (pause, resume, kill, retry, send, sleep, wake) to ``ids`` through
         ``runner.ops.commands.submit`` (source ``tui``) in one transaction; returns one
         ``CommandResult`` per distinct id (a refusal is a result, not an exception).
-        ``event`` is the event for ``send``.
+        ``event`` is the event for ``send``; ``until`` the wake time of ``sleep`` (epoch s).
 
         Raises:
             UserError: an unknown command, or ``send`` without an event.
@@ -365,4 +372,4 @@ class ConsoleData:
         """
         from runner.ops.commands import submit
 
-        return submit(self.engine, list(ids), command, event=event, source="tui")
+        return submit(self.engine, list(ids), command, event=event, source="tui", until=until)

@@ -48,3 +48,28 @@ async def test_e_explains_the_instance_under_the_cursor(tmp_path: Path) -> None:
         await _settle(app, pilot)
         assert isinstance(app.screen, ExplainScreen) and app.screen.text == expected
     engine.dispose()
+
+
+async def test_z_sleeps_and_w_wakes(tmp_path: Path) -> None:
+    from runner.tui.screens.dialogs import ChoiceScreen
+    from tests.support.console_db import status_of
+    from tests.support.fault import row
+
+    engine, _, flows = build_db(tmp_path)
+    runnable = next(i for i in range(1, 13) if status_of(engine, i)[0] == "runnable")
+    app = FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _settle(app, pilot)
+        app.screen.table.cursor = runnable - 1
+        await pilot.pause()
+        await pilot.press("z")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ChoiceScreen)
+        await pilot.press("down", "enter")  # the second choice: 1h
+        await _settle(app, pilot)
+        r = row(engine, runnable)
+        assert r["status"] == "sleeping" and r["due_at"] == clock() + 3600
+        await pilot.press("w")
+        await _settle(app, pilot)
+        assert status_of(engine, runnable)[0] == "runnable"
+    engine.dispose()

@@ -130,6 +130,8 @@ class DetailScreen(Screen):
         Binding("r", "command('retry')", "Retry"),
         Binding("s", "command('send')", "Send"),
         Binding("e", "explain", "Explain", show=False),
+        Binding("z", "sleep", "Sleep", show=False),
+        Binding("w", "command('wake')", "Wake", show=False),
     ]
 
     def __init__(self, instance_id: int) -> None:
@@ -215,6 +217,12 @@ class DetailScreen(Screen):
             a["to_state"] or "",
             fmt.one_line(a["error"], 120),
         )
+
+    def action_sleep(self) -> None:
+        """Put this instance to sleep (asks how long)."""
+        from runner.tui.screens.sleep import request_sleep
+
+        request_sleep(self.app, [self.instance_id])
 
     def action_explain(self) -> None:
         """Explain this instance (``runner.tui.screens.explain``)."""

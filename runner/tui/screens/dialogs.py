@@ -104,6 +104,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("p", "pause, or resume when paused"),
             ("k", "kill (asks first)"),
             ("r", "retry a failed instance"),
+            ("z / w", "sleep for a while (nothing spent) / wake a sleeping instance now"),
             ("s", "send an event its state accepts"),
         ],
     ),
