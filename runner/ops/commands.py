@@ -72,9 +72,11 @@ def apply(
     event: str | None = None,
     source: str = "rule",
     until: float | None = None,
+    tag: dict | None = None,
 ) -> list[CommandResult]:
     """Like :func:`submit`, inside the caller's transaction (rules mark their event handled
-    in the same one). Unknown ids yield a refused result "no instance N"."""
+    in the same one). Unknown ids yield a refused result "no instance N". ``tag`` is
+    stored in each command row's ``args`` (a rule's ``{"event_id": N}``)."""
     if command not in lifecycle.OPERATOR_COMMANDS:
         expected = ", ".join(lifecycle.OPERATOR_COMMANDS)
         raise UserError(f"unknown command {command!r} (expected one of: {expected})", 2)
@@ -98,14 +100,14 @@ def apply(
             values, message = _plan(conn, row, command, event, at, until)
         except IllegalMove as exc:
             results.append(CommandResult(iid, command, False, str(exc)))
-            _log(conn, iid, command, event, source, at, "refused", str(exc), until)
+            _log(conn, iid, command, event, source, at, "refused", str(exc), until, tag)
             continue
         values.update(fence=instances.c.fence + 1, updated_at=at)
         conn.execute(update(instances).where(instances.c.id == iid).values(**values))
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
         )
-        _log(conn, iid, command, event, source, at, "applied", message, until)
+        _log(conn, iid, command, event, source, at, "applied", message, until, tag)
         results.append(CommandResult(iid, command, True, message))
     return results
 
@@ -194,8 +196,9 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
     )
 
 
-def _log(conn, iid, command, event, source, at, status, message, until=None) -> None:
+def _log(conn, iid, command, event, source, at, status, message, until=None, tag=None) -> None:
     args: dict = {"event": event} if event else {}
+    args.update(tag or {})
     if command == "sleep":
         args["until"] = until
     conn.execute(

@@ -452,6 +452,8 @@ def _command(out: list[Entry], t: _Track, c: dict, flow_of) -> None:
     kind = "rule" if source.startswith("rule:") else "command"
     name = c["command"]
     args = c["args"] or {}
+    if args.get("event_id") is not None:
+        who += f" on event #{args['event_id']}"
     data = {"command": name, "source": source, "status": c["status"], "args": args}
     if c["status"] != "applied":
         out.append(Entry(c["created_at"], kind, f"{name} by {who}: refused ({c['result']})", data))
