@@ -152,10 +152,12 @@ def _add_novel_commands() -> None:
     """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
+    from runner.cli import migrate as cli_migrate
     from runner.cli import rules as cli_rules
     from runner.cli import sleep as cli_sleep
 
-    for sub in (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, cli_rules.rules_group):
+    novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
+    for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group
     main_group.add_command(cli_rules.events_group(main_group.commands["events"]))

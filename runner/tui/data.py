@@ -334,6 +334,11 @@ class ConsoleData:
                 fv.flow, fv.loaded_at.desc()
             )
             info.versions = [dict(r) for r in conn.execute(stmt).mappings()]
+        from runner.ops.migrate import instances_per_version
+
+        per_version = instances_per_version(self.reader)
+        for v in info.versions:
+            v["instances"] = per_version.get(v["version"], {})
         return info
 
     # -- commands --------------------------------------------------------------------

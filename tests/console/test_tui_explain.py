@@ -73,3 +73,26 @@ async def test_z_sleeps_and_w_wakes(tmp_path: Path) -> None:
         await _settle(app, pilot)
         assert status_of(engine, runnable)[0] == "runnable"
     engine.dispose()
+
+
+async def test_flows_view_counts_instances_per_version(tmp_path: Path) -> None:
+    from textual.widgets import DataTable
+
+    from runner.tui.screens.views import FlowsScreen
+    from tests.support.fault import sql
+
+    engine, _, flows = build_db(tmp_path)
+    per_version = dict(sql(engine, "SELECT version, COUNT(*) FROM instances GROUP BY version"))
+    app = FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _settle(app, pilot)
+        await pilot.press("4")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, FlowsScreen)
+        table = app.screen.query_one("#versions", DataTable)
+        cells = {
+            str(table.get_row_at(i)[1]): str(table.get_row_at(i)[3]) for i in range(table.row_count)
+        }
+        for version, n in per_version.items():
+            assert cells[version].startswith(f"{n}: "), cells
+    engine.dispose()

@@ -197,7 +197,7 @@ class FlowsScreen(TableView):
     BINDINGS = [Binding("ctrl+r", "reload", "Reload")]
     TABLES = (
         ("flows", "loaded flows", ("flow", "version", "states", "sensors", "rules", "file")),
-        ("versions", "stored versions", ("flow", "version", "loaded", "file")),
+        ("versions", "stored versions", ("flow", "version", "loaded", "instances", "file")),
     )
 
     def extra_widgets(self) -> ComposeResult:
@@ -252,8 +252,19 @@ class FlowsScreen(TableView):
                     v["flow"],
                     v["version"],
                     fmt.span(now - v["loaded_at"]) + " ago",
+                    _per_status(v.get("instances") or {}),
                     self._rel(v["path"]),
                 )
                 for v in result.versions
             ],
         )
+
+
+def _per_status(counts: dict[str, int]) -> str:
+    """``"3: runnable 2, completed 1"`` (statuses in lifecycle order), or ``"0"``."""
+    from runner.lifecycle import STATUSES
+
+    if not counts:
+        return "0"
+    parts = [f"{s} {counts[s]}" for s in STATUSES if counts.get(s)]
+    return f"{sum(counts.values())}: {', '.join(parts)}"
