@@ -175,31 +175,10 @@ def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) 
     """One instance with ``history`` (its attempts, oldest first, the last
     ``history_limit``), ``checkpoints`` and ``commands``; ``None`` when unknown."""
     with reading(engine) as conn:
-        row = (
-            conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
-        )
-        if row is None:
-            return None
-        att = (
-            conn.execute(
-                select(attempts)
-                .where(attempts.c.instance_id == instance_id)
-                .order_by(attempts.c.attempt.desc())
-                .limit(history_limit)
-            )
-            .mappings()
-            .all()
-        )
-        att = with_running(row, att)[:history_limit]
-        cmds = (
-            conn.execute(
-                select(commands)
-                .where(commands.c.instance_id == instance_id)
-                .order_by(commands.c.id)
-            )
-            .mappings()
-            .all()
-        )
+        found = _read_instance(conn, instance_id, history_limit)
+    if found is None:
+        return None
+    row, att, cmds = found
     out = instance_json(row)
     out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
     out["budget"] = _budget(engine, row)
@@ -295,24 +274,10 @@ def instance_rows(engine: Engine, instance_id: int) -> dict | None:
     from runner.store.tables import events
 
     with reading(engine) as conn:
-        row = (
-            conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
-        )
-        if row is None:
+        found = _read_instance(conn, instance_id, None)
+        if found is None:
             return None
-        att = (
-            conn.execute(
-                select(attempts)
-                .where(attempts.c.instance_id == instance_id)
-                .order_by(attempts.c.attempt.desc())
-            )
-            .mappings()
-            .all()
-        )
-        cmds = conn.execute(
-            select(commands).where(commands.c.instance_id == instance_id).order_by(commands.c.id)
-        ).mappings()
-        cmds = [dict(c) for c in cmds]
+        row, att, cmds = found
         event = None
         if row["event_id"] is not None:
             found = (
@@ -323,7 +288,27 @@ def instance_rows(engine: Engine, instance_id: int) -> dict | None:
             event = dict(found) if found is not None else None
     return {
         "instance": dict(row),
-        "attempts": list(reversed(with_running(row, att))),
-        "commands": cmds,
+        "attempts": list(reversed(att)),
+        "commands": [dict(c) for c in cmds],
         "event": event,
     }
+
+
+def _read_instance(conn, instance_id: int, history_limit: int | None):
+    """``(row, attempts, commands)`` of one instance inside a reading transaction, or
+    ``None``: its row, its attempt rows newest first (the last ``history_limit``, or all)
+    with the running one in front (:func:`with_running`), its command rows in order."""
+    row = conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
+    if row is None:
+        return None
+    q = (
+        select(attempts)
+        .where(attempts.c.instance_id == instance_id)
+        .order_by(attempts.c.attempt.desc())
+    )
+    att = conn.execute(q if history_limit is None else q.limit(history_limit)).mappings().all()
+    att = with_running(row, att)[:history_limit]
+    cmds = conn.execute(
+        select(commands).where(commands.c.instance_id == instance_id).order_by(commands.c.id)
+    ).mappings()
+    return row, att, cmds.all()

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.fault import Daemon, Flowrun, engine_at, poll, row, unique
+from tests.support.fault import Daemon, Flowrun, daemon_running, engine_at, poll, row
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,14 +33,8 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun,
     )
     (home / "flows" / "inbox").mkdir()
     fr = Flowrun(home)
-    daemon = fr.daemon(worker_id=unique("explain"))
-    poll(lambda: "started" in daemon.log(), 60, what="daemon start")
-    yield fr, daemon
-    daemon.signal(signal.SIGINT)
-    try:
-        daemon.wait(60)
-    finally:
-        daemon.stop()
+    with daemon_running(fr, "explain") as daemon:
+        yield fr, daemon
 
 
 def _explain(fr: Flowrun, iid: int) -> tuple[str, dict]:

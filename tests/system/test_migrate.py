@@ -6,13 +6,12 @@ migration is an audited command row shown by ``show`` and ``explain``."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.fault import Daemon, Flowrun, engine_at, poll, row, sql, unique
+from tests.support.fault import Daemon, Flowrun, daemon_running, engine_at, poll, row, sql
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,14 +48,8 @@ def live(tmp_path) -> Iterator[tuple[Flowrun, Daemon]]:
     fr = Flowrun(tmp_path)
     fr.flows.mkdir()
     (fr.flows / "mig.yaml").write_text(V1)
-    daemon = fr.daemon(worker_id=unique("mig"))
-    poll(lambda: "started" in daemon.log(), 60, what="daemon start")
-    yield fr, daemon
-    daemon.signal(signal.SIGINT)
-    try:
-        daemon.wait(60)
-    finally:
-        daemon.stop()
+    with daemon_running(fr, "mig") as daemon:
+        yield fr, daemon
 
 
 def _start(fr: Flowrun) -> int:

@@ -4,12 +4,19 @@ with real files and tail sensors on a real SQLite file (issue 17, item 3)."""
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.fault import Daemon, Flowrun, engine_at, poll, sql, unique, write_flow
+from tests.support.fault import (
+    Daemon,
+    Flowrun,
+    daemon_running,
+    engine_at,
+    poll,
+    sql,
+    write_flow,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,14 +45,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Da
     write_flow(fr.flows, "ingest", FLOW)
     (fr.flows / "inbox").mkdir()
     (fr.flows / "app.log").write_text("")
-    daemon = fr.daemon(worker_id=unique("replay"))
-    poll(lambda: "started" in daemon.log(), 60, what="daemon start")
-    yield fr, daemon
-    daemon.signal(signal.SIGINT)
-    try:
-        daemon.wait(60)
-    finally:
-        daemon.stop()
+    with daemon_running(fr, "replay") as daemon:
+        yield fr, daemon
 
 
 def _counts(fr: Flowrun) -> tuple:

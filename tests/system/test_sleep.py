@@ -9,7 +9,6 @@ is spent (errors, restarts), and ``flowrun explain`` says why it sleeps.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from tests.support.fault import (
     Daemon,
     Flowrun,
     attempts_of,
+    daemon_running,
     engine_at,
     poll,
     row,
@@ -74,14 +74,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Da
     write_flow(fr.flows, "callnap", FLOWS["callnap"], {NAP: HANDLERS})
     for name in ("execnap", "poll"):
         write_flow(fr.flows, name, FLOWS[name])
-    daemon = fr.daemon(worker_id=unique("sleep"))
-    poll(lambda: "started" in daemon.log(), 60, what="daemon start")
-    yield fr, daemon
-    daemon.signal(signal.SIGINT)
-    try:
-        daemon.wait(60)
-    finally:
-        daemon.stop()
+    with daemon_running(fr, "sleep") as daemon:
+        yield fr, daemon
 
 
 def _start(fr: Flowrun, flow: str) -> int:
