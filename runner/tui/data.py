@@ -341,6 +341,28 @@ class ConsoleData:
             v["instances"] = per_version.get(v["version"], {})
         return info
 
+    def migrate_to_loaded(self, flow: str) -> list[Any]:
+        """Migrate every unfinished instance of ``flow`` to the version loaded from the
+        flows folder now (``runner.ops.migrate``, source ``tui``); returns one
+        ``Migration`` per instance considered.
+
+        Raises:
+            UserError: no flows folder, or ``flow`` is not loaded from it.
+        """
+        from runner.errors import UserError
+        from runner.flowspec.registry import FlowRegistry
+        from runner.ops.migrate import migrate
+        from runner.store.create import record_version
+
+        if self.flows_dir is None:
+            raise UserError("no flows folder: no latest version to migrate to", 2)
+        registry = FlowRegistry(self.flows_dir)
+        registry.load_all()
+        loaded = registry.get(flow)
+        with self.engine.begin() as conn:
+            record_version(conn, loaded)
+        return migrate(self.engine, flow, loaded.version, source="tui")
+
     # -- commands --------------------------------------------------------------------
 
     def allowed_events(self, ids: Iterable[int]) -> list[str]:

@@ -96,3 +96,37 @@ async def test_flows_view_counts_instances_per_version(tmp_path: Path) -> None:
         for version, n in per_version.items():
             assert cells[version].startswith(f"{n}: "), cells
     engine.dispose()
+
+
+async def test_m_in_the_flows_view_migrates_to_the_loaded_version(tmp_path: Path) -> None:
+    from runner.flowspec.compiler import load_flow
+    from runner.tui.screens.dialogs import ConfirmScreen
+    from runner.tui.screens.views import FlowsScreen
+    from tests.support.fault import sql
+
+    engine, _, flows = build_db(tmp_path)
+    path = flows / "orders.yaml"
+    old = load_flow(path).version
+    path.write_text(path.read_text() + "\n# a new version\n")
+    new = load_flow(path).version
+    app = FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _settle(app, pilot)
+        await pilot.press("4")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, FlowsScreen)
+        await pilot.press("m")  # the cursor is on the first loaded flow: orders
+        await _settle(app, pilot)
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await _settle(app, pilot)
+    versions = dict(sql(engine, "SELECT id, version FROM instances WHERE flow = 'orders'"))
+    statuses = dict(sql(engine, "SELECT id, status FROM instances WHERE flow = 'orders'"))
+    moved = [i for i, v in versions.items() if v == new]
+    assert moved and all(statuses[i] not in ("completed", "killed") for i in moved)
+    assert all(versions[i] == old for i, s in statuses.items() if s in ("completed", "killed"))
+    audit = sql(
+        engine, "SELECT instance_id FROM commands WHERE command = 'migrate' AND source = 'tui'"
+    )
+    assert sorted(i for (i,) in audit) >= sorted(moved)
+    engine.dispose()

@@ -77,7 +77,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("1", "instances"),
             ("2", "workers"),
             ("3", "sensors, events and commands"),
-            ("4", "flows and versions"),
+            ("4", "flows and versions (m: migrate a flow's instances to the loaded version)"),
             ("ctrl+p", "command palette (every action below)"),
             ("?", "this help"),
             ("q", "quit"),
