@@ -236,6 +236,26 @@ EXIT_DATABASE = 75
 it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
 
 
+def _add_novel_commands() -> None:
+    """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
+    migrate, serve); each module imports its heavy parts inside its command bodies."""
+    from runner.cli import explain as cli_explain
+    from runner.cli import migrate as cli_migrate
+    from runner.cli import rules as cli_rules
+    from runner.cli import serve as cli_serve
+    from runner.cli import sleep as cli_sleep
+
+    novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
+    novel += cli_serve.COMMANDS
+    for sub in (*novel, cli_rules.rules_group):
+        main_group.add_command(sub)
+    # `flowrun events` (the listing) stays the default of the `events` group
+    main_group.add_command(cli_rules.events_group(main_group.commands["events"]))
+
+
+_add_novel_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 

@@ -2,10 +2,11 @@
 
 Each argument is rendered on its own from ``{data.x}``/``{event.x}`` key paths. The handler
 gets ``FLOWRUN_*`` variables and a control channel (``runner.control``). Exit 0 → its
-``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; other → error with the
-tail of stderr. A cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL
-after the grace); on a clean exit, whatever the handler left in its group is ended too,
-and descendants that left the group are ended by ``runner.handlers.reaper``.
+``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; after a ``sleep`` line,
+0 or 75 → sleep in this state until then; other → error with the tail of stderr. A
+cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL after the grace);
+on a clean exit, whatever the handler left in its group is ended too, and descendants
+that left the group are ended by ``runner.handlers.reaper``.
 
 Per attempt the cost outside the process itself is one spawn on a spawn thread
 (``runner.handlers.spawn``), its exit from one thread watching every handler's pidfd
@@ -31,7 +32,9 @@ from runner.handlers.attempt import (
     Cancel,
     CheckpointFn,
     Limits,
+    Sleep,
     Watch,
+    slept,
     supervise,
 )
 from runner.handlers.spawn import Child, remove_data_file, spawn
@@ -91,6 +94,8 @@ async def run_exec(
     if how == "cancelled":
         return AttemptResult("cancelled", data, error=cancel.reason or why, checkpoint=last)
     code = child.proc.returncode
+    if io.sleep is not None and code in (0, EXIT_NOT_YET) and not io.bad:
+        return slept(Sleep(io.sleep), data, last)
     if code == 0:
         target = io.goto or next_state
         if io.bad:
@@ -137,6 +142,7 @@ class _Supervised:
         self.checkpoint = checkpoint
         self.loop = asyncio.get_running_loop()
         self.goto: str | None = None
+        self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
         self.bad: str | None = None
         self.last_checkpoint: dict | None = None
         self._pending: list[dict] = []
@@ -250,6 +256,8 @@ class _Supervised:
         self.watch.signal()
         if kind == "goto":
             self.goto = value  # type: ignore[assignment]
+        elif kind == "sleep":
+            self.sleep = value
         elif kind == "checkpoint":
             self.data.update(value)  # type: ignore[arg-type]
             self.last_checkpoint = value  # type: ignore[assignment]
