@@ -31,6 +31,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
 from runner.errors import ConfigError
+from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.migrate")
 
@@ -115,7 +116,7 @@ def legacy_revision(conn: Connection) -> str | None:
 
 
 def _lock(conn: Connection) -> None:
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).advisory_locks:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
     # SQLite: the transaction began with BEGIN IMMEDIATE (runner.store.db): already exclusive.
 
