@@ -83,13 +83,16 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit):
     Raises:
         ConfigError: the database cannot be opened.
     """
-    rows = queries.list_instances(
-        c.engine, flow=flow, status=status, limit=limit, order_by="id", desc=limit is not None
+    keys = queries.JSON_KEYS if as_json else queries.TABLE_KEYS
+    rows = queries.read_instances(
+        c.engine, keys=keys, flow=flow, status=status, limit=limit, desc=limit is not None
     )
     if limit is not None:
         rows.reverse()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        from runner.cli.render import json_lines_array
+
+        click.echo(json_lines_array([queries.instance_json(r) for r in rows]))
         return
     from runner.cli.render import instance_table
 
