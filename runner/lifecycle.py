@@ -10,11 +10,15 @@ refused move is one clear message, never a half-written row.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from transitions import Machine, MachineError
 
 from runner.errors import IllegalMove
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.policy import Policy
 
 #: The fixed lifecycle statuses of an instance (Metafora's states, minus ``fault``).
 STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
@@ -107,7 +111,7 @@ def in_window(error_times: list[float] | None, now: float, window: float | None)
     return [t for t in error_times or [] if t > now - window]
 
 
-def budget(error_times: list[float] | None, now: float, policy: Any, restarts: int) -> dict:
+def budget(error_times: list[float] | None, now: float, policy: Policy, restarts: int) -> dict:
     """The error budget of a state under ``policy``: used, left, max, window (s),
     on_exhausted, and restarts used out of ``max_restarts``."""
     used = len(in_window(error_times, now, policy.window))
@@ -122,7 +126,7 @@ def budget(error_times: list[float] | None, now: float, policy: Any, restarts: i
     }
 
 
-def enter_state(flow: Any, target: str, at: float) -> dict:
+def enter_state(flow: CompiledFlow, target: str, at: float) -> dict:
     """Instance column values for entering state ``target`` of ``flow`` at ``at`` (epoch s).
 
     The status follows the state's kind (terminal → ``completed``; external → runnable but

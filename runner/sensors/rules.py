@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 
@@ -27,6 +27,9 @@ from runner.sensors.base import log
 from runner.store import create
 from runner.store.tables import events
 from runner.templating import render
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
 #: "every csv_ingest instance" does not log a refusal for each finished one.
@@ -126,7 +129,7 @@ class RuleEngine:
     def _act(
         self,
         conn: Connection,
-        flow: Any,
+        flow: CompiledFlow,
         rule: Any,
         event_id: int,
         payload: dict[str, Any],

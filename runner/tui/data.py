@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select
 
@@ -37,6 +37,9 @@ from runner.store.tables import (
 from runner.tui import fmt
 from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
 from runner.tui.paging import read_counts, read_page
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
@@ -144,7 +147,7 @@ class ConsoleData:
 
     # -- policies and compiled flows -------------------------------------------------
 
-    def compiled(self, version: str) -> Any:
+    def compiled(self, version: str) -> CompiledFlow:
         """The ``CompiledFlow`` of a stored version (``runner.store.versions.compiled``, cached).
 
         Raises:
