@@ -45,16 +45,7 @@ JSON_KEYS = (
 )
 #: The columns ``flowrun ls`` shows (its table needs no data and no error times).
 TABLE_KEYS = (
-    "id",
-    "flow",
-    "state",
-    "status",
-    "attempts",
-    "errors",
-    "restarts",
-    "due_at",
-    "locked_by",
-    "locked_until",
+    *(k for k in INSTANCE_KEYS if k not in ("data", "created_at", "updated_at")),
     "last_error",
     "running_attempt",
 )
@@ -128,34 +119,15 @@ def read_instances(
         return [dict(zip(keys, r, strict=True)) for r in conn.execute(q)]
 
 
-def list_instances(
-    engine: Engine,
-    *,
-    flow: str | None = None,
-    status: str | None = None,
-    text: str | None = None,
-    order_by: str = "id",
-    desc: bool = False,
-    offset: int = 0,
-    limit: int | None = None,
-) -> list[dict]:
-    """One page of instances as ``instance_json`` dicts (:func:`read_instances`, same
-    arguments).
+def list_instances(engine: Engine, **filters: Any) -> list[dict]:
+    """One page of instances as ``instance_json`` dicts; ``filters`` are the keywords of
+    :func:`read_instances` but ``keys`` (``flow``, ``status``, ``text``, ``order_by``,
+    ``desc``, ``offset``, ``limit``).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
-    rows = read_instances(
-        engine,
-        flow=flow,
-        status=status,
-        text=text,
-        order_by=order_by,
-        desc=desc,
-        offset=offset,
-        limit=limit,
-    )
-    return [instance_json(r) for r in rows]
+    return [instance_json(r) for r in read_instances(engine, **filters)]
 
 
 def _filtered(q, flow, status, text):

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import flowrun
 
 FLOW = """\
 flow: hello
@@ -83,20 +84,6 @@ def env(tmp_path: Path) -> dict:
         "FLOWRUN_LEASE": "10",
         "TEST_CWD": str(tmp_path),
     }
-
-
-def flowrun(env: dict, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=env["TEST_CWD"],
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
-    return proc
 
 
 def test_start_run_ls_show_json(env: dict, tmp_path: Path) -> None:

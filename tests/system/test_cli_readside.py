@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import flowrun
 
 FLOW = """\
 flow: invoice_reconciliation_nightly
@@ -61,20 +61,6 @@ def env(tmp_path: Path) -> dict:
     }
     out.pop("COLUMNS", None)
     return out
-
-
-def flowrun(env: dict, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=env["TEST_CWD"],
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
-    return proc
 
 
 def _world(env: dict) -> dict[str, int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runner.store.db import make_engine
 from runner.tui.data import ConsoleData
+from tests.support.cli import flowrun
 
 FLOW = """\
 flow: idle
@@ -28,15 +29,7 @@ states:
 
 
 def _flowrun(env: dict, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    return proc.stdout
+    return flowrun(env, *args).stdout
 
 
 def _verdict(env: dict, worker: str) -> str | None:
