@@ -3,19 +3,24 @@ when stdout is not a terminal."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
 from datetime import datetime
 
 import click
-from rich.cells import cell_len, set_cell_size
-from rich.console import Console
-from rich.table import Table
 
 from runner.tui import fmt
 
-_out = Console(highlight=False, soft_wrap=False)
+
+@functools.lru_cache(maxsize=1)
+def _rich():
+    """``(console, Table)``: rich, imported on first use (``ls`` needs none of it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    return Console(highlight=False, soft_wrap=False), Table
 
 
 def _ago(iso_ts: str | None, *, future: bool = False) -> str:
@@ -67,7 +72,11 @@ LAST_ERROR_WIDTH = 60
 
 
 def _cells(s: str) -> int:
-    return len(s) if s.isascii() else cell_len(s)
+    if s.isascii():
+        return len(s)
+    from rich.cells import cell_len
+
+    return cell_len(s)
 
 
 def _clip(s: str, width: int) -> str:
@@ -75,6 +84,8 @@ def _clip(s: str, width: int) -> str:
         return s
     if s.isascii():
         return s[: width - 1] + "…"
+    from rich.cells import set_cell_size
+
     return set_cell_size(s, width - 1) + "…"
 
 
@@ -177,6 +188,7 @@ def _pad_column(values: list[str], width: int) -> list[str]:
 
 def instance_detail(item: dict) -> None:
     """Print one instance, its error budget, data, checkpoints and attempt history."""
+    _out, Table = _rich()
     for key in (
         "id",
         "flow",
@@ -232,6 +244,7 @@ def instance_detail(item: dict) -> None:
 
 def events_table(rows: list[dict]) -> None:
     """Print sensor events and what the rules did."""
+    _out, Table = _rich()
     t = Table(box=None, header_style="bold")
     for col in ("id", "sensor", "key", "created", "handled", "action"):
         t.add_column(col, overflow="ellipsis")
@@ -250,6 +263,7 @@ def events_table(rows: list[dict]) -> None:
 def workers_table(rows: list[dict]) -> None:
     """Print workers (``runner.ops.queries.list_workers``) with heartbeat age, running
     attempts, valid leases and the liveness verdict (alive/late/dead/stopped)."""
+    _out, Table = _rich()
     t = Table(box=None, header_style="bold")
     for col in ("id", "host", "pid", "started", "heartbeat", "running", "leases", "state"):
         t.add_column(col)
