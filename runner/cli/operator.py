@@ -69,12 +69,11 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
 
 @click.command(name="ls")
 @click.option("--flow")
-@click.option(
-    "--status",
-    type=click.Choice(["runnable", "sleeping", "paused", "completed", "failed", "killed"]),
-)
+@click.option("--status", type=click.Choice(lifecycle.STATUSES))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@click.option("--limit", type=int, default=None, help="At most this many (newest first).")
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=None, help="Only the newest N (in id order)."
+)
 @pass_ctx
 def ls_cmd(c: Ctx, flow, status, as_json, limit):
     """List instances.
