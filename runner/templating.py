@@ -124,3 +124,60 @@ def render(template: str, context: Mapping) -> str:
         else:
             out.append(_text(lookup(context, ".".join(part))))
     return "".join(out)
+
+
+#: ``{event.field}`` inside a rule selector's regex (other braces, such as ``\d{3}``, are
+#: regex syntax and left alone).
+_EVENT_REF = re.compile(r"\{event\.([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def event_refs(pattern: str) -> list[str]:
+    """The event field names a selector regex refers to as ``{event.field}``, in order."""
+    return _EVENT_REF.findall(pattern)
+
+
+def render_event_refs(pattern: str, event: Mapping) -> str:
+    """``pattern`` (a regex) with each ``{event.field}`` replaced by the field's value,
+    ``re.escape``-d so it matches literally (``None`` becomes ``""``).
+
+    Raises:
+        KeyError: ``event.<field>`` when the event has no such field.
+    """
+
+    def value(m: re.Match) -> str:
+        if m.group(1) not in event:
+            raise KeyError(f"event.{m.group(1)}")
+        return re.escape(_text(event[m.group(1)]))
+
+    return _EVENT_REF.sub(value, pattern)
+
+
+#: Longest label kept whole, in characters; a longer one ends with "…".
+LABEL_WIDTH = 40
+
+
+def _short(value: object) -> str:
+    """A path-like string (it contains ``/``) shortened to its last folder and file name."""
+    text = _text(value)
+    if "/" in text.rstrip("/"):
+        parts = [p for p in text.rstrip("/").split("/") if p]
+        text = "/".join(parts[-2:])
+    return text
+
+
+def render_label(template: str, context: Mapping, width: int = LABEL_WIDTH) -> str | None:
+    """An instance's label: ``template`` rendered over ``context`` (``{"data": ...}``),
+    each path-like value shortened to ``folder/name`` and the whole cut to ``width``
+    characters (the last one ``…``).
+
+    Returns ``None`` when a placeholder names a missing key or the template is malformed
+    (a label is a convenience, never an error).
+    """
+    out: list[str] = []
+    try:
+        for part in _parse(template):
+            out.append(part if isinstance(part, str) else _short(lookup(context, ".".join(part))))
+    except (KeyError, ValueError):
+        return None
+    text = " ".join("".join(out).split())
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -10,8 +10,29 @@ from typing import Any
 import click
 
 from runner.engine.worker import WorkerConfig
-from runner.errors import ConfigError, FlowErrors
-from runner.store.db import make_engine
+from runner.errors import ConfigError, FlowErrors, UserError
+from runner.store.db import make_engine, normalize_url
+
+#: Subcommands that only read or act on existing instances: on a SQLite database file
+#: that does not exist they say so and exit 1 instead of creating it.
+READ_ONLY = frozenset(
+    {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send"}
+)
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite ``url`` when it does not exist yet, else ``None`` (any other
+    database, an in-memory one, or a URL that does not parse: ``make_engine`` reports it)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(normalize_url(url))
+    except Exception:  # reported by make_engine with one clear line
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database)
+    return None if path.exists() else path
 
 
 class Ctx:
@@ -30,6 +51,8 @@ class Ctx:
     def __init__(self, flows: Path, db: str, lease: float):
         self.flows, self.db, self.lease = flows, db, lease
         self.worker_options: dict[str, Any] = {}
+        #: Set for ``READ_ONLY`` subcommands: never create a database.
+        self.read_only = False
         self._engine = None
 
     @property
@@ -38,8 +61,17 @@ class Ctx:
 
         Raises:
             ConfigError: a malformed URL or an unreachable database.
+            UserError: with ``read_only``, a SQLite database file that does not exist
+                (exit 1; it is not created).
         """
         if self._engine is None:
+            missing = missing_sqlite_file(self.db) if self.read_only else None
+            if missing is not None:
+                raise UserError(
+                    f"no database at {missing} (nothing has run here yet; `flowrun start "
+                    "FLOW` or `flowrun --daemon` creates it, --db/FLOWRUN_DB chooses another)",
+                    1,
+                )
             self._engine = make_engine(self.db)
         return self._engine
 
@@ -54,13 +86,52 @@ class Ctx:
 
         if not self.flows.is_dir():
             raise ConfigError(
-                f"{self.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)"
+                f"{self.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+                "`flowrun init` creates one)"
             )
         reg = FlowRegistry(self.flows)
         errors = reg.load_all()
         if errors and strict:
             raise FlowErrors(errors)
         return reg
+
+
+def flow_to_start(c: Ctx, name: str) -> Any:
+    """The ``CompiledFlow`` ``flowrun start NAME`` creates an instance of.
+
+    The flows folder's version when it loads; when the flow's file has errors, those are
+    printed on stderr (``file:line:col: message``) and the newest version stored in the
+    database is used instead, saying so on stderr.
+
+    Raises:
+        UserError: no flow ``name`` in the folder and none stored (exit 2), or its file
+            has errors and no version of it is stored (exit 2).
+        ConfigError: the flows folder does not exist, or the database cannot be opened.
+    """
+    from runner.store import versions
+
+    reg = c.registry()
+    if name in reg.flows:
+        return reg.flows[name]
+    stored = versions.latest(c.engine, name)
+    known = {Path(stored["path"]).resolve()} if stored else set()
+    broken = [p for p in reg.errors if Path(p).stem == name or Path(p).resolve() in known]
+    if not broken:
+        return reg.get(name)  # raises the "unknown flow" line
+    for path in broken:
+        click.echo(f"flowrun: {path} has errors:", err=True)
+        for e in reg.errors[path]:
+            click.echo(f"  {e}", err=True)
+    if stored is None:
+        raise UserError(f"flow '{name}' has errors and no good version of it is stored", 2)
+    from runner.ops.queries import iso
+
+    click.echo(
+        f"flowrun: starting {name} from its last good version {stored['version']} "
+        f"(first loaded {iso(stored['loaded_at'])}); fix the file to start the new one",
+        err=True,
+    )
+    return versions.compiled(c.engine, stored["version"])
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

@@ -20,6 +20,9 @@ from runner.errors import ConfigError, FlowErrors
 def check(c: Ctx, paths: tuple[Path, ...]):
     """Validate flows (the flows folder, or PATH files/folders): exit 0 valid, 2 invalid.
 
+    A single FILE's cross-references (a rule's ``start: other_flow``) are resolved against
+    the flows folder (--flows) and the file's own folder.
+
     \f
     Prints every error on stderr, one line each, then exits 2; else ``ok: N flows valid``.
 
@@ -37,10 +40,16 @@ def check(c: Ctx, paths: tuple[Path, ...]):
             count += len(reg.flows)
         elif p.exists():
             try:
-                load_flow(p)
+                flow = load_flow(p)
                 count += 1
             except FlowErrors as exc:
                 errors += exc.errors
+            else:
+                folders = [q for q in (p.parent, c.flows) if q.is_dir()]
+                regs = [FlowRegistry(q) for q in {q.resolve(): q for q in folders}.values()]
+                for reg in regs:
+                    reg.load_all()
+                errors += regs[0].check_alone(flow, *regs[1:])
         else:
             raise ConfigError(f"{p}: no such file or folder")
     for e in errors:

@@ -20,8 +20,9 @@ from pathlib import Path
 import click
 
 from runner.cli import flows as cli_flows
+from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import Ctx, pass_ctx, worker_config
+from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError
 from runner.store.db import DEFAULT_URL
 
@@ -91,6 +92,7 @@ def main_group(
     `flowrun --daemon` runs the headless worker.
     """
     ctx.obj = Ctx(flows, db, lease)
+    ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
         concurrency=concurrency,
         worker_id=worker_id,
@@ -118,8 +120,17 @@ def run_daemon(c: Ctx) -> int:
     log = logging.getLogger("flowrun.daemon")
     registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
     if registry is None:
-        raise ConfigError(f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS)")
+        raise ConfigError(
+            f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+            "`flowrun init` creates one)"
+        )
     log.info("loaded %d flows from %s", len(registry.flows), c.flows)
+    if not registry.flows and not registry.errors:
+        log.warning(
+            "no flows in %s: `flowrun init` writes an example; a flow file added there is "
+            "loaded while running",
+            c.flows,
+        )
     worker = asyncio.run(serve(c.engine, registry, worker_config(c)))
     log.info("done: %s", ", ".join(f"{k} {v}" for k, v in worker.stats.items()))
     return 0
@@ -143,7 +154,7 @@ def tui(c: Ctx, attach: bool, readonly: bool):
     run_console(c, attach=attach or readonly, readonly=readonly)
 
 
-for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS):
+for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS, *cli_init.COMMANDS):
     main_group.add_command(_sub)
 del _sub
 

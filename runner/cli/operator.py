@@ -15,7 +15,7 @@ import json
 import click
 
 from runner import lifecycle
-from runner.cli.context import Ctx, pass_ctx
+from runner.cli.context import Ctx, flow_to_start, pass_ctx
 from runner.errors import UserError
 from runner.ops import queries
 from runner.ops.commands import CommandResult, select_ids, submit
@@ -61,7 +61,7 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
         if not isinstance(data, dict):
             raise UserError("--data must be a JSON object", 2)
     data.update(_parse_kv(pairs))
-    compiled = c.registry().get(flow)
+    compiled = flow_to_start(c, flow)  # the last good version when the file has errors
     with c.engine.begin() as conn:
         iid = create_instance(conn, compiled, data)
     click.echo(iid)
@@ -74,8 +74,11 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
 @click.option(
     "--limit", type=click.IntRange(min=0), default=None, help="Only the newest N (in id order)."
 )
+@click.option(
+    "--search", help="Only those whose label, flow, state, status, error or data contain this."
+)
 @pass_ctx
-def ls_cmd(c: Ctx, flow, status, as_json, limit):
+def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     """List instances.
 
     \f
@@ -84,7 +87,13 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit):
     """
     keys = queries.JSON_KEYS if as_json else queries.TABLE_KEYS
     rows = queries.read_instances(
-        c.engine, keys=keys, flow=flow, status=status, limit=limit, desc=limit is not None
+        c.engine,
+        keys=keys,
+        flow=flow,
+        status=status,
+        text=search,
+        limit=limit,
+        desc=limit is not None,
     )
     if limit is not None:
         rows.reverse()

@@ -55,8 +55,9 @@ def json_lines_array(items: list) -> str:
 #: ``None`` when it always shows). ``id`` and ``status`` always show.
 INSTANCE_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("id", "id", None, None),
-    ("flow", "flow", 8, 7),
-    ("state", "state", 8, 6),
+    ("flow", "flow", 8, 8),
+    ("label", "label", 8, 6),
+    ("state", "state", 8, 7),
     ("status", "status", None, None),
     ("att", "attempts", None, 3),
     ("err", "errors", None, 4),
@@ -66,9 +67,11 @@ INSTANCE_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("last error", "last_error", 12, 0),
 )
 #: The order in which columns shrink (down to their least width) before any is dropped.
-SHRINK_ORDER = ("last_error", "lock", "flow", "state")
+SHRINK_ORDER = ("last_error", "lock", "label", "flow", "state")
 #: The widest a ``last error`` cell gets.
 LAST_ERROR_WIDTH = 60
+#: The widest a ``label`` cell gets.
+LABEL_WIDTH = 30
 
 
 def _cells(s: str) -> int:
@@ -127,9 +130,10 @@ def fit_columns(
 
 def instance_table(rows: list[dict], *, width: int | None = None) -> None:
     """Print instances (``runner.ops.queries.read_instances`` rows with ``TABLE_KEYS``,
-    times in epoch seconds): id, flow, state, status, attempts, errors, restarts, due,
-    lock, last error, fitted to ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80
-    when piped). ``id`` and ``status`` always show; the other columns shrink, then drop.
+    times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
+    errors, restarts, due, lock, last error, fitted to ``width`` cells (default: the
+    terminal's, or ``COLUMNS``, or 80 when piped). ``id`` and ``status`` always show; the
+    other columns shrink, then drop.
 
     Plain text built here (a rich ``Table`` took 16 s for 10,000 rows); the header is
     bold on a terminal.
@@ -144,6 +148,7 @@ def instance_table(rows: list[dict], *, width: int | None = None) -> None:
             {
                 "id": str(r["id"]),
                 "flow": r["flow"],
+                "label": _clip(r.get("label") or "", LABEL_WIDTH),
                 "state": r["state"],
                 "status": r["status"],
                 "attempts": str(r["attempts"]),
@@ -160,13 +165,15 @@ def instance_table(rows: list[dict], *, width: int | None = None) -> None:
                 "last_error": err.splitlines()[0][:LAST_ERROR_WIDTH] if err else "",
             }
         )
+    table = INSTANCE_COLUMNS
+    if not any(c["label"] for c in cells):  # a label column only where some flow has one
+        table = tuple(col for col in table if col[1] != "label")
     natural = {
-        key: max([_cells(head)] + [_cells(c[key]) for c in cells])
-        for head, key, _m, _r in INSTANCE_COLUMNS
+        key: max([_cells(head)] + [_cells(c[key]) for c in cells]) for head, key, _m, _r in table
     }
-    shown = fit_columns(INSTANCE_COLUMNS, natural, width, SHRINK_ORDER)
+    shown = fit_columns(table, natural, width, SHRINK_ORDER)
     columns = []
-    for head, key, _m, _r in INSTANCE_COLUMNS:
+    for head, key, _m, _r in table:
         if key in shown:
             columns.append(_pad_column([head] + [c[key] for c in cells], shown[key]))
     lines = ["  ".join(parts).rstrip() for parts in zip(*columns, strict=True)]
@@ -192,6 +199,7 @@ def instance_detail(item: dict) -> None:
     for key in (
         "id",
         "flow",
+        "label",
         "version",
         "state",
         "status",

@@ -10,9 +10,11 @@ Where the database serialises writers (SQLite) the commit is optimistic: it does
 the fences first; if one claim was lost (``commit.FenceMoved``) the transaction rolls back
 and commits again the careful way, reading the fences first.
 
-These are plain functions over explicit arguments: the loop that calls them (and decides
-on which thread and engine) is :class:`runner.engine.worker.Worker`, which this module never
-imports.
+The worker asks for one cycle with a :class:`CycleRequest` (:func:`decide_finished`
+fills it from the attempts that finished) and gets a :class:`CycleResult`
+(:func:`run_cycle`); it counts results in its :class:`WorkerStats`. These are plain
+functions and dataclasses: the loop that calls them (and decides on which thread and
+engine) is :class:`runner.engine.worker.Worker`, which this module never imports.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -31,7 +34,8 @@ from runner.engine.outcomes import decide
 from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
-from runner.store.db import is_busy, reading, short_error
+from runner.store.db import is_busy, reading
+from runner.store.rows import Claim, Outcome
 from runner.store.tables import events
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
@@ -39,29 +43,109 @@ log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its
 #: Moves one claim may chain through before its instance is released and claimed anew.
 MAX_CHAIN = 16
 
-#: What one cycle returns: ``(claims, chained, recovered, lost, limit)``.
-CycleResult = tuple[list, list, list, list, int]
+
+@dataclass(slots=True)
+class CycleRequest:
+    """What one cycle is asked to do, for worker ``worker_id`` (leases of ``lease`` s).
+
+    ``outcomes`` (``rows.Outcome``), ``cancels`` (``(rows.Claim, reason)`` pairs) and
+    ``chain`` (the outcomes, also in ``outcomes``, that continue without a new claim) are
+    filled by :func:`decide_finished`; ``free`` is the worker's free slots (chained
+    instances take theirs first, the claim the rest); ``probe`` means the worker only
+    looks for due work, so an idle cycle first checks cheaply whether anything is due;
+    ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``).
+    """
+
+    worker_id: str
+    lease: float
+    free: int = 0
+    probe: bool = False
+    recover: bool = False
+    outcomes: list[Outcome] = field(default_factory=list)
+    cancels: list[tuple[Claim, str]] = field(default_factory=list)
+    chain: list[Outcome] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """What one cycle did (an idle probe that found nothing due: all empty).
+
+    ``claims``: the instances claimed anew (``rows.Claim``); ``chained``: the claims that
+    continue a chained outcome; ``recovered``: the ``leases.Lost`` attempts of dead workers
+    it recorded; ``lost``: ids of the instances whose fence moved (their outcomes not
+    committed); ``limit``: how many claims it asked for; ``committed`` and ``cancelled``:
+    how many finished attempts it committed (cancelled ones included, lost ones not) and
+    closed as cancelled.
+    """
+
+    claims: list[Claim] = field(default_factory=list)
+    chained: list[Claim] = field(default_factory=list)
+    recovered: list[leases.Lost] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    limit: int = 0
+    committed: int = 0
+    cancelled: int = 0
+
+    @property
+    def claimed_all(self) -> bool:
+        """The claim got every instance it asked for: more may be due (claim again now)."""
+        return self.limit > 0 and len(self.claims) == self.limit
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What one worker did since it started (the daemon's exit line); counters only grow.
+
+    ``claimed``: instances claimed from the table; ``chained``: attempts continued without
+    a new claim; ``committed``: finished attempts committed (cancelled ones included);
+    ``cancelled``: attempts closed as cancelled; ``lost_fence``: finished attempts not
+    committed because their instance was taken away (a command, or another worker).
+    Updated on the worker's event loop only; plain ``int`` reads from any thread are safe.
+    """
+
+    claimed: int = 0
+    chained: int = 0
+    committed: int = 0
+    cancelled: int = 0
+    lost_fence: int = 0
+
+    def add(self, result: CycleResult) -> None:
+        """Count what one successful cycle did."""
+        self.claimed += len(result.claims)
+        self.chained += len(result.chained)
+        self.committed += result.committed
+        self.cancelled += result.cancelled
+        self.lost_fence += len(result.lost)
+
+    def items(self) -> list[tuple[str, int]]:
+        """``(name, count)`` pairs in field order (the exit line, metrics)."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
 def decide_finished(
-    engine: Engine, batch: Sequence[tuple[Any, AttemptResult]], free: int, stopping: bool
-) -> tuple[list, list, list]:
-    """Outcomes to commit, attempts to close as cancelled, and which outcomes chain.
+    engine: Engine,
+    batch: Sequence[tuple[Any, AttemptResult]],
+    request: CycleRequest,
+    *,
+    stopping: bool,
+) -> CycleRequest:
+    """Fill ``request`` with what to do with ``batch`` and return it: the outcomes to
+    commit, the attempts to close as cancelled, and which outcomes chain.
 
     ``batch`` holds ``(run, result)`` pairs of finished attempts, where ``run`` has the
     attempt's ``claim`` (``rows.Claim``) and ``durable`` (a one-item list: its data as
-    last stored); ``free`` is how many slots the worker has left for chained instances;
-    ``stopping`` (a stop was requested) turns chaining off; ``engine`` reads the compiled
-    flow versions. Returns ``(outcomes, cancels, chain)``: the ``rows.Outcome`` list to
-    commit, ``(claim, reason)`` pairs to close as cancelled, and the outcomes (also in
-    ``outcomes``) that chain.
+    last stored); chaining takes at most ``request.free`` slots; ``stopping`` (a stop was
+    requested) turns chaining off; ``engine`` reads the compiled flow versions. Every
+    pair lands in ``request.outcomes`` or ``request.cancels`` (a stored definition that
+    no longer compiles cancels its attempt).
 
     An instance due again at once (it moved to a runnable state, or its retry has no
     backoff) continues in this worker
     without being released and claimed again (at most ``MAX_CHAIN`` moves per claim,
     so one instance cannot hold a slot forever).
     """
-    outcomes, cancels, chain = [], [], []
+    outcomes, cancels, chain = request.outcomes, request.cancels, request.chain
+    free = request.free
     at = time.time()
     for run, result in batch:
         if result.outcome == "cancelled":
@@ -87,68 +171,52 @@ def decide_finished(
                 v["status"] = lifecycle.check("sleeping", "wake")
             chain.append(outcome)
             outcome.chain = True
-    return outcomes, cancels, chain
+    return request
 
 
-def run_cycle(
-    engine: Engine,
-    worker_id: str,
-    lease: float,
-    stats: dict[str, int],
-    outcomes: list,
-    cancels: list,
-    chain: list,
-    free: int,
-    probe: bool,
-    recover: bool,
-) -> CycleResult:
-    """One transaction: commit finished attempts (fenced), continue the chained ones,
-    close cancelled ones, record attempts lost by dead workers (when ``recover``), and
-    claim up to the free slots left.
+def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
+    """One transaction on ``engine``: commit finished attempts (fenced), continue the
+    chained ones, close cancelled ones, record attempts lost by dead workers (when
+    ``request.recover``), and claim up to the free slots left.
 
-    ``outcomes``, ``cancels`` and ``chain`` are what :func:`decide_finished` returned;
-    ``free`` is the worker's free slots (chained instances take theirs first); ``probe``
-    means the worker only looks for due work, so an idle cycle first checks cheaply
-    whether anything is due; ``lease`` is in seconds; ``stats`` (the worker's counters:
-    ``claimed``, ``chained``, ``cancelled``) is updated in place. Returns
-    ``(claims, chained, recovered, lost, limit)``: the new ``rows.Claim`` list, the
-    chained claims to continue, the ``leases.Lost`` attempts recovered, the ids of the
-    instances whose fence moved (their outcomes not committed), and how many claims were
-    asked for (``limit``, 0 when an idle probe found nothing due).
+    An idle probe (``request.probe`` with nothing to commit or recover) first reads
+    whether anything is due and returns an empty :class:`CycleResult` when nothing is.
+    Raises ``DBAPIError`` when the database fails (nothing was committed).
 
     Where the database serialises writers (SQLite) the commit is optimistic: it does
     not read the fences first; if one claim was lost it rolls back and commits again
     the careful way."""
-    limit = max(0, free - len(chain))
-    if probe and not recover and not outcomes and not cancels and not _has_due(engine):
-        return [], [], [], [], 0
+    outcomes, cancels = request.outcomes, request.cancels
+    limit = max(0, request.free - len(request.chain))
+    if request.probe and not request.recover and not outcomes and not cancels:
+        if not _has_due(engine):
+            return CycleResult()
     try:
-        claims, chained, recovered, lost = _transaction(
-            engine, worker_id, lease, outcomes, cancels, limit, recover, True
-        )
+        claims, chained, recovered, lost = _transaction(engine, request, limit, True)
     except commit.FenceMoved:  # rolled back: commit again, reading the fences first
-        claims, chained, recovered, lost = _transaction(
-            engine, worker_id, lease, outcomes, cancels, limit, recover, False
-        )
-    stats["claimed"] += len(claims)
-    stats["chained"] += len(chained)
-    stats["cancelled"] += len(cancels)
-    return claims, chained, recovered, lost, limit
+        claims, chained, recovered, lost = _transaction(engine, request, limit, False)
+    return CycleResult(
+        claims,
+        chained,
+        recovered,
+        lost,
+        limit,
+        committed=len(outcomes) + len(cancels) - len(lost),
+        cancelled=len(cancels),
+    )
 
 
 def run_inline(
-    loop: asyncio.AbstractEventLoop, no_wait: Engine, context: tuple, args: tuple
+    loop: asyncio.AbstractEventLoop, no_wait: Engine, request: CycleRequest
 ) -> asyncio.Future | None:
     """Run one cycle right now, on the calling thread (the worker's loop), through
     ``no_wait`` (an engine that never waits for the SQLite write lock,
-    ``db.no_wait_engine``); returns a future already done (its result, or the database
-    error), or ``None`` when the write lock is taken (the caller uses the database thread).
-
-    ``context`` is ``(worker_id, lease, stats)`` and ``args`` is ``(outcomes, cancels,
-    chain, free, probe, recover)``, as taken by :func:`run_cycle` after its engine."""
+    ``db.no_wait_engine``); returns a future already done (its :class:`CycleResult`, or
+    the database error), or ``None`` when the write lock is taken (the caller uses the
+    database thread)."""
     fut = loop.create_future()
     try:
-        fut.set_result(run_cycle(no_wait, *context, *args))
+        fut.set_result(run_cycle(no_wait, request))
     except DBAPIError as exc:
         if is_busy(exc):
             return None
@@ -157,25 +225,20 @@ def run_inline(
 
 
 def _transaction(
-    engine: Engine,
-    worker_id: str,
-    lease: float,
-    outcomes: list,
-    cancels: list,
-    limit: int,
-    recover: bool,
-    optimistic: bool,
+    engine: Engine, request: CycleRequest, limit: int, optimistic: bool
 ) -> tuple[list, list, list, list]:
-    """The cycle's transaction itself; ``optimistic`` skips reading the fences first
-    (``commit.FenceMoved`` then means: rolled back, try again without)."""
+    """The cycle's transaction itself: ``(claims, chained, recovered, lost)``;
+    ``optimistic`` skips reading the fences first (``commit.FenceMoved`` then means:
+    rolled back, try again without)."""
+    worker_id, lease = request.worker_id, request.lease
     with engine.begin() as conn:
         lost, chained = commit.commit_outcomes(
-            conn, worker_id, outcomes, lease=lease, optimistic=optimistic
+            conn, worker_id, request.outcomes, lease=lease, optimistic=optimistic
         )
-        for claim, why in cancels:
+        for claim, why in request.cancels:
             commit.cancel_attempt(conn, worker_id, claim, why)
         recovered = []
-        if recover:
+        if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
         claims = []
         if limit > 0:
@@ -198,29 +261,6 @@ def nothing_pending(engine: Engine) -> bool:
             return False
         pending = conn.execute(select(events.c.id).where(events.c.handled_at.is_(None)).limit(1))
         return pending.first() is None
-
-
-class OutageBackoff:
-    """Exponential backoff for database outages: 0.5 s doubling to 10 s.
-
-    ``fail(exc)`` counts one more failure, logs the outage (``exc``: the database error)
-    and returns the delay in seconds before the next try; ``ok()`` resets the count,
-    logging that the database is back if it had failed; ``failures`` is the count since
-    the last success."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-
-    def fail(self, exc: BaseException) -> float:
-        self.failures += 1
-        delay = min(10.0, 0.5 * 2 ** (self.failures - 1))
-        log.warning("database unavailable (%s); retrying in %.1fs", short_error(exc), delay)
-        return delay
-
-    def ok(self) -> None:
-        if self.failures:
-            log.warning("database reachable again")
-        self.failures = 0
 
 
 def log_lost(recovered: list[leases.Lost]) -> None:

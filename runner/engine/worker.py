@@ -13,6 +13,14 @@ claiming and let running attempts finish within ``grace`` seconds (then cancel t
 release every lock, exit cleanly; twice → abort now: handler process groups are killed and
 the attempts still running are left for a worker to record as ``lost`` once their lease
 has expired (``store.recover_lost``).
+
+Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one turn, in
+named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
+below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
+``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
+a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``); the attempts in
+progress are a ``running.RunningAttempts``; blocking calls go to a
+``db_thread.DatabaseThread``. :meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
 from __future__ import annotations
@@ -20,23 +28,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine import cycle
-from runner.engine.attempt_run import load_event_payload, run_attempt
-from runner.handlers.attempt import AttemptResult, Cancel
-from runner.handlers.exec_handler import live_groups
-from runner.store import heartbeat, leases, rows
-from runner.store.db import no_wait_engine, reading, short_error
+from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
+from runner.engine.db_thread import DatabaseThread
+from runner.engine.running import RunningAttempts
+from runner.engine.timers import LoopingTimer, OutageBackoff
+from runner.store import heartbeat
+from runner.store.db import no_wait_engine, short_error
 from runner.store.wal import WalCheckpointer
 
 log = logging.getLogger("flowrun.worker")
@@ -49,6 +55,9 @@ class WorkerConfig:
     ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
     creating an instance, cuts it short); ``fence_poll`` how often running attempts are
     checked for commands; ``grace`` how long a graceful stop waits for running attempts.
+    ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
+    while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
+    and must not raise.
     """
 
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -60,14 +69,7 @@ class WorkerConfig:
     kill_grace: float = 5.0
     heartbeat: float = 2.0
     exit_when_idle: bool = False
-
-
-@dataclass
-class _Running:
-    claim: rows.Claim
-    task: asyncio.Task
-    cancel: Cancel
-    durable: list  # [data as last stored]
+    on_tick: Callable[[], None] | None = None
 
 
 class Worker:
@@ -75,7 +77,8 @@ class Worker:
 
     ``idle_hint`` is an optional callable returning True while something outside the
     instance table (a sensor still settling files, unhandled events) may still create
-    work; ``--exit-when-idle`` waits for it.
+    work; ``--exit-when-idle`` waits for it. ``stats`` (:class:`cycle.WorkerStats`) counts
+    what it did.
     """
 
     def __init__(
@@ -86,24 +89,38 @@ class Worker:
         idle_hint: Callable[[], bool] | None = None,
     ):
         self.engine = engine
-        self.config = config or WorkerConfig()
+        self.config = cfg = config or WorkerConfig()
         self.idle_hint = idle_hint
-        self.running: dict[int, _Running] = {}
-        self.finished: list[tuple[_Running, AttemptResult]] = []
-        self.stats = {"claimed": 0, "chained": 0, "committed": 0, "cancelled": 0, "lost_fence": 0}
+        self._db = DatabaseThread()
+        self.attempts = RunningAttempts(
+            engine,
+            cfg.worker_id,
+            concurrency=cfg.concurrency,
+            kill_grace=cfg.kill_grace,
+            in_db=self._db.call,
+        )
+        self.running = self.attempts.running  # by instance id (the same dict, never replaced)
+        self.stats = WorkerStats()
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._abort = False
         self._poke = False
-        self._db = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
-        self._threads = ThreadPoolExecutor(
-            max(4, self.config.concurrency), thread_name_prefix="flowrun-call"
-        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._no_wait = no_wait_engine(engine)
         self._wal: WalCheckpointer | None = None
-        #: ``cycle.run_cycle``'s arguments after the engine: worker id, lease, counters.
-        self._cycle_context = (self.config.worker_id, self.config.lease, self.stats)
+        # the database cycle in flight (at most one), and the finished attempts it commits
+        self._inflight: asyncio.Future | None = None
+        self._sent: list = []
+        self._want_claim = True  # claim at once: the last claim was full, or a wake-up
+        self._grace_deadline: float | None = None
+        self._outage = OutageBackoff()
+        # the loop's chores, each due at once, then every interval (seconds)
+        self._probe = LoopingTimer(cfg.poll)  # an idle look for due work
+        self._recover = LoopingTimer(min(1.0, cfg.lease / 4))  # attempts of dead workers
+        self._fence = LoopingTimer(cfg.fence_poll)  # instances taken away (commands)
+        self._renew = LoopingTimer(cfg.lease / 3)  # the running attempts' leases
+        self._beat = LoopingTimer(cfg.heartbeat)  # this worker's heartbeat row
+        self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
 
     # -- control -----------------------------------------------------------------------
 
@@ -130,9 +147,6 @@ class Worker:
 
     # -- the loop ----------------------------------------------------------------------
 
-    async def _in_db(self, fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
-
     async def run(self) -> None:
         """Run until stopped (or idle, with ``exit_when_idle``).
 
@@ -146,132 +160,201 @@ class Worker:
         A cycle that fails because the database went away is retried with backoff, with
         its finished attempts kept: nothing is lost.
         """
+        await self._open()
+        try:
+            while not self._abort and await self._turn():
+                pass
+        finally:
+            await self._close()
+
+    async def _turn(self) -> bool:
+        """One turn of the loop; False when the loop is done. The steps, in order:
+
+        tick (the loop is alive: ``config.on_tick``); stop (a graceful stop ends once
+        nothing runs); collect (the cycle that ended: start what it claimed); cycle
+        (start the next one when there is anything to commit or room to claim, then turn
+        again at once); chores (leases, fences, heartbeat); idle exit; wait (for an
+        attempt to end, a wake-up, or the next chore).
+        """
+        if self.config.on_tick is not None:
+            self.config.on_tick()
+        now = time.monotonic()
+        if self._stopping and self._stop_done(now):
+            return False
+        if self._inflight is not None and self._inflight.done():
+            await self._collect()
+        if self._poke:
+            self._poke, self._want_claim = False, True
+        if self._inflight is None and self._start_cycle(now):
+            return True
+        await self._chores(now)
+        if self.config.exit_when_idle and await self._idle_exit(now):
+            return False
+        await self._wait(self._timeout())
+        return True
+
+    async def run_single_cycle(self) -> CycleResult:
+        """Testing entry point (Takahē's ``StatorRunner.run_single_cycle``): one database
+        cycle now, on the database thread, then start what it claimed; errors propagate.
+
+        The cycle commits every attempt finished so far, records attempts lost by dead
+        workers and claims up to the free slots; the attempts it starts run as tasks on
+        the calling loop (``worker.running`` empties as they end). On a database error
+        (``DBAPIError``, raised) the finished attempts are kept for the next cycle.
+        """
+        if self._wake is None:
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            self.attempts.ended = self._wake
+        request = self._take_finished(self._free(), recover=True)
+        try:
+            result = await self._db.call(cycle.run_cycle, self.engine, request)
+        except DBAPIError:
+            self.attempts.put_back(self._sent)
+            self._sent = []
+            raise
+        self._sent = []
+        self._took(result)
+        return result
+
+    # -- the loop's steps --------------------------------------------------------------
+
+    async def _open(self) -> None:
+        """Register this worker (retrying while the database is away); start the WAL
+        checkpointer of the no-wait engine (its commits leave checkpoints to that thread)."""
         cfg = self.config
-        loop = self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        await self._retrying(heartbeat.register, self.engine, cfg.worker_id)
+        self._loop = asyncio.get_running_loop()
+        self._wake = self.attempts.ended = asyncio.Event()
+        await self._db.retrying(
+            heartbeat.register, self.engine, cfg.worker_id, give_up=lambda: self._abort
+        )
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
             cfg.worker_id,
             cfg.concurrency,
             cfg.lease,
         )
-        now = time.monotonic()
-        next_renew, next_fence, next_beat, next_idle, next_probe = now, now, now, now, now
-        next_recover = now  # look for attempts lost by dead workers (leases.recover_lost)
-        recover_every = min(1.0, cfg.lease / 4)
-        grace_deadline: float | None = None
-        want_claim = True
-        inflight: asyncio.Future | None = None
-        sent: list = []
-        backoff = cycle.OutageBackoff()
-        if self._no_wait is not None:  # its commits leave checkpoints to this thread
+        if self._no_wait is not None:
             self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
-        try:
-            while not self._abort:
-                now = time.monotonic()
-                if self._stopping:
-                    if grace_deadline is None:
-                        grace_deadline = now + cfg.grace
-                        log.info(
-                            "stopping: %d attempts running, grace %gs", len(self.running), cfg.grace
-                        )
-                    if not self.running and not self.finished and inflight is None:
-                        break
-                    if now > grace_deadline:
-                        self._cancel_all("worker shutting down (grace period over)")
-                if inflight is not None and inflight.done():
-                    try:
-                        claims, chained, recovered, lost, limit = inflight.result()
-                    except DBAPIError as exc:
-                        self.finished[:0] = sent  # commit them with the next cycle
-                        await asyncio.sleep(backoff.fail(exc))
-                        want_claim = True
-                    else:
-                        backoff.ok()
-                        self.stats["committed"] += len(sent) - len(lost)
-                        self.stats["lost_fence"] += len(lost)
-                        cycle.log_lost(recovered)
-                        self._start(chained + claims)
-                        want_claim = limit > 0 and len(claims) == limit
-                    inflight, sent = None, []
-                if self._poke:
-                    self._poke, want_claim = False, True
-                if inflight is None:
-                    free = 0 if self._stopping else cfg.concurrency - len(self.running)
-                    probe = free > 0 and not want_claim and now >= next_probe
-                    recover = not self._stopping and now >= next_recover
-                    if self.finished or recover or (free > 0 and (want_claim or probe)):
-                        sent, self.finished = self.finished, []
-                        decided = cycle.decide_finished(self.engine, sent, free, self._stopping)
-                        args = (*decided, free, probe, recover)
-                        inflight = self._inline_cycle(loop, args)
-                        if inflight is None:
-                            inflight = loop.run_in_executor(
-                                self._db, cycle.run_cycle, self.engine, *self._cycle_context, *args
-                            )
-                        inflight.add_done_callback(lambda _f: self._wake and self._wake.set())
-                        want_claim = False
-                        if probe:
-                            next_probe = now + cfg.poll
-                        if recover:
-                            next_recover = now + recover_every
-                        continue
-                if self.running and (now >= next_fence or now >= next_renew):
-                    renew = now >= next_renew
-                    await self._check_leases(renew)
-                    next_fence = now + cfg.fence_poll
-                    if renew:
-                        next_renew = now + cfg.lease / 3
-                if now >= next_beat:
-                    await self._guard(heartbeat.beat, self.engine, cfg.worker_id, len(self.running))
-                    next_beat = now + cfg.heartbeat
-                if (
-                    cfg.exit_when_idle
-                    and inflight is None
-                    and not self.running
-                    and not self.finished
-                    and now >= next_idle
-                ):
-                    next_idle = now + 0.2
-                    if await self._guard(self._idle):
-                        log.info("nothing runnable, due, running or pending: exiting")
-                        break
-                if inflight is not None:
-                    timeout = 1.0  # its done-callback wakes us
-                elif not self._stopping and len(self.running) < cfg.concurrency:
-                    timeout = max(0.0, min(next_probe, next_recover) - time.monotonic())
-                else:
-                    timeout = cfg.fence_poll
-                if self.running:
-                    timeout = min(timeout, cfg.fence_poll)
-                await self._wait(timeout)
-        finally:
-            if inflight is not None:
-                try:
-                    await inflight
-                except DBAPIError:
-                    self.finished[:0] = sent
-            await self._finish()
 
-    async def _retrying(self, fn: Callable, *args: Any) -> Any:
-        """Run ``fn`` on the database thread, retrying with backoff while it is down."""
-        backoff = cycle.OutageBackoff()
-        while True:
-            try:
-                return await self._in_db(fn, *args)
-            except DBAPIError as exc:
-                if self._abort:
-                    raise
-                await asyncio.sleep(backoff.fail(exc))
+    def _stop_done(self, now: float) -> bool:
+        """While stopping: True once nothing runs, waits or is in flight; past the grace
+        period (``config.grace`` s after the first call) the running attempts are cancelled."""
+        if self._grace_deadline is None:
+            self._grace_deadline = now + self.config.grace
+            log.info(
+                "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
+            )
+        if not self.running and not self.attempts.finished and self._inflight is None:
+            return True
+        if now > self._grace_deadline:
+            self.attempts.cancel_all("worker shutting down (grace period over)")
+        return False
 
-    async def _guard(self, fn: Callable, *args: Any) -> Any:
-        """Run ``fn`` on the database thread; a database error is logged, not raised."""
+    async def _collect(self) -> None:
+        """Take the result of the cycle that ended: count it and start what it claimed. On
+        a database error its finished attempts go back for the next cycle, after a backoff."""
+        done, sent = self._inflight, self._sent
+        self._inflight, self._sent = None, []
         try:
-            return await self._in_db(fn, *args)
+            result = done.result()  # type: ignore[union-attr]
         except DBAPIError as exc:
-            log.warning("database unavailable (%s)", short_error(exc))
-            return None
+            self.attempts.put_back(sent)  # commit them with the next cycle
+            await asyncio.sleep(self._outage.fail(exc))
+            self._want_claim = True
+            return
+        self._outage.ok()
+        self._took(result)
+        self._want_claim = result.claimed_all
+
+    def _start_cycle(self, now: float) -> bool:
+        """Start the next database cycle when there are finished attempts to commit, lost
+        attempts to look for, or free slots and reason to claim; True if one started."""
+        free = self._free()
+        probe = free > 0 and not self._want_claim and self._probe.due(now)
+        recover = not self._stopping and self._recover.due(now)
+        if not (self.attempts.finished or recover or (free > 0 and (self._want_claim or probe))):
+            return False
+        self._inflight = self._submit(self._take_finished(free, probe, recover))
+        self._want_claim = False
+        if probe:
+            self._probe.restart(now)
+        if recover:
+            self._recover.restart(now)
+        return True
+
+    async def _chores(self, now: float) -> None:
+        """Check fences (and renew leases) of the running attempts and beat the
+        heartbeat, each when its timer is due at ``now`` (monotonic seconds)."""
+        if self.running and (self._fence.due(now) or self._renew.due(now)):
+            check = self.attempts.lease_check(renew=self._renew.check(now), lease=self.config.lease)
+            self.attempts.taken_away(await self._db.guard(check) or ())
+            self._fence.restart(now)
+        if self._beat.check(now):
+            await self._db.guard(
+                heartbeat.beat, self.engine, self.config.worker_id, len(self.running)
+            )
+
+    async def _idle_exit(self, now: float) -> bool:
+        """``--exit-when-idle``: True when nothing is in flight, running, finished,
+        pending anywhere in the database or hinted at (looked at every 0.2 s)."""
+        if self._inflight is not None or self.running or self.attempts.finished:
+            return False
+        if not self._idle_check.check(now):
+            return False
+        if await self._db.guard(self._nothing_left):
+            log.info("nothing runnable, due, running or pending: exiting")
+            return True
+        return False
+
+    def _timeout(self) -> float:
+        """How long the loop may wait (seconds) before its next step is due."""
+        cfg = self.config
+        if self._inflight is not None:
+            timeout = 1.0  # its done-callback wakes us
+        elif not self._stopping and len(self.running) < cfg.concurrency:
+            timeout = max(0.0, min(self._probe.next_at, self._recover.next_at) - time.monotonic())
+        else:
+            timeout = cfg.fence_poll
+        if self.running:
+            timeout = min(timeout, cfg.fence_poll)
+        return timeout
+
+    # -- cycles ------------------------------------------------------------------------
+
+    def _free(self) -> int:
+        """Free slots for new attempts (none while stopping)."""
+        return 0 if self._stopping else self.config.concurrency - len(self.running)
+
+    def _take_finished(self, free: int, probe: bool = False, recover: bool = False):
+        """The next cycle's :class:`CycleRequest`: every attempt finished so far (moved to
+        ``_sent`` until the cycle is done), with ``free`` slots."""
+        cfg = self.config
+        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover)
+        self._sent = self.attempts.take()
+        return cycle.decide_finished(self.engine, self._sent, request, stopping=self._stopping)
+
+    def _submit(self, request: CycleRequest) -> asyncio.Future:
+        """Run one cycle: right here on the loop through the no-wait engine (SQLite), or,
+        on PostgreSQL or while another process holds the SQLite write lock, on the
+        database thread. The future's end wakes the loop."""
+        loop = self._loop or asyncio.get_running_loop()
+        fut = None
+        if self._no_wait is not None:
+            fut = cycle.run_inline(loop, self._no_wait, request)
+        if fut is None:
+            fut = self._db.submit(cycle.run_cycle, self.engine, request)
+        fut.add_done_callback(self._cycle_ended)
+        return fut
+
+    def _cycle_ended(self, _fut: asyncio.Future) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _took(self, result: CycleResult) -> None:
+        """Count a successful cycle, log the lost attempts it recorded, start its claims."""
+        self.stats.add(result)
+        cycle.log_lost(result.recovered)
+        self.attempts.start(result.chained + result.claims)
 
     async def _wait(self, timeout: float) -> None:
         assert self._wake is not None
@@ -284,109 +367,41 @@ class Worker:
             await asyncio.sleep(0)  # always let the handlers run
         self._wake.clear()
 
-    def _inline_cycle(self, loop, args) -> asyncio.Future | None:
-        """Run one cycle right here on the loop through the no-wait engine (SQLite);
-        ``None`` when the write lock is taken (the caller uses the database thread).
-
-        ``args`` is ``(outcomes, cancels, chain, free, probe, recover)`` as taken by
-        ``cycle.run_cycle`` after its engine and worker context."""
-        if self._no_wait is None:
-            return None
-        return cycle.run_inline(loop, self._no_wait, self._cycle_context, args)
-
-    def _idle(self) -> bool:
+    def _nothing_left(self) -> bool:
         hint = self.idle_hint
         return (hint is None or not hint()) and cycle.nothing_pending(self.engine)
 
-    # -- attempts ----------------------------------------------------------------------
-
-    def _start(self, claims: list[rows.Claim]) -> None:
-        loop = asyncio.get_running_loop()
-        for claim in claims:
-            run = _Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
-            run.task = loop.create_task(self._attempt(run))
-            self.running[claim.id] = run
-
-    async def _attempt(self, run: _Running) -> None:
-        """Run one attempt and hand its result to the loop (``finished``).
-
-        The attempt's own task reports its end itself, rather than through a done
-        callback: one less callback scheduled per attempt. A worker abort (the task
-        cancelled) is reported as ``cancelled``; a bug below as an ``error``.
-        """
-        try:
-            result = await run_attempt(
-                self.engine,
-                run.claim,
-                run.cancel,
-                run.durable,
-                worker_id=self.config.worker_id,
-                kill_grace=self.config.kill_grace,
-                threads=self._threads,
-                load_event=lambda: self._in_db(load_event_payload, self.engine, run.claim.event_id),
-            )
-        except asyncio.CancelledError:
-            self._finished(run, AttemptResult("cancelled", run.durable[0], error="worker aborted"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - recorded on the attempt, never lost
-            error = f"flowrun: {type(exc).__name__}: {exc}"
-            result = AttemptResult("error", run.durable[0], error=error)
-        self._finished(run, result)
-
-    def _finished(self, run: _Running, result: AttemptResult) -> None:
-        self.running.pop(run.claim.id, None)
-        self.finished.append((run, result))
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _check_leases(self, renew: bool) -> None:
-        held = {iid: r.claim.fence for iid, r in self.running.items()}
-
-        def check():
-            if renew:
-                with self.engine.begin() as conn:
-                    return leases.renew(conn, self.config.worker_id, held, self.config.lease)
-            with reading(self.engine) as conn:
-                return leases.taken_away(conn, self.config.worker_id, held)
-
-        for iid in await self._guard(check) or ():
-            run = self.running.get(iid)
-            if run is not None and not run.cancel.is_set():
-                log.info(
-                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
-                )
-                run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
-
-    def _cancel_all(self, reason: str) -> None:
-        for run in self.running.values():
-            run.cancel.set(reason)
-
     # -- bookkeeping -------------------------------------------------------------------
 
-    async def _finish(self) -> None:
+    async def _close(self) -> None:
+        """Wait for the cycle still in flight (keeping its attempts if it failed); then
+        abort, or commit what finished (retrying a few times); then sign off."""
+        if self._inflight is not None:
+            try:
+                self.stats.add(await self._inflight)
+            except DBAPIError:
+                self.attempts.put_back(self._sent)
+            self._inflight, self._sent = None, []
         if self._abort:
-            self._kill_groups()
+            self.attempts.abort()
             log.warning(
                 "aborted: %d attempts left for the next claim to recover", len(self.running)
             )
-            for run in self.running.values():
-                run.task.cancel()
         else:
             for _ in range(5):  # the last outcomes; the database may be briefly away
-                batch, self.finished = self.finished, []
-                if not batch:
+                if not self.attempts.finished:
                     break
-                outcomes, cancels, _ = cycle.decide_finished(self.engine, batch, 0, self._stopping)
-                args = (outcomes, cancels, [], 0, False, False)
+                request = self._take_finished(0)
                 try:
-                    await self._in_db(cycle.run_cycle, self.engine, *self._cycle_context, *args)
+                    self.stats.add(await self._db.call(cycle.run_cycle, self.engine, request))
                 except DBAPIError as exc:
-                    self.finished[:0] = batch
+                    self.attempts.put_back(self._sent)
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
                     await asyncio.sleep(1.0)
+                self._sent = []
 
         try:
-            await self._guard(
+            await self._db.guard(
                 heartbeat.stopped,
                 self.engine,
                 self.config.worker_id,
@@ -398,14 +413,6 @@ class Worker:
                 self._wal.stop()
             if self._no_wait is not None:
                 self._no_wait.dispose()
-            self._db.shutdown(wait=False)
-            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._db.shutdown()
+            self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)
-
-    def _kill_groups(self) -> None:
-        """Abort: SIGKILL every handler process group still running."""
-        for pgid in list(live_groups):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -4,7 +4,9 @@ Every target (``initial``, ``next``, ``to``, ``on:``) names a state of the flow;
 is exactly one of handler / external / terminal and can be left (unless terminal); every
 state is reachable from ``initial`` (over ``next``/``to``/``on:`` and a handler state's
 ``on_exhausted``); ``on_exhausted`` is ``failed``, ``paused`` or a state; a rule names a
-sensor of its flow, and a ``send`` aimed at this flow names an event some state accepts.
+sensor of its flow, and a ``send`` aimed at this flow names an event some state accepts;
+every event field a rule uses (``match`` keys, ``{event.x}`` in ``data`` templates and in
+selector regexes) is a field the rule's sensor kind emits (``spec.event_fields``).
 Messages are clear text with a "did you mean" hint; the caller turns each ``loc`` (a key
 path in the YAML) into a position.
 """
@@ -16,7 +18,8 @@ from collections.abc import Callable
 
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import STATUS_OUTCOMES
-from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec import FlowSpec, StateSpec, event_fields
+from runner.templating import event_refs, placeholders
 
 Report = Callable[..., None]
 """``err(message: str, loc: tuple, *, key: bool = False) -> None``."""
@@ -37,6 +40,7 @@ def check_flow(spec: FlowSpec, err: Report) -> None:
     _check_reachable(spec, err)
     _check_exhausted(spec, err)
     _check_rules(spec, err)
+    _check_event_fields(spec, err)
 
 
 def _target(spec: FlowSpec, err: Report, value: str, loc: tuple, what: str) -> None:
@@ -180,4 +184,42 @@ def _check_rules(spec: FlowSpec, err: Report) -> None:
                     f"'{sel.event}'{did_you_mean(sel.event, events)} "
                     f"(events: {', '.join(sorted(events)) or 'none'})",
                     (*here, "send", "event"),
+                )
+
+
+_KIND_NAMES = {"every": "clock", "cron": "clock"}
+
+
+def _check_event_fields(spec: FlowSpec, err: Report) -> None:
+    """Each event field a rule names exists in its sensor's events: ``match`` keys,
+    ``{event.x}`` in ``data`` templates and ``{event.x}`` in selector ``data`` regexes
+    (which the rules render, escaped, before matching)."""
+    for i, rule in enumerate(spec.rules):
+        sensor = spec.sensors.get(rule.when)
+        if sensor is None:
+            continue  # reported by _check_rules
+        fields = event_fields(sensor)
+        kind = _KIND_NAMES.get(sensor.kind, sensor.kind)
+        used: list[tuple[str, tuple, str, bool]] = []  # (field, loc, shown, at the key)
+        for field in rule.match or {}:
+            used.append((field, ("rules", i, "match", field), f"match key '{field}'", True))
+        for key, template in (rule.data or {}).items():
+            for path in placeholders(template):
+                head, _, rest = path.partition(".")
+                if head == "event":
+                    name = rest.split(".")[0]
+                    used.append((name, ("rules", i, "data", key), f"{{event.{name}}}", False))
+        if rule.action != "start":
+            sel = getattr(rule, rule.action)
+            for key, pattern in (sel.data or {}).items():
+                for name in event_refs(pattern):
+                    loc = ("rules", i, rule.action, "data", key)
+                    used.append((name, loc, f"{{event.{name}}}", False))
+        for name, loc, shown, key in used:
+            if name not in fields:
+                err(
+                    f"{shown} is not a field of {kind} sensor '{rule.when}' events"
+                    f"{did_you_mean(name, fields)} (fields: {', '.join(fields)})",
+                    loc,
+                    key=key,
                 )

@@ -77,6 +77,7 @@ class CompiledFlow:
         rules: the flow's rules, in file order.
         machine: the ``transitions.Machine`` of the moves (see the module docstring).
         spec: the validated ``FlowSpec`` (``None`` when built by hand).
+        label: the ``label`` template naming each instance (``"{data.path}"``), or ``None``.
     """
 
     name: str
@@ -91,6 +92,7 @@ class CompiledFlow:
     rules: list[RuleSpec]
     machine: Machine
     spec: FlowSpec | None = field(default=None, repr=False)
+    label: str | None = None
 
     def _fire(self, event: str, state: str) -> str | None:
         ev = self.machine.events.get(event)

@@ -126,6 +126,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
         rules=list(spec.rules),
         machine=_machine(spec),
         spec=spec,
+        label=spec.label,
     )
 
 

@@ -179,6 +179,21 @@ class FlowRegistry:
                         )
         return problems
 
+    def check_alone(self, flow: CompiledFlow, *others: FlowRegistry) -> list[FlowError]:
+        """Cross-flow problems of ``flow`` (one file checked on its own, ``flowrun check
+        FILE``) against the flows of this folder and of ``others`` (loaded registries).
+
+        The file's own loaded version, if any, is replaced by ``flow``; problems of the
+        other files are not reported. Returns the ``FlowError`` list (empty when clean).
+        """
+        candidate: dict[str, CompiledFlow] = {}
+        for reg in (*others, self):
+            candidate.update(reg.by_path)
+        target = Path(flow.path).resolve()
+        candidate = {k: v for k, v in candidate.items() if Path(k).resolve() != target}
+        candidate[flow.path] = flow
+        return self._cross(candidate).get(flow.path, [])
+
     @staticmethod
     def _unknown(name: str | None, names: dict[str, CompiledFlow]) -> str:
         known = ", ".join(sorted(names)) or "none"

@@ -90,10 +90,20 @@ def _check_event_template(value: str) -> str:
     return value
 
 
+def _check_label(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] != "data":
+            raise ValueError(
+                f"placeholder {{{path}}} is not allowed in a label (expected {{data.…}})"
+            )
+    return value
+
+
 Regex = Annotated[str, AfterValidator(check_regex)]
 """A Python regular expression (checked at load time)."""
 ExecArg = Annotated[str, AfterValidator(_check_exec_arg)]
 EventTemplate = Annotated[str, AfterValidator(_check_event_template)]
+LabelTemplate = Annotated[str, AfterValidator(_check_label)]
 
 
 class _Strict(BaseModel):
@@ -116,7 +126,9 @@ class BackoffSpec(_Strict):
     initial: Duration = Field(10.0, description="first delay (seconds)")
     factor: float = Field(2.0, ge=1.0, description="multiplier per consecutive error")
     max: Duration = Field(600.0, description="largest delay (seconds)")
-    jitter: Literal["full", "equal", "none"] = "full"
+    jitter: Literal["full", "equal", "none"] = Field(
+        "full", description="randomise each delay: full (0..delay), equal (delay/2..delay), none"
+    )
 
 
 class Defaults(_Strict):
@@ -176,31 +188,50 @@ class StateSpec(_Strict):
     on_: dict[Annotated[str, Field(pattern=IDENT_RE)], StateName] = Field(
         default_factory=dict, alias="on", description="event -> target state"
     )
-    terminal: bool = False
-    description: str | None = None
-    try_interval: OptDuration = None
-    timeout: OptDuration = None
-    keepalive: OptDuration = None
-    error_budget: ErrorBudgetSpec | None = None
-    backoff: BackoffSpec | None = None
-    max_restarts: int | None = Field(None, ge=0)
+    terminal: bool = Field(False, description="the flow ends here (instance completed)")
+    description: str | None = Field(None, description="free text, shown by the console")
+    try_interval: OptDuration = Field(None, description="overrides defaults.try_interval")
+    timeout: OptDuration = Field(None, description="overrides defaults.timeout")
+    keepalive: OptDuration = Field(None, description="overrides defaults.keepalive")
+    error_budget: ErrorBudgetSpec | None = Field(
+        None, description="overrides defaults.error_budget (key by key)"
+    )
+    backoff: BackoffSpec | None = Field(None, description="overrides defaults.backoff")
+    max_restarts: int | None = Field(None, ge=0, description="overrides defaults.max_restarts")
 
 
 class FilesSpec(_Strict):
-    """Watch a folder for new files (``path`` relative to the flow file's folder)."""
+    """Watch a folder for new files (``path`` relative to the flow file's folder).
 
-    path: str
-    glob: str = "*"
-    recursive: bool = False
+    A file counts once per path and inode: touching or rewriting a file already handled
+    starts nothing, unless ``modified: true`` (then each settled change of its size or
+    modification time is a new event).
+    """
+
+    path: str = Field(description="folder to watch, relative to the flow file's folder")
+    glob: str = Field("*", description="file name pattern (fnmatch; with '/' the relative path)")
+    recursive: bool = Field(False, description="also watch sub-folders")
     settle: Duration = Field(0.2, description="size must be stable this long (seconds)")
-    force_polling: bool = False
+    force_polling: bool = Field(False, description="poll instead of OS file events")
+    modified: bool = Field(
+        False, description="a changed file (new size or mtime) counts again (default: once)"
+    )
 
 
 class TailSpec(_Strict):
-    """Follow a log file; each line matching ``match`` (named groups → fields) is an event."""
+    """Follow a log file; each line matching ``match`` (named groups → fields) is an event.
 
-    path: str
+    ``from`` says where a file first seen by a new sensor is read from: ``end`` (only
+    lines written from now on, like ``tail -f``) or ``start`` (the whole file). A sensor
+    that has already read the file resumes where it stopped, and a rotated successor is
+    always read from its start.
+    """
+
+    path: str = Field(description="the log file, relative to the flow file's folder")
     match: Regex | None = Field(None, description="regex; named groups become event fields")
+    from_: Literal["end", "start"] = Field(
+        "end", alias="from", description="where a new sensor starts reading: end or start"
+    )
 
 
 def _check_cron(value: str | None) -> str | None:
@@ -212,11 +243,13 @@ def _check_cron(value: str | None) -> str | None:
 class SensorSpec(_Strict):
     """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds) or ``cron``."""
 
-    files: FilesSpec | None = None
-    tail: TailSpec | None = None
-    every: OptDuration = None
-    cron: str | None = None
-    description: str | None = None
+    files: FilesSpec | None = Field(None, description="new files in a folder")
+    tail: TailSpec | None = Field(None, description="lines appended to a log file")
+    every: OptDuration = Field(None, description="a tick every this long (seconds)")
+    cron: str | None = Field(
+        None, description="a tick at each time of this cron expression (host's local time)"
+    )
+    description: str | None = Field(None, description="free text")
 
     @field_validator("cron")
     @classmethod
@@ -237,18 +270,43 @@ class SensorSpec(_Strict):
         return next(k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None)
 
 
+#: The fields of each sensor kind's events (the payload keys the sensors in
+#: ``runner.sensors`` write; a test runs every sensor and compares). A ``tail`` event also
+#: has one field per named group of its ``match`` regex (:func:`event_fields`).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "files": ("path", "name", "size"),
+    "tail": ("line", "file"),
+    "every": ("tick", "scheduled", "missed"),
+    "cron": ("tick", "scheduled", "missed"),
+}
+
+
+def event_fields(sensor: SensorSpec) -> list[str]:
+    """The field names of ``sensor``'s events: :data:`EVENT_FIELDS` of its kind, plus a
+    ``tail`` regex's named groups (first)."""
+    fields = list(EVENT_FIELDS[sensor.kind])
+    if sensor.tail is not None and sensor.tail.match:
+        groups = list(re.compile(sensor.tail.match).groupindex)
+        fields = [*groups, *(f for f in fields if f not in groups)]
+    return fields
+
+
 class SelectorSpec(_Strict):
     """Selects instances: by ``flow`` (default: the rule's own flow), ``state`` and data regexes."""
 
-    flow: Name | None = None
-    state: StateName | None = None
-    data: dict[str, Regex] | None = Field(None, description="data field -> regex")
+    flow: Name | None = Field(None, description="instances of this flow (default: the rule's)")
+    state: StateName | None = Field(None, description="only instances in this state")
+    data: dict[str, Regex] | None = Field(
+        None, description="data field -> regex (re.search); {event.x} matches literally"
+    )
 
 
 class SendSpec(SelectorSpec):
     """Send event ``event`` (an ``on:`` name) to the selected instances."""
 
-    event: Annotated[str, Field(pattern=IDENT_RE)]
+    event: Annotated[str, Field(pattern=IDENT_RE)] = Field(
+        description="an event name of the target states' on:"
+    )
 
 
 ACTIONS = ("start", "send", "pause", "resume", "kill")
@@ -263,11 +321,11 @@ class RuleSpec(_Strict):
     data: dict[str, EventTemplate] | None = Field(
         None, description="with start: data field -> template such as '{event.path}'"
     )
-    send: SendSpec | None = None
-    pause: SelectorSpec | None = None
-    resume: SelectorSpec | None = None
-    kill: SelectorSpec | None = None
-    description: str | None = None
+    send: SendSpec | None = Field(None, description="send an event to the selected instances")
+    pause: SelectorSpec | None = Field(None, description="pause the selected instances")
+    resume: SelectorSpec | None = Field(None, description="resume the selected instances")
+    kill: SelectorSpec | None = Field(None, description="kill the selected instances")
+    description: str | None = Field(None, description="free text")
 
     @model_validator(mode="before")
     @classmethod
@@ -305,13 +363,21 @@ class FlowSpec(_Strict):
     )
 
     flow: Name | None = Field(None, description="flow name; defaults to the file's stem")
-    description: str | None = None
+    description: str | None = Field(None, description="free text, shown by the console")
+    label: LabelTemplate | None = Field(
+        None,
+        description="short text naming each instance, e.g. '{data.path}' (paths shortened)",
+    )
     initial: StateName = Field(description="the state new instances start in")
     data: dict[str, Any] = Field(default_factory=dict, description="default instance data")
-    defaults: Defaults = Field(default_factory=Defaults)
-    states: dict[StateName, StateSpec] = Field(min_length=1)
-    sensors: dict[Name, SensorSpec] = Field(default_factory=dict)
-    rules: list[RuleSpec] = Field(default_factory=list)
+    defaults: Defaults = Field(
+        default_factory=Defaults, description="policy of every state unless it overrides a key"
+    )
+    states: dict[StateName, StateSpec] = Field(min_length=1, description="state name -> state")
+    sensors: dict[Name, SensorSpec] = Field(
+        default_factory=dict, description="sensor name -> sensor"
+    )
+    rules: list[RuleSpec] = Field(default_factory=list, description="what events do")
 
     _positions: Any = PrivateAttr(default=None)
     _path: str = PrivateAttr(default="")

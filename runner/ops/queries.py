@@ -20,6 +20,7 @@ from runner.store.tables import attempts, commands, instances
 INSTANCE_KEYS = (
     "id",
     "flow",
+    "label",
     "state",
     "status",
     "data",
@@ -100,8 +101,8 @@ def read_instances(
     """One page of instances as stored: dicts of the ``keys`` columns (times in epoch
     seconds), the one listing query of ``flowrun ls`` (text and ``--json``).
 
-    ``text`` matches (case-insensitively) the flow, state, status, last error or the data's
-    JSON text. ``order_by`` is one of ``SORTABLE`` (others order by ``id``); ties are
+    ``text`` matches (case-insensitively) the flow, label, state, status, last error or
+    the data's JSON text. ``order_by`` is one of ``SORTABLE`` (others order by ``id``); ties are
     broken by id. Only the ``keys`` columns are read and decoded (a table without the data
     reads 10,000 rows in a fraction of the time).
 
@@ -140,6 +141,7 @@ def _filtered(q, flow, status, text):
         q = q.where(
             or_(
                 func.lower(instances.c.flow).like(like),
+                func.lower(func.coalesce(instances.c.label, "")).like(like),
                 func.lower(instances.c.state).like(like),
                 func.lower(instances.c.status).like(like),
                 func.lower(func.coalesce(instances.c.last_error, "")).like(like),

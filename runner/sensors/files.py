@@ -9,8 +9,14 @@ A file matching ``glob`` (hidden files only when the glob starts with ``.``) cou
 
 Files already present at start-up are reconciled, and the folder is rescanned every
 ``rescan`` seconds and whenever the watcher restarts, so nothing dropped while no watcher
-ran is missed. The event key is ``"<relative path>:<size>:<mtime_ns>"``: a restart or a
-second daemon sees the same key (stored once), a file dropped again later is a new event.
+ran is missed. A file counts once per path and inode: the event key is
+``"<relative path>:<inode>"``, so a restart or a second daemon sees the same key (stored
+once) and touching or rewriting a handled file starts nothing. With ``modified: true`` the
+key is ``"<relative path>:<inode>:<size>:<mtime_ns>"``: every settled change counts again.
+A file deleted and dropped again under the same name counts again: it has a new inode,
+or, when the file system hands the old inode back (ext4 does), the sensor saw the
+deletion and keys the new file ``"<relative path>:<inode>:<mtime_ns at first sight>"``.
+Only a deletion and re-creation with the same inode while no daemon ran goes unseen.
 Payload: ``{"path": absolute path, "name": file name, "size": bytes}``.
 """
 
@@ -55,10 +61,13 @@ class FilesSensor(Sensor):
         self.glob: str = cfg.glob
         self.recursive: bool = bool(cfg.recursive)
         self.settle: float = float(cfg.settle)
+        self.modified: bool = bool(cfg.modified)
         self.rescan = rescan
         self._candidates: dict[str, _Candidate] = {}
         self._ready: set[str] = set()  # renamed into place: count at once
         self._stored: dict[str, str] = {}  # path -> key stored by this process
+        self._gone: set[str] = set()  # handled paths seen deleted (a new file may reuse the inode)
+        self._suffix: dict[str, str] = {}  # path -> key suffix of a file re-created there
         self._scan_due = True
 
     def folders(self) -> list[Path]:
@@ -99,7 +108,7 @@ class FilesSensor(Sensor):
             if change == Change.deleted:
                 self._candidates.pop(path, None)
                 self._ready.discard(path)
-                self._stored.pop(path, None)
+                self._forget(path)
             elif change == Change.added and os.path.dirname(path) in renamed_from:
                 self._candidates.pop(path, None)
                 self._ready.add(path)
@@ -128,13 +137,25 @@ class FilesSensor(Sensor):
                 timeout = next_scan - time.monotonic()
             await self._wait(stop, timeout)
 
+    def _forget(self, path: str) -> None:
+        """``path`` was deleted: a file created there later is a new file, even if the file
+        system gives it the old inode."""
+        if self._stored.pop(path, None) is not None:
+            self._gone.add(path)
+        self._suffix.pop(path, None)
+
     def _remember(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
         for key, payload in rows:
             self._stored[payload["path"]] = key
 
     def _event(self, path: str, st: os.stat_result) -> tuple[str, dict[str, Any]] | None:
         rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
-        key = f"{rel}:{st.st_size}:{st.st_mtime_ns}"
+        if path in self._gone:  # re-created after a deletion this process saw
+            self._gone.discard(path)
+            self._suffix[path] = f":{st.st_mtime_ns}"
+        key = f"{rel}:{st.st_ino}{self._suffix.get(path, '')}"
+        if self.modified:
+            key += f":{st.st_size}:{st.st_mtime_ns}"
         if self._stored.get(path) == key:
             return None
         return key, {"path": path, "name": os.path.basename(path), "size": st.st_size}
@@ -171,6 +192,8 @@ class FilesSensor(Sensor):
         """Reconcile a folder walk: old enough files count, fresh ones settle."""
         rows = []
         wall, mono = time.time(), time.monotonic()
+        for path in set(self._stored) - {p for p, _ in found}:
+            self._forget(path)
         for path, st in found:
             if path in self._candidates or path in self._ready:
                 continue

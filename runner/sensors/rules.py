@@ -7,6 +7,9 @@ event's flow whose ``when`` is the event's sensor and whose ``match`` regexes al
 ``re.search`` the event's fields, and write what was done to ``events.action``. A crash
 before the commit undoes the claim and the actions together; nothing is lost or doubled.
 
+A selector's ``data`` regexes may name event fields as ``{event.x}``: the value is put in
+escaped (``re.escape``), so it matches literally (e.g. ``path: "^{event.path}$"``).
+
 Each rule runs in a savepoint: a rule that fails (a template naming a missing event field,
 an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself.
 """
@@ -26,7 +29,7 @@ from runner.ops import commands
 from runner.sensors.base import log
 from runner.store import create
 from runner.store.tables import events
-from runner.templating import render
+from runner.templating import render, render_event_refs
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -147,12 +150,16 @@ class RuleEngine:
             if selector is None:
                 continue
             target_flow = selector.flow or flow.name
+            # ``{event.x}`` in a selector regex matches the event's value literally
+            data_match = {
+                k: render_event_refs(v, payload) for k, v in (selector.data or {}).items()
+            }
             ids = commands.select_ids(
                 conn,
                 flow=target_flow,
                 state=selector.state,
                 status=_ACTIONABLE[command],
-                data_match=selector.data,
+                data_match=data_match or None,
             )
             event = getattr(selector, "event", None) if command == "send" else None
             results = commands.apply(conn, ids, command, event=event, source=source)

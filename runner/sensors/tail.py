@@ -1,6 +1,9 @@
 """The ``tail`` sensor: follow a log file by a byte offset stored in the database.
 
-Only whole lines count (a line without its ``\\n`` waits). Each line matching ``match``
+Only whole lines count (a line without its ``\\n`` waits). A new sensor (no cursor yet)
+starts at the end of an existing file with ``from: end`` (the default, like ``tail -f``)
+or at its start with ``from: start``; a file that appears later, and every rotated
+successor, is read from its start. Each line matching ``match``
 (``re.search``; every line when there is no ``match``) is one event whose payload is the
 named groups plus ``line`` (without the newline) and ``file`` (the configured path).
 
@@ -106,8 +109,9 @@ class TailSensor(Sensor):
 
     async def _resume(self, cursor: dict[str, Any]) -> None:
         """Continue where the cursor left off, finishing a file rotated while we were down."""
-        if not cursor:
-            self._open(self.path)
+        if not cursor:  # a new sensor: ``from: end`` skips what the file already holds
+            if self._open(self.path) and self.spec.tail.from_ == "end":
+                await asyncio.to_thread(self._skip_to_end)
             await self.store([], self._cursor())
             return
         self._dev, self._ino = cursor.get("dev", 0), cursor.get("ino", 0)
@@ -118,6 +122,24 @@ class TailSensor(Sensor):
             self._fd = os.open(old, os.O_RDONLY)
         elif self._open(self.path):
             await self.store([], self._cursor())
+
+    def _skip_to_end(self) -> None:
+        """Move the offset past the last whole line of the followed file (a partial last
+        line is read once its newline comes), with its fingerprint."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        window = FINGERPRINT
+        while True:
+            start = max(size - window, 0)
+            data = os.pread(self._fd, size - start, start)
+            end = data.rfind(b"\n")
+            if end >= 0 or start == 0:
+                break
+            window *= 4
+        self._offset = start + end + 1
+        self._last = os.pread(
+            self._fd, min(self._offset, FINGERPRINT), self._offset - min(self._offset, FINGERPRINT)
+        )
 
     def _find(self, accept: Any) -> str | None:
         """The followed path, else the most recently modified sibling (``app.log.1``, ...),

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, insert
 from runner.store.db import insert_ignore
 from runner.store.leases import now
 from runner.store.tables import flow_versions, instances
+from runner.templating import render_label
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -43,8 +44,11 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
 
 
 def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, at: float) -> dict:
-    """The column values of a new instance of ``flow`` (not yet inserted)."""
+    """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
+    the flow's label template rendered over the merged data (``None`` without one)."""
     state = flow.states[flow.initial]
+    merged = {**flow.data, **(data or {})}
+    template = getattr(flow, "label", None)
     status, due = "runnable", at
     if state.kind == "terminal":
         status, due = "completed", None
@@ -55,7 +59,8 @@ def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, 
         "version": flow.version,
         "state": flow.initial,
         "status": status,
-        "data": {**flow.data, **(data or {})},
+        "data": merged,
+        "label": render_label(template, {"data": merged}) if template else None,
         "due_at": due,
         "fence": 0,
         "attempts": 0,

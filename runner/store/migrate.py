@@ -84,6 +84,10 @@ def _has_unique(conn: Connection, table: str, name: str) -> bool:
     return name in uniques | indexes
 
 
+def _has_column(conn: Connection, table: str, name: str) -> bool:
+    return name in {c["name"] for c in inspect(conn).get_columns(table)}
+
+
 def _has_index(conn: Connection, table: str, name: str) -> bool:
     return name in {i.get("name") for i in inspect(conn).get_indexes(table)}
 
@@ -91,6 +95,7 @@ def _has_index(conn: Connection, table: str, name: str) -> bool:
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0003", lambda c: _has_column(c, "instances", "label")),
     ("0002", lambda c: _has_unique(c, "attempts", "uq_attempts_instance_attempt")),
     ("0001", lambda c: _has_index(c, "attempts", "ix_attempts_instance")),
 )

@@ -69,6 +69,9 @@ class Instance(SQLModel, table=True):
     created_at: float = Field(default=0.0)
     updated_at: float = Field(default=0.0)
     event_id: int | None = Field(default=None, description="sensor event that started it")
+    label: str | None = Field(
+        default=None, max_length=200, description="the flow's label template over the data"
+    )
 
 
 class Attempt(SQLModel, table=True):

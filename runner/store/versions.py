@@ -27,6 +27,20 @@ def remember(flow: CompiledFlow) -> None:
     _cache[flow.version] = flow
 
 
+def latest(bind: Engine, flow: str) -> dict[str, Any] | None:
+    """The newest stored version of the flow called ``flow`` (by ``loaded_at``): a dict of
+    ``version``, ``path`` and ``loaded_at`` (epoch seconds), or ``None`` when none is stored."""
+    q = (
+        select(flow_versions.c.version, flow_versions.c.path, flow_versions.c.loaded_at)
+        .where(flow_versions.c.flow == flow)
+        .order_by(flow_versions.c.loaded_at.desc())
+        .limit(1)
+    )
+    with reading(bind) as conn:
+        row = conn.execute(q).mappings().first()
+    return dict(row) if row is not None else None
+
+
 def compiled(bind: Engine | Connection, version: str) -> CompiledFlow:
     """Return the ``CompiledFlow`` of ``version``.
 

@@ -145,6 +145,21 @@ class ConsoleData:
                 names = set(conn.execute(select(instances.c.flow).distinct()).scalars())
         return sorted(names)
 
+    def empty_hint(self, q: Query) -> str:
+        """What the instances table says when ``q`` matches nothing: clear the filters,
+        start an instance, or (no flow file in the flows folder) write a flow first."""
+        if q.status or q.flow or q.text:
+            return "no instances match the filters (c clears them)"
+        folder = Path(self.flows_dir) if self.flows_dir is not None else None
+        if folder is not None and not any(
+            p.suffix in (".yaml", ".yml") for p in (folder.iterdir() if folder.is_dir() else ())
+        ):
+            return (
+                f"no flows in {folder}: run `flowrun init` for an example, or write a flow "
+                "file there, then restart the console"
+            )
+        return "no instances yet: `flowrun start FLOW`, or let a sensor start one"
+
     # -- policies and compiled flows -------------------------------------------------
 
     def compiled(self, version: str) -> CompiledFlow:

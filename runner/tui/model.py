@@ -23,7 +23,7 @@ class Query:
     Attributes:
         status: only instances in this status, or ``None`` for all.
         flow: only instances of this flow, or ``None`` for all.
-        text: a case-insensitive substring of flow, state, status, last error or data
+        text: a case-insensitive substring of flow, label, state, status, last error or data
             (an all-digit text also matches that id); ``""`` for no text filter.
         sort: one of ``SORTS`` (an unknown key orders by ``id``).
         desc: descending order.
@@ -47,7 +47,7 @@ class Row:
 
     Times (``locked_until``, ``due_at``, ``state_errors``) are float seconds since the
     epoch; ``max_errors``/``window`` (seconds) are the state's error budget, ``None`` when
-    its flow version cannot be compiled.
+    its flow version cannot be compiled; ``label`` is the instance's label (flow ``label:``).
     """
 
     id: int
@@ -65,6 +65,7 @@ class Row:
     last_error: str | None
     max_errors: int | None = None
     window: float | None = None
+    label: str | None = None
 
 
 @dataclass

@@ -50,6 +50,7 @@ _ROW_COLS = (
     instances.c.state_errors,
     instances.c.due_at,
     instances.c.last_error,
+    instances.c.label,
 )
 
 
@@ -73,6 +74,7 @@ def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
         like = f"%{q.text.lower()}%"
         ors = [
             func.lower(c.flow).like(like),
+            func.lower(func.coalesce(c.label, "")).like(like),
             func.lower(c.state).like(like),
             func.lower(c.status).like(like),
             func.lower(func.coalesce(c.last_error, "")).like(like),
@@ -180,6 +182,7 @@ def read_page(
                 last_error=r.last_error,
                 max_errors=pol[0] if pol else None,
                 window=pol[1] if pol else None,
+                label=r.label,
             )
         )
     return Page(q, offset, rows, limit, time.perf_counter() - t0)

@@ -60,7 +60,8 @@ async def test_instances_view_lists_rows_and_counts(db):
         head = screen.header.render_text().plain
         assert "12 instances" in head and "runnable 3" in head and "failed 2" in head
         line = "".join(s.text for s in screen.table.render_line(1))
-        assert "w1 25s" in line and "1/4" in line and "connection refused" in line
+        assert "w1 25s" in line and "1/4" in line and "connection" in line
+        assert "order 1 " in line  # the LABEL column (the flow's label: template)
 
 
 async def test_p_pauses_then_resumes(db):
@@ -268,7 +269,12 @@ async def test_click_on_header_sorts(db):
     app = make_app(db)
     async with app.run_test(size=(140, 30)) as pilot:
         await settle(app, pilot)
-        await pilot.click("#instances", offset=(71, 0))  # the ATT header
+        x = 0
+        for col, width in app.screen.table._layout(140):
+            if col.key == "attempts":
+                break
+            x += width + 1
+        await pilot.click("#instances", offset=(x + 1, 0))  # the ATT header
         await settle(app, pilot)
         assert app.screen.table.query_spec().sort == "attempts"
 
@@ -330,3 +336,39 @@ async def test_command_palette_runs_actions(db):
         await pilot.press("enter")
         await settle(app, pilot)
         assert status_of(engine, 9)[0] == "paused"
+
+
+async def test_text_filter_finds_the_label_and_detail_shows_it(db):
+    """A flow's ``label:`` names each instance: the filter searches it, detail shows it."""
+    app = make_app(db)
+    async with app.run_test(size=(150, 30)) as pilot:
+        await settle(app, pilot)
+        table = app.screen.table
+        await pilot.press("slash", *"order 7", "enter")  # in no data's JSON text: the label
+        await settle(app, pilot)
+        assert [r.id for r in table.page.rows] == [7]
+        assert table.page.rows[0].label == "order 7"
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, DetailScreen)
+        assert "order 7" in str(app.screen.query_one("#summary", Static).render())
+
+
+async def test_empty_table_says_what_to_do(tmp_path: Path):
+    from runner.store.db import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    (tmp_path / "flows").mkdir()
+    app = FlowrunApp(engine, flows_dir=tmp_path / "flows", clock=clock, live=False)
+    try:
+        async with app.run_test(size=(120, 20)) as pilot:
+            await settle(app, pilot)
+            line = "".join(s.text for s in app.screen.table.render_line(1))
+            assert "no flows in" in line and "flowrun init" in line
+            (tmp_path / "flows" / "a.yaml").write_text("x: 1\n")
+            app.screen.refresh_data(counts=True)
+            await settle(app, pilot)
+            line = "".join(s.text for s in app.screen.table.render_line(1))
+            assert "no instances yet" in line and "flowrun start" in line
+    finally:
+        engine.dispose()

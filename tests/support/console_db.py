@@ -33,6 +33,7 @@ def clock() -> float:
 ORDERS = """\
 flow: orders
 description: Orders wait for approval, then ship.
+label: "order {data.order}"
 initial: fetch
 defaults:
   error_budget: {max_errors: 4, window: 1h, on_exhausted: failed}
@@ -68,6 +69,7 @@ def _row(iid: int, flow, state: str, status: str, **kw) -> dict:
         "state": state,
         "status": status,
         "data": {"order": iid},
+        "label": f"order {iid}" if flow.name == "orders" else None,
         "due_at": None,
         "locked_by": None,
         "locked_until": None,

@@ -51,6 +51,12 @@ def engine_at(tmp: Path) -> Engine:
     return make_engine(db_url(tmp))
 
 
+def flow_world(tmp: Path, name: str, body: str) -> tuple[Engine, CompiledFlow]:
+    """A real SQLite file engine in ``tmp`` and flow ``name`` (``body`` as for
+    :func:`write_flow`) compiled from ``tmp/flows``."""
+    return engine_at(tmp), load(write_flow(tmp / "flows", name, body))
+
+
 def db_url(tmp: Path) -> str:
     """The SQLite URL the tests use inside ``tmp``."""
     return f"sqlite:///{tmp / 'flowrun.db'}"

@@ -111,8 +111,8 @@ def test_hot_reload_keeps_good_version(tmp_path: Path) -> None:
     path.write_text(B.replace("on: {go: done}", "on: {go: dnoe}") + "bogus: 1\n")
     errs = reg.reload([path])
     assert where(errs) == [
-        "b.yaml:6:1: unknown key 'bogus' (expected one of: flow, description, initial, data, "
-        "defaults, states, sensors, rules)",
+        "b.yaml:6:1: unknown key 'bogus' (expected one of: flow, description, label, initial, "
+        "data, defaults, states, sensors, rules)",
     ]
     assert reg.get("b") is good  # the good version stays in force
     assert reg.errors[str(path)] == errs

@@ -53,6 +53,7 @@ def test_readonly_engine_creates_no_folder(tmp_path: Path) -> None:
 NATURAL = {
     "id": 5,
     "flow": 30,
+    "label": 20,
     "state": 30,
     "status": 8,
     "attempts": 3,

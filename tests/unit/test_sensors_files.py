@@ -125,3 +125,46 @@ async def test_files_present_at_start_are_reconciled_and_rename_counts(tmp_path:
         await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 7)
         await settled(hub)
     assert scalar(engine, "SELECT count(*) FROM events") == 7
+
+
+async def test_touching_a_handled_file_starts_nothing(tmp_path: Path) -> None:
+    """Identity is path + inode: a touch or a rewrite in place is not a new file; a new
+    file is; and neither is doubled by a restart."""
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    async with running_hub(engine, flows) as hub:
+        drop(inbox, "a.txt", "one")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 1)
+        await settled(hub)
+        os.utime(inbox / "a.txt")  # touch
+        with open(inbox / "a.txt", "a") as f:
+            f.write(" more")
+        drop(inbox, "b.txt", "two")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 2)
+        await asyncio.sleep(0.5)  # the touched file settles too (and must not count)
+        await settled(hub)
+    async with running_hub(engine, flows, "other") as hub:
+        os.utime(inbox / "b.txt")
+        await asyncio.sleep(0.5)
+        await settled(hub)
+    assert_once(engine, {"a.txt", "b.txt"})
+
+
+async def test_modified_true_counts_each_change(tmp_path: Path) -> None:
+    flows = tmp_path / "flows"
+    write_flow(flows, "drop", FILES_FLOW.replace("settle: 100ms", "settle: 100ms, modified: true"))
+    inbox = flows / "inbox"
+    inbox.mkdir()
+    engine = engine_at(tmp_path)
+    async with running_hub(engine, flows) as hub:
+        drop(inbox, "a.txt", "one")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 1)
+        await settled(hub)
+        with open(inbox / "a.txt", "a") as f:
+            f.write(" more")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 2)
+        await settled(hub)
+    sizes = sorted(
+        int(s) for (s,) in rows(engine, "SELECT json_extract(data, '$.size') FROM instances")
+    )
+    assert sizes == [3, 8]

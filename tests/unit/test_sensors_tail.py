@@ -13,7 +13,7 @@ from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wai
 
 TAIL_FLOW = """\
 sensors:
-  app: {tail: {path: logs/app.log, match: 'ERROR (?P<code>\\d+) n=(?P<n>\\d+)'}}
+  app: {tail: {path: logs/app.log, from: start, match: 'ERROR (?P<code>\\d+) n=(?P<n>\\d+)'}}
 rules:
   - when: app
     match: {code: "^5"}
@@ -148,3 +148,61 @@ async def test_rotation_while_down_finishes_old_file_first(tmp_path: Path) -> No
     ordered = rows(engine, "SELECT payload FROM events ORDER BY id")
     ids = [int(json.loads(p)["n"]) for (p,) in ordered]
     assert ids == list(range(55))  # in order: the old file's rest before the new file
+
+
+def _default_flow(tmp_path: Path, extra: str = "") -> tuple[Path, Path]:
+    flows = tmp_path / "flows"
+    body = TAIL_FLOW.replace("from: start, ", extra)
+    write_flow(flows, "logs", body)
+    log = flows / "logs" / "app.log"
+    log.parent.mkdir()
+    return flows, log
+
+
+async def test_new_sensor_starts_at_the_end_by_default(tmp_path: Path) -> None:
+    """Like ``tail -f``: lines already in the file start nothing; new ones do; a restart
+    resumes at the stored offset (lines written while down count)."""
+    flows, log = _default_flow(tmp_path)
+    engine = engine_at(tmp_path)
+    append(log, 0, 3)
+    with open(log, "a") as f:
+        f.write("ERROR 500 n=3")  # a partial last line: read once its newline comes
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        await asyncio.sleep(0.3)
+        assert scalar(engine, "SELECT count(*) FROM events") == 0
+        with open(log, "a") as f:
+            f.write("\n")
+        append(log, 4, 6)
+        await until_events(engine, 3)
+        await settled(hub)
+    append(log, 6, 8)  # written while no daemon runs
+    async with running_hub(engine, flows) as hub:
+        await until_events(engine, 5)
+        await settled(hub)
+    assert ns(engine) == [3, 4, 5, 6, 7]
+
+
+async def test_from_end_reads_a_rotated_successor_from_its_start(tmp_path: Path) -> None:
+    flows, log = _default_flow(tmp_path)
+    engine = engine_at(tmp_path)
+    append(log, 0, 5)
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        append(log, 5, 7)
+        await until_events(engine, 2)
+        os.rename(log, log.with_name("app.log.1"))
+        append(log, 7, 10)  # the new file: every line counts
+        await until_events(engine, 5)
+        await settled(hub)
+    assert ns(engine) == [5, 6, 7, 8, 9]
+
+
+async def test_from_start_replays_the_existing_file(tmp_path: Path) -> None:
+    flows, log = _default_flow(tmp_path, "from: start, ")
+    engine = engine_at(tmp_path)
+    append(log, 0, 3)
+    async with running_hub(engine, flows) as hub:
+        await until_events(engine, 3)
+        await settled(hub)
+    assert ns(engine) == [0, 1, 2]

@@ -18,7 +18,16 @@ from runner.flowspec.compiled import CompiledFlow
 from runner.handlers.attempt import AttemptResult
 from runner.ops import commands
 from runner.store import commit, create, leases
-from tests.support.fault import attempts_of, engine_at, load, new_instance, row, sql, write_flow
+from tests.support.fault import (
+    attempts_of,
+    engine_at,
+    flow_world,
+    load,
+    new_instance,
+    row,
+    sql,
+    write_flow,
+)
 
 FLOW = """\
 initial: work
@@ -34,8 +43,7 @@ LEASE = 30.0
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[Engine, CompiledFlow]:
-    flow = load(write_flow(tmp_path / "flows", "st", FLOW))
-    return engine_at(tmp_path), flow
+    return flow_world(tmp_path, "st", FLOW)
 
 
 def _claim(engine: Engine, worker: str, at: float, limit: int = 10, flow=None):

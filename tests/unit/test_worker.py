@@ -8,7 +8,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from runner.engine.cycle import MAX_CHAIN
+from runner.engine.cycle import MAX_CHAIN, CycleRequest
 from runner.engine.worker import Worker, WorkerConfig
 from runner.ops import queries
 from runner.service.daemon import load_registry, serve
@@ -48,6 +48,13 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
     item = queries.get_instance(engine, iid)
     assert item["status"] == "completed"
     assert item["data"] == {"summary": {"rows": 42}, "tags": ["seen"]}
+    assert worker.stats.items() == [
+        ("claimed", 1),
+        ("chained", 0),
+        ("committed", 1),
+        ("cancelled", 0),
+        ("lost_fence", 0),
+    ], "the counters of the daemon's exit line"
 
 
 def test_chained_moves_are_separate_attempts(tmp_path: Path) -> None:
@@ -96,15 +103,16 @@ def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path
 
     async def main() -> None:
         worker = Worker(engine, WorkerConfig(worker_id="w0", lease=0.2))
-        loop = asyncio.get_running_loop()
-        args = ([], [], [], 8, False, False)
-        assert worker._inline_cycle(loop, args) is None, "busy: must not run on the loop"
+        busy = worker._submit(CycleRequest("w0", 0.2, free=8))
+        await asyncio.sleep(0.2)
+        assert not busy.done(), "busy: the cycle waits on the database thread, not the loop"
         other.execute("COMMIT")
-        fut = worker._inline_cycle(loop, args)
-        assert fut is not None and fut.done()
-        claims, *_ = fut.result()
-        assert [c.id for c in claims] == [iid]
+        assert [c.id for c in (await busy).claims] == [iid]
+        free = worker._submit(CycleRequest("w0", 0.2, free=8))
+        assert free.done(), "the lock is free: the cycle ran right here on the loop"
+        assert (await free).claims == []
         worker._no_wait.dispose()
+        worker._db.shutdown()
 
     asyncio.run(main())
     other.close()

@@ -19,11 +19,13 @@ from runner.tui.widgets.status_header import STATUS_STYLES
 
 
 def summary_text(d: Detail, now: float) -> Text:
-    """Id, flow, state, status, lock, counters and due time."""
+    """Id, flow, label, state, status, lock, counters and due time."""
     r = d.row
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f" instance {r['id']} ", style="bold reverse")
     t.append(f"  {r['flow']}", style="bold")
+    if r.get("label"):
+        t.append(f"  {r['label']}")
     t.append(f"  version {r['version']}", style="dim")
     t.append("\n state ", style="dim")
     t.append(r["state"], style="bold")

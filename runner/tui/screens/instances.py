@@ -117,16 +117,20 @@ class InstancesScreen(Screen):
     def _load_counts(self, query: Query) -> None:
         try:
             counts = self.app.data.counts(query)
+            hint = self.app.data.empty_hint(query) if not counts.total else ""
         finally:
             self._counting = False
-        self.app.call_from_thread(self._show_counts, query, counts)
+        self.app.call_from_thread(self._show_counts, query, counts, hint)
 
-    def _show_counts(self, query: Query, counts: Counts) -> None:
+    def _show_counts(self, query: Query, counts: Counts, hint: str = "") -> None:
         # Counts cost a scan of an index: keep them under ~10% of the time.
         self._counts_every = max(self.app.refresh_interval, 10 * counts.elapsed)
         self._counts_due = time.monotonic() + self._counts_every
         if query != self.table.query_spec():
             return
+        if hint != self.table.empty_hint:
+            self.table.empty_hint = hint
+            self.table.refresh()
         self.table.set_total(counts.total)
         self.header.set_counts(counts.by_status, counts.total)
 

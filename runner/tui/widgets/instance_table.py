@@ -42,6 +42,7 @@ COLUMNS = (
     Column("mark", "", 1),
     Column("id", "ID", 9, "id", right=True),
     Column("flow", "FLOW", 16, "flow"),
+    Column("label", "LABEL", 0),
     Column("state", "STATE", 14, "state"),
     Column("status", "STATUS", 9, "status"),
     Column("lock", "LOCK", 14),
@@ -53,6 +54,13 @@ COLUMNS = (
 )
 
 
+#: Widest the LABEL column gets, in cells.
+LABEL_WIDTH = 24
+
+#: What an empty table says (``InstanceTable.empty_hint``) when nothing matches.
+NO_MATCH = "no instances match"
+
+
 def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
     """The text of each column for one row at time ``now``."""
     used = fmt.budget_used(row.state_errors, now, row.window)
@@ -60,6 +68,7 @@ def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
         "mark": "●" if marked else " ",
         "id": str(row.id),
         "flow": row.flow,
+        "label": row.label or "",
         "state": row.state,
         "status": row.status,
         "lock": fmt.lock(row.locked_by, row.locked_until, now),
@@ -130,6 +139,8 @@ class InstanceTable(ScrollView, can_focus=True):
         self.page: Page | None = None
         self.total = 0
         self.marked: set[int] = set()
+        #: Shown dimmed in the first row while nothing matches ("" shows nothing).
+        self.empty_hint = ""
 
     # -- data in -------------------------------------------------------------------
 
@@ -263,9 +274,21 @@ class InstanceTable(ScrollView, can_focus=True):
 
     @staticmethod
     def _layout(width: int) -> list[tuple[Column, int]]:
+        """Each shown column with its width: fixed columns as declared; LABEL takes a third
+        of what is left, at most :data:`LABEL_WIDTH` (dropped below 8 cells), LAST ERROR
+        the rest (at least 10)."""
         fixed = sum(c.width + 1 for c in COLUMNS if c.width)
         rest = max(10, width - fixed)
-        return [(c, c.width or rest) for c in COLUMNS]
+        label = min(LABEL_WIDTH, rest // 3)
+        out = []
+        for c in COLUMNS:
+            if c.key == "label":
+                if label >= 8:
+                    out.append((c, label))
+                    rest -= label + 1
+            else:
+                out.append((c, c.width or rest))
+        return out
 
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(f"instance-table--{name}", partial=True)
@@ -278,6 +301,10 @@ class InstanceTable(ScrollView, can_focus=True):
             return self._header(width, base)
         index = int(self.scroll_y) + y - 1
         if index >= self.total:
+            if index == 0 and self.total == 0 and self.empty_hint:
+                dim = base + Style(dim=True)
+                hint = Segment("  " + self.empty_hint, dim)
+                return Strip([hint]).adjust_cell_length(width, base)
             return Strip.blank(width, base)
         row = self.page.get(index) if self.page else None
         if row is None:

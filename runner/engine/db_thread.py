@@ -1,0 +1,60 @@
+"""The worker's database thread: blocking database calls run there, off the event loop.
+
+One thread, so the worker's own statements never compete with each other for a
+connection or the SQLite write lock; handlers keep running on the loop meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from runner.engine.timers import OutageBackoff
+from runner.store.db import short_error
+
+log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
+
+
+class DatabaseThread:
+    """One thread for a worker's blocking database calls (``flowrun-db``)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
+
+    def submit(self, fn: Callable, *args: Any) -> asyncio.Future:
+        """Start ``fn(*args)`` on the thread; returns the running loop's future of it."""
+        return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def call(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` on the thread; its exceptions propagate."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def guard(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` on the thread; a database error (``DBAPIError``) is logged in one
+        line and ``None`` returned."""
+        try:
+            return await self.call(fn, *args)
+        except DBAPIError as exc:
+            log.warning("database unavailable (%s)", short_error(exc))
+            return None
+
+    async def retrying(self, fn: Callable, *args: Any, give_up: Callable[[], bool]) -> Any:
+        """``fn(*args)`` on the thread, retried with :class:`OutageBackoff` while the
+        database is away; the error propagates once ``give_up()`` is true."""
+        backoff = OutageBackoff()
+        while True:
+            try:
+                return await self.call(fn, *args)
+            except DBAPIError as exc:
+                if give_up():
+                    raise
+                await asyncio.sleep(backoff.fail(exc))
+
+    def shutdown(self) -> None:
+        """Stop the thread once its current call returns (no waiting here)."""
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,167 @@
+"""The attempts one worker is running: started from claims as asyncio tasks, handed back
+to the loop as they end, cancelled on command.
+
+The worker loop (``runner.engine.worker``) decides when to start, commit and cancel;
+this module keeps the attempts in between (``running`` by instance id, ``finished`` in
+the order they ended) and runs each through ``attempt_run.run_attempt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from runner.engine.attempt_run import load_event_payload, run_attempt
+from runner.handlers.attempt import AttemptResult, Cancel
+from runner.handlers.exec_handler import live_groups
+from runner.store import leases, rows
+from runner.store.db import reading
+
+log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
+
+
+@dataclass
+class Running:
+    """One attempt in progress: its claim, its task, its cancel flag, and ``durable`` (a
+    one-item list: the instance's data as last stored, replaced by each checkpoint)."""
+
+    claim: rows.Claim
+    task: asyncio.Task
+    cancel: Cancel
+    durable: list
+
+
+class RunningAttempts:
+    """The attempts of worker ``worker_id`` on ``engine``, each an asyncio task.
+
+    ``running`` maps instance ids to :class:`Running`; ``finished`` holds ``(run,
+    AttemptResult)`` pairs in the order the attempts ended, until the loop takes them
+    (:meth:`take`). ``ended`` (the loop's wake-up event, once it has one) is set whenever
+    an attempt ends. ``in_db(fn, *args)`` runs ``fn`` on the worker's database thread;
+    sync ``call`` handlers run on a pool of ``max(4, concurrency)`` threads;
+    ``kill_grace`` is the seconds between SIGTERM and SIGKILL of an ``exec`` handler.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        *,
+        concurrency: int,
+        kill_grace: float,
+        in_db: Callable[..., Awaitable[Any]],
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.kill_grace = kill_grace
+        self.in_db = in_db
+        self.running: dict[int, Running] = {}
+        self.finished: list[tuple[Running, AttemptResult]] = []
+        self.ended: asyncio.Event | None = None
+        self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
+
+    def start(self, claims: list[rows.Claim]) -> None:
+        """Start one attempt per claim (``rows.Claim``) as a task on the running loop."""
+        loop = asyncio.get_running_loop()
+        for claim in claims:
+            run = Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
+            run.task = loop.create_task(self._attempt(run))
+            self.running[claim.id] = run
+
+    def take(self) -> list[tuple[Running, AttemptResult]]:
+        """Every attempt finished so far (they leave ``finished``)."""
+        batch, self.finished = self.finished, []
+        return batch
+
+    def put_back(self, batch: list[tuple[Running, AttemptResult]]) -> None:
+        """Return ``batch`` (taken, not committed: the database failed) ahead of the rest."""
+        self.finished[:0] = batch
+
+    def held(self) -> dict[int, int]:
+        """The fence each running attempt was claimed under, by instance id."""
+        return {iid: r.claim.fence for iid, r in self.running.items()}
+
+    def lease_check(self, *, renew: bool, lease: float) -> Callable[[], list[int]]:
+        """A function for the database thread: renew the running attempts' leases (to
+        ``lease`` seconds from now) when ``renew``, else only read whether each is still
+        held; it returns the ids of the instances taken away (for :meth:`taken_away`)."""
+        held, engine, worker_id = self.held(), self.engine, self.worker_id
+
+        def check() -> list[int]:
+            if renew:
+                with engine.begin() as conn:
+                    return leases.renew(conn, worker_id, held, lease)
+            with reading(engine) as conn:
+                return leases.taken_away(conn, worker_id, held)
+
+        return check
+
+    def taken_away(self, ids) -> None:
+        """Cancel the attempts of instances ``ids`` (a command or another worker took them)."""
+        for iid in ids:
+            run = self.running.get(iid)
+            if run is not None and not run.cancel.is_set():
+                log.info(
+                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
+                )
+                run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
+
+    def cancel_all(self, reason: str) -> None:
+        """Ask every running attempt to stop (``reason`` is recorded on it)."""
+        for run in self.running.values():
+            run.cancel.set(reason)
+
+    def abort(self) -> None:
+        """SIGKILL every handler process group still running and cancel every task: the
+        attempts are left for a worker to record as lost once their lease expired."""
+        for pgid in list(live_groups):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for run in self.running.values():
+            run.task.cancel()
+
+    def close(self) -> None:
+        """Stop the sync handlers' thread pool (queued calls are dropped)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _attempt(self, run: Running) -> None:
+        """Run one attempt and hand its result to the loop (``finished``).
+
+        The attempt's own task reports its end itself, rather than through a done
+        callback: one less callback scheduled per attempt. A worker abort (the task
+        cancelled) is reported as ``cancelled``; a bug below as an ``error``.
+        """
+        try:
+            result = await run_attempt(
+                self.engine,
+                run.claim,
+                run.cancel,
+                run.durable,
+                worker_id=self.worker_id,
+                kill_grace=self.kill_grace,
+                threads=self._threads,
+                load_event=lambda: self.in_db(load_event_payload, self.engine, run.claim.event_id),
+            )
+        except asyncio.CancelledError:
+            self._finished(run, AttemptResult("cancelled", run.durable[0], error="worker aborted"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded on the attempt, never lost
+            error = f"flowrun: {type(exc).__name__}: {exc}"
+            result = AttemptResult("error", run.durable[0], error=error)
+        self._finished(run, result)
+
+    def _finished(self, run: Running, result: AttemptResult) -> None:
+        self.running.pop(run.claim.id, None)
+        self.finished.append((run, result))
+        if self.ended is not None:
+            self.ended.set()

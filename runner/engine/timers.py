@@ -1,0 +1,73 @@
+"""The worker loop's small clocks: periodic chores and the database outage backoff.
+
+:class:`LoopingTimer` is Takahē's ``stator.runner.LoopingTimer`` (a chore due once every
+``interval``) with the loop's own clock passed in, so one turn of the loop reads
+``time.monotonic()`` once and every timer agrees on "now". :class:`OutageBackoff` spaces
+the retries of a database that went away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from runner.store.db import short_error
+
+log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
+
+
+class LoopingTimer:
+    """A chore due once every ``interval`` seconds (``time.monotonic`` clock).
+
+    Due at once when created (Takahē's ``trigger_at_start``). :meth:`check` answers
+    "due?" and, if so, schedules the next time; :meth:`due` only answers, and
+    :meth:`restart` schedules, for a chore that may decide not to run after all.
+    ``next_at`` (monotonic seconds) is when it is next due: the loop sleeps until the
+    earliest of them.
+    """
+
+    __slots__ = ("interval", "next_at")
+
+    def __init__(self, interval: float, now: float | None = None) -> None:
+        self.interval = interval
+        self.next_at = time.monotonic() if now is None else now
+
+    def due(self, now: float) -> bool:
+        """Whether the chore is due at ``now`` (monotonic seconds); changes nothing."""
+        return now >= self.next_at
+
+    def restart(self, now: float) -> None:
+        """Next due one ``interval`` after ``now`` (the chore just ran)."""
+        self.next_at = now + self.interval
+
+    def check(self, now: float) -> bool:
+        """Whether the chore is due at ``now``; if so it is next due ``interval`` later."""
+        if now >= self.next_at:
+            self.next_at = now + self.interval
+            return True
+        return False
+
+
+class OutageBackoff:
+    """Exponential backoff for database outages: 0.5 s doubling to 10 s.
+
+    ``fail(exc)`` counts one more failure, logs the outage (``exc``: the database error)
+    and returns the delay in seconds before the next try; ``ok()`` resets the count,
+    logging that the database is back if it had failed; ``failures`` is the count since
+    the last success."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def fail(self, exc: BaseException) -> float:
+        """Count a failure (``exc``: the database error); returns the delay in seconds."""
+        self.failures += 1
+        delay = min(10.0, 0.5 * 2 ** (self.failures - 1))
+        log.warning("database unavailable (%s); retrying in %.1fs", short_error(exc), delay)
+        return delay
+
+    def ok(self) -> None:
+        """The database answered: reset the count (and say it is back, if it was away)."""
+        if self.failures:
+            log.warning("database reachable again")
+        self.failures = 0

@@ -1,0 +1,119 @@
+"""The flow author's first hour (issue 16), through the real `flowrun` command: `init`,
+read-only commands that never create a database, `start` from the last good version of a
+broken flow, `check FILE` resolving cross-references, the daemon with no flows, labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HR = """\
+flow: hr
+label: "{data.path}"
+initial: wait
+states:
+  wait: {external: true, on: {go: done}}
+  done: {terminal: true}
+"""
+
+
+def flowrun(cwd: Path, *args: str, code: int = 0, env: dict | None = None):
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args],
+        env={**os.environ, "FLOWRUN_LEASE": "10", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def test_init_writes_a_runnable_example_and_refuses_twice(tmp_path: Path) -> None:
+    out = flowrun(tmp_path, "init", "proj").stdout
+    flows = tmp_path / "proj" / "flows"
+    text = (flows / "hello.yaml").read_text()
+    assert text.startswith("# yaml-language-server: $schema=../schemas/flow.schema.json\n")
+    assert (tmp_path / "proj" / "schemas" / "flow.schema.json").is_file()
+    assert (flows / "hello_tasks.py").is_file() and (flows / "inbox").is_dir()
+    assert "next: cd proj && flowrun --daemon" in out
+    err = flowrun(tmp_path, "init", "proj", code=2).stderr
+    assert "already has flows" in err and len(err.strip().splitlines()) == 1
+    assert (flows / "hello.yaml").read_text() == text
+    project = tmp_path / "proj"
+    assert "ok: 1 flow valid" in flowrun(project, "check").stdout
+    (flows / "inbox" / "a.txt").write_text("hi there\n")
+    iid = flowrun(project, "start", "hello", f"path={flows / 'inbox' / 'b.txt'}").stdout.strip()
+    flowrun(project, "--daemon", "--exit-when-idle")
+    row = json.loads(flowrun(project, "show", iid, "--json").stdout)
+    assert (row["state"], row["label"]) == ("review", "inbox/b.txt")
+
+
+def test_read_only_commands_do_not_create_a_database(tmp_path: Path) -> None:
+    for args in (["ls"], ["show", "1"], ["events"], ["workers"], ["pause", "1"]):
+        err = flowrun(tmp_path, *args, code=1).stderr
+        assert err.startswith("flowrun: no database at .flowrun/flowrun.db"), err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / ".flowrun").exists()
+
+
+def test_daemon_without_flows_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "flows").mkdir()
+    err = flowrun(tmp_path, "--daemon", "--exit-when-idle").stderr
+    assert "no flows in flows: `flowrun init` writes an example" in err
+
+
+def test_start_uses_the_last_good_version_of_a_broken_flow(tmp_path: Path) -> None:
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "hr.yaml").write_text(HR)
+    first = flowrun(tmp_path, "start", "hr", "path=/data/in/2024/jan.csv").stdout.strip()
+    (flows / "hr.yaml").write_text(HR.replace("initial: wait", "initial: wiat"))
+    proc = flowrun(tmp_path, "start", "hr", "path=/x/y/z.csv")
+    assert int(proc.stdout) == int(first) + 1
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "flowrun: flows/hr.yaml has errors:"
+    assert lines[1].startswith("  flows/hr.yaml:3:10: initial state 'wiat'")
+    assert "starting hr from its last good version" in lines[-1]
+    rows = json.loads(flowrun(tmp_path, "ls", "--json").stdout)
+    assert [(r["state"], r["label"]) for r in rows] == [
+        ("wait", "2024/jan.csv"),
+        ("wait", "y/z.csv"),
+    ]
+    assert len({r["data"]["path"] for r in rows}) == 2
+    table = flowrun(tmp_path, "ls").stdout
+    assert "label" in table.splitlines()[0] and "2024/jan.csv" in table and "y/z.csv" in table
+    shown = flowrun(tmp_path, "show", first).stdout
+    assert "label  2024/jan.csv" in shown
+    found = json.loads(flowrun(tmp_path, "ls", "--json", "--search", "JAN.csv").stdout)
+    assert [r["id"] for r in found] == [int(first)]
+    # a broken flow never stored: its errors, then one line, exit 2
+    (flows / "pay.yaml").write_text("flow: pay\ninitial: [\n")
+    proc = flowrun(tmp_path, "start", "pay", code=2)
+    assert "has errors" in proc.stderr and "no good version of it is stored" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["flows folder", "own folder"])
+def test_check_file_resolves_cross_references(tmp_path: Path, where: str) -> None:
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    drafts = tmp_path / "drafts"
+    drafts.mkdir()
+    starter = drafts / "starter.yaml"
+    starter.write_text(
+        "flow: starter\ninitial: wait\nstates:\n  wait: {external: true, on: {go: done}}\n"
+        "  done: {terminal: true}\nsensors:\n  clk: {every: 1h}\n"
+        "rules:\n  - {when: clk, start: hr}\n"
+    )
+    proc = flowrun(tmp_path, "check", str(starter), code=2)
+    assert proc.stderr.startswith(f"{starter}:9:")
+    assert "unknown flow 'hr'" in proc.stderr
+    (flows if where == "flows folder" else drafts).joinpath("hr.yaml").write_text(HR)
+    assert "ok: 1 flow valid" in flowrun(tmp_path, "check", str(starter)).stdout
