@@ -64,8 +64,11 @@ async def fail_once(ctx):
 '''
 
 
-def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
-    """Drain ``n`` instances with one daemon; returns the figures."""
+def run_flowrun(
+    n: int, concurrency: int, case: str, workdir: Path, extra: tuple[str, ...] = ()
+) -> dict:
+    """Drain ``n`` instances with one daemon (``extra``: more daemon options); returns
+    the figures."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -84,6 +87,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
         create_instances(conn, flow, [{"i": i} for i in range(n)])
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
     t0 = time.perf_counter()
+    cpu0 = _children_cpu()
     subprocess.run(
         [
             sys.executable,
@@ -95,6 +99,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
             str(concurrency),
             "--log-format",
             "json",
+            *extra,
         ],
         check=True,
         env=env,
@@ -102,6 +107,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
         stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0  # the daemon's user + system CPU seconds, start-up included
     with engine.connect() as conn:
         first, last = conn.execute(
             select(func.min(attempts.c.started_at), func.max(attempts.c.finished_at))
@@ -115,7 +121,15 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
         "seconds": secs,
         "per_s": moved / secs,
         "wall": wall,
+        "cpu_us": cpu / max(moved, 1) * 1e6,
     }
+
+
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> dict:
@@ -160,7 +174,15 @@ def main() -> None:
         help="huey consumer threads (default 2, as issue 2 specifies; huey's own consumer "
         "default is 1, which is faster on this 2-core machine)",
     )
+    ap.add_argument(
+        "--vs-args",
+        help='compare flowrun against itself with these daemon options (e.g. "--metrics 0" '
+        'or "--log-attempts"), interleaved, instead of against huey',
+    )
     args = ap.parse_args()
+    if args.vs_args:
+        compare_options(args)
+        return
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
         rates: dict[str, list[float]] = {"flowrun": [], "default": [], "normal": []}
@@ -193,6 +215,34 @@ def main() -> None:
                         f"ratio {med['flowrun'] / med[sync]:.2f}x"
                     )
             print(line)
+
+
+def compare_options(args: argparse.Namespace) -> None:
+    """flowrun plain vs flowrun with ``--vs-args``, interleaved; prints the medians and
+    their ratio per case (issue 15: no case may get more than 5 % slower)."""
+    extra = tuple(args.vs_args.split())
+    cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
+    for case in cases:
+        rates: dict[str, list[float]] = {"plain": [], "with": []}
+        cpus: dict[str, list[float]] = {"plain": [], "with": []}
+        for i in range(args.repeat):
+            sides = [("plain", ()), ("with", extra)]
+            for side, opts in sides if i % 2 == 0 else sides[::-1]:  # alternate the order
+                with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+                    fr = run_flowrun(args.n, args.concurrency, case, Path(tmp), opts)
+                rates[side].append(fr["per_s"])
+                cpus[side].append(fr["cpu_us"])
+                print(
+                    f"[{case}] flowrun {' '.join(opts) or '(plain)'}: {fr['per_s']:,.0f}/s, "
+                    f"{fr['cpu_us']:.0f} us CPU per transition (start-up included)"
+                )
+        plain, other = statistics.median(rates["plain"]), statistics.median(rates["with"])
+        cpu_plain, cpu_other = statistics.median(cpus["plain"]), statistics.median(cpus["with"])
+        print(
+            f"[{case}] median of {args.repeat}: plain {plain:,.0f}/s, with {args.vs_args} "
+            f"{other:,.0f}/s, ratio {other / plain:.3f}; CPU per transition plain "
+            f"{cpu_plain:.0f} us, with {cpu_other:.0f} us, ratio {cpu_other / cpu_plain:.3f}"
+        )
 
 
 if __name__ == "__main__":

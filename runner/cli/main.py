@@ -27,7 +27,9 @@ from runner.errors import ConfigError, FlowErrors, UserError
 from runner.store.db import DEFAULT_URL
 
 EPILOG = """\b
-Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
+Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
+command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
+130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
 
@@ -81,10 +83,37 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     show_default=True,
     help="On SIGINT/SIGTERM, seconds running attempts get to finish.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="FLOWRUN_LOG_LEVEL",
+    help="--daemon: least severe log level shown.",
+)
+@click.option("--log-attempts", is_flag=True, help="--daemon: one INFO line per finished attempt.")
+@click.option(
+    "--metrics",
+    metavar="[HOST:]PORT",
+    envvar="FLOWRUN_METRICS",
+    help="--daemon: serve Prometheus /metrics here (loopback when only a port).",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
-    ctx, flows, db, lease, daemon, concurrency, worker_id, exit_when_idle, log_format, grace
+    ctx,
+    flows,
+    db,
+    lease,
+    daemon,
+    concurrency,
+    worker_id,
+    exit_when_idle,
+    log_format,
+    grace,
+    log_level="info",
+    log_attempts=False,
+    metrics=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -100,6 +129,7 @@ def main_group(
         log_format=log_format,
         grace=grace,
     )
+    ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -108,32 +138,56 @@ def main_group(
 
 def run_daemon(c: Ctx) -> int:
     """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
-    the exit code (0).
-
-    Raises:
-        ConfigError: the flows folder does not exist, or the database cannot be opened.
-        FlowErrors: a flow file has errors (the daemon refuses to start).
+    the exit code: 0 clean stop or idle exit, 2 bad flows or configuration (logged, so a
+    JSON log stays JSON), 70 a part could not be kept alive, 130/143 aborted by a second
+    SIGINT/SIGTERM.
     """
-    from runner.service.daemon import load_registry, serve, setup_logging
+    from runner.service.daemon import ServiceOptions, load_registry, serve
+    from runner.service.logs import setup_logging
+    from runner.service.metrics import parse_address
 
-    setup_logging(c.worker_options["log_format"])
+    so = c.service_options
+    setup_logging(c.worker_options["log_format"], so["log_level"], so["log_attempts"])
     log = logging.getLogger("flowrun.daemon")
-    registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
-    if registry is None:
-        raise ConfigError(
-            f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
-            "`flowrun init` creates one)"
+    try:
+        address = None
+        if so["metrics"]:
+            try:
+                address = parse_address(so["metrics"])
+            except ValueError as exc:
+                raise ConfigError(f"--metrics {so['metrics']}: {exc}") from None
+        if not c.flows.is_dir():
+            raise ConfigError(
+                f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+                "`flowrun init` creates one)"
+            )
+        registry = load_registry(c.engine, c.flows)
+        log.info("loaded %d flows from %s", len(registry.flows), c.flows)
+        if not registry.flows and not registry.errors:
+            log.warning(
+                "no flows in %s: `flowrun init` writes an example; a flow file added there is "
+                "loaded while running",
+                c.flows,
+            )
+        options = ServiceOptions(
+            metrics=address,
+            progress=c.worker_options["exit_when_idle"],
+            log_attempts=so["log_attempts"],
         )
-    log.info("loaded %d flows from %s", len(registry.flows), c.flows)
-    if not registry.flows and not registry.errors:
-        log.warning(
-            "no flows in %s: `flowrun init` writes an example; a flow file added there is "
-            "loaded while running",
-            c.flows,
-        )
-    worker = asyncio.run(serve(c.engine, registry, worker_config(c)))
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in worker.stats.items()))
-    return 0
+        served = asyncio.run(serve(c.engine, registry, worker_config(c), options=options))
+    except FlowErrors as exc:
+        if c.worker_options["log_format"] != "json":
+            raise  # one plain line each: file:line:col: message
+        for e in exc.errors:
+            log.error("%s", e, extra={"file": e.file, "line": e.line, "col": e.col})
+        return 2
+    except (ConfigError, UserError) as exc:
+        if c.worker_options["log_format"] != "json":
+            raise
+        log.error("flowrun: %s", exc)
+        return exc.exit_code
+    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    return served.code
 
 
 @main_group.command()

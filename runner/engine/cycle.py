@@ -36,7 +36,7 @@ from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
-from runner.store.tables import events
+from runner.store.tables import events, instances
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -108,6 +108,7 @@ class WorkerStats:
     committed: int = 0
     cancelled: int = 0
     lost_fence: int = 0
+    recovered: int = 0  # attempts of dead workers this worker recorded as lost
 
     def add(self, result: CycleResult) -> None:
         """Count what one successful cycle did."""
@@ -116,6 +117,7 @@ class WorkerStats:
         self.committed += result.committed
         self.cancelled += result.cancelled
         self.lost_fence += len(result.lost)
+        self.recovered += len(result.recovered)
 
     def items(self) -> list[tuple[str, int]]:
         """``(name, count)`` pairs in field order (the exit line, metrics)."""
@@ -195,6 +197,8 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
         claims, chained, recovered, lost = _transaction(engine, request, limit, True)
     except commit.FenceMoved:  # rolled back: commit again, reading the fences first
         claims, chained, recovered, lost = _transaction(engine, request, limit, False)
+    if lost:
+        log_fenced(engine, request.worker_id, lost)
     return CycleResult(
         claims,
         chained,
@@ -204,6 +208,30 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
         committed=len(outcomes) + len(cancels) - len(lost),
         cancelled=len(cancels),
     )
+
+
+def log_fenced(engine: Engine, worker_id: str, lost: Sequence[int]) -> None:
+    """One WARNING per holder for outcomes the fence refused (``lost``: instance ids
+    taken away by a command or another worker), naming who holds them now."""
+    try:
+        with reading(engine) as conn:
+            rows = conn.execute(
+                select(instances.c.id, instances.c.locked_by).where(instances.c.id.in_(lost))
+            ).all()
+    except DBAPIError:
+        rows = []
+    holders = {iid: holder for iid, holder in rows}
+    by_holder: dict[str, list[int]] = {}
+    for iid in lost:
+        by_holder.setdefault(holders.get(iid) or "nobody (released)", []).append(iid)
+    for holder, ids in by_holder.items():
+        log.warning(
+            "fenced out: outcome of instances %s not committed by %s; held now by %s",
+            ", ".join(map(str, ids)),
+            worker_id,
+            holder,
+            extra={"instances": ids, "worker": worker_id, "holder": holder},
+        )
 
 
 def run_inline(
@@ -274,6 +302,7 @@ def log_lost(recovered: list[leases.Lost]) -> None:
             "restarts spent: instance failed"
             if lost.failed
             else "restarting from its last checkpoint",
+            extra={"instance": lost.instance_id, "worker": lost.worker, "attempt": lost.attempt},
         )
 
 

@@ -66,6 +66,8 @@ class RunningAttempts:
         self.running: dict[int, Running] = {}
         self.finished: list[tuple[Running, AttemptResult]] = []
         self.ended: asyncio.Event | None = None
+        #: Called with ``(claim, result)`` for every finished attempt (metrics, attempt log).
+        self.on_finished: Callable[[rows.Claim, AttemptResult], None] | None = None
         self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
 
     def start(self, claims: list[rows.Claim]) -> None:
@@ -110,7 +112,9 @@ class RunningAttempts:
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
                 log.info(
-                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
+                    "instance %d: taken away (command or lease lost); cancelling its attempt",
+                    iid,
+                    extra={"instance": iid, "flow": run.claim.flow, "state": run.claim.state},
                 )
                 run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
 
@@ -161,6 +165,8 @@ class RunningAttempts:
         self._finished(run, result)
 
     def _finished(self, run: Running, result: AttemptResult) -> None:
+        if self.on_finished is not None:
+            self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
         if self.ended is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,8 @@ class RuleEngine:
         self.engine = engine
         self.registry = registry
         self.batch = batch
+        #: Actions taken (instances started, commands applied), by event sensor (metrics).
+        self.actions: Counter[str] = Counter()
 
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
@@ -77,6 +80,7 @@ class RuleEngine:
         """
         at = time.time()
         acted = 0
+        by_sensor: Counter[str] = Counter()
         with self.engine.begin() as conn:
             rows = conn.execute(
                 select(events.c.id, events.c.sensor, events.c.payload)
@@ -98,9 +102,11 @@ class RuleEngine:
                     continue  # another daemon handled it first
                 texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
                 acted += n
+                by_sensor[sensor] += n
                 done.append({"eid": event_id, "text": "; ".join(texts)})
             if done:
                 conn.execute(_SET_ACTION, done)
+        self.actions.update(by_sensor)
         return len(rows), acted
 
     def _apply_rules(
@@ -122,7 +128,13 @@ class RuleEngine:
             except RULE_ERRORS as exc:
                 savepoint.rollback()
                 text = f"{source} error: {exc}"
-                log.warning("event %d (%s): %s", event_id, sensor, text)
+                log.warning(
+                    "event %d (%s): %s",
+                    event_id,
+                    sensor,
+                    text,
+                    extra={"event": event_id, "sensor": sensor},
+                )
             else:
                 savepoint.commit()
                 acted += n

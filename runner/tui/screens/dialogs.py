@@ -130,3 +130,50 @@ class HelpScreen(ModalScreen[None]):
     def action_close(self) -> None:
         """Close the help."""
         self.dismiss(None)
+
+
+class StoppingScreen(ModalScreen[None]):
+    """Shown while the embedded worker stops: "stopping: N attempts running, up to G s
+    (q again to abort)", refreshed every 0.25 s; the app exits once the worker stopped.
+
+    ``stopper`` is duck-typed (the console never imports the worker): ``running()`` (int),
+    ``grace`` (seconds), ``stop()`` (first call graceful, second abort), ``stopped()``.
+    """
+
+    BINDINGS = [Binding("q,ctrl+c", "abort", "Abort")]
+
+    def __init__(self, stopper: object, clock: object) -> None:
+        super().__init__()
+        self.stopper = stopper
+        self.clock = clock
+        self.deadline = clock() + stopper.grace  # type: ignore[attr-defined,operator]
+        self.aborting = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label(self.text(), id="question")
+
+    def text(self) -> str:
+        """The line shown now."""
+        n = self.stopper.running()  # type: ignore[attr-defined]
+        if self.aborting:
+            return f"aborting: {n} attempts left for recovery as lost"
+        left = max(0.0, self.deadline - self.clock())  # type: ignore[operator]
+        return f"stopping: {n} attempts running, up to {left:.0f} s (q again to abort)"
+
+    def on_mount(self) -> None:
+        self.set_interval(0.25, self.tick)
+
+    def tick(self) -> None:
+        """Refresh the line; exit the app once the worker has stopped."""
+        if self.stopper.stopped():  # type: ignore[attr-defined]
+            self.app.exit()
+            return
+        self.query_one("#question", Label).update(self.text())
+
+    def action_abort(self) -> None:
+        """Second ``q``: abort now (running attempts are left to be recovered as lost)."""
+        if not self.aborting:
+            self.aborting = True
+            self.stopper.stop()  # type: ignore[attr-defined]
+            self.tick()
