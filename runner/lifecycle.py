@@ -10,11 +10,16 @@ refused move is one clear message, never a half-written row.
 
 from __future__ import annotations
 
-from typing import Any
-
-from transitions import Machine, MachineError
+import functools
+from typing import TYPE_CHECKING
 
 from runner.errors import IllegalMove
+
+if TYPE_CHECKING:
+    from transitions import Machine
+
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.policy import Policy
 
 #: The fixed lifecycle statuses of an instance (Metafora's states, minus ``fault``).
 STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
@@ -42,9 +47,17 @@ TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
 #: Operator commands (a subset of the events above, plus ``send``).
 OPERATOR_COMMANDS = ("pause", "resume", "kill", "retry", "send", "sleep", "wake")
 
-_machine = Machine(model=None, states=list(STATUSES), initial=None, auto_transitions=False)
-for _event, _sources, _dest in TABLE:
-    _machine.add_transition(_event, list(_sources), _dest)
+
+@functools.cache
+def machine() -> Machine:
+    """The status machine compiled with ``transitions`` from :data:`TABLE` (built on first
+    use, so a command that only needs :data:`STATUSES` does not import ``transitions``)."""
+    from transitions import Machine
+
+    m = Machine(model=None, states=list(STATUSES), initial=None, auto_transitions=False)
+    for event, sources, dest in TABLE:
+        m.add_transition(event, list(sources), dest)
+    return m
 
 
 _verdicts: dict[tuple[str, str], str] = {}
@@ -59,7 +72,7 @@ class _Probe:
 
 def allowed(status: str, event: str) -> bool:
     """True when ``event`` may fire from ``status``."""
-    ev = _machine.events.get(event)
+    ev = machine().events.get(event)
     return ev is not None and status in ev.transitions
 
 
@@ -72,10 +85,12 @@ def check(status: str, event: str, instance_id: int | None = None) -> str:
     known = _verdicts.get((status, event))
     if known is not None:
         return known
-    ev = _machine.events.get(event)
+    ev = machine().events.get(event)
     if ev is None:
         raise IllegalMove(f"unknown command {event!r} (expected one of: {', '.join(events())})")
     probe = _Probe(status)
+    from transitions import MachineError
+
     try:
         ev.trigger(probe)
     except MachineError:
@@ -107,7 +122,7 @@ def in_window(error_times: list[float] | None, now: float, window: float | None)
     return [t for t in error_times or [] if t > now - window]
 
 
-def budget(error_times: list[float] | None, now: float, policy: Any, restarts: int) -> dict:
+def budget(error_times: list[float] | None, now: float, policy: Policy, restarts: int) -> dict:
     """The error budget of a state under ``policy``: used, left, max, window (s),
     on_exhausted, and restarts used out of ``max_restarts``."""
     used = len(in_window(error_times, now, policy.window))
@@ -122,7 +137,7 @@ def budget(error_times: list[float] | None, now: float, policy: Any, restarts: i
     }
 
 
-def enter_state(flow: Any, target: str, at: float) -> dict:
+def enter_state(flow: CompiledFlow, target: str, at: float) -> dict:
     """Instance column values for entering state ``target`` of ``flow`` at ``at`` (epoch s).
 
     The status follows the state's kind (terminal → ``completed``; external → runnable but

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner import lifecycle
 from runner.errors import IllegalMove
 from runner.handlers.attempt import AttemptResult
 from runner.store.rows import Claim, Outcome
 
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+
 _verdicts: dict[tuple[str, str, str], str | None] = {}
 
 
-def check_move(flow: Any, source: str, target: str) -> None:
+def check_move(flow: CompiledFlow, source: str, target: str) -> None:
     """``flow.check_move`` with its verdict memoised per (version, source, target).
 
     The compiled machine of a version never changes, so its answer for a move never
@@ -48,7 +51,7 @@ def check_move(flow: Any, source: str, target: str) -> None:
 
 
 def decide(
-    flow: Any,
+    flow: CompiledFlow,
     claim: Claim,
     result: AttemptResult,
     durable_data: dict,

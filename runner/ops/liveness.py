@@ -1,4 +1,5 @@
-"""Is a worker alive? The verdict shown by ``flowrun workers`` (and its ``--json``).
+"""Is a worker alive? The one verdict shown by ``flowrun workers``, its ``--json`` and the
+console's workers view (all through ``runner.ops.queries.read_workers``).
 
 A worker writes ``workers.heartbeat_at`` every ``heartbeat`` seconds (2 s, see
 ``runner.engine.worker``). A heartbeat can be late for innocent reasons: a long GC pause, a busy

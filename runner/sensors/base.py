@@ -8,11 +8,14 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
 from runner.sensors.events import record_events
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 log = logging.getLogger("flowrun.sensors")
 
@@ -36,7 +39,7 @@ class Sensor(ABC):
         self,
         engine: Engine,
         name: str,
-        flow: Any,
+        flow: CompiledFlow,
         spec: Any,
         worker_id: str,
         on_events: Callable[[], None],

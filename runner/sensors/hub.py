@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -32,6 +32,9 @@ from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.store import create
 from runner.store.db import short_error
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: ``keep(name, run, stop)``: runs the coroutine function ``run`` until it returns or
 #: ``stop`` is set, restarting it when it fails (``runner.service.supervisor``).
@@ -192,7 +195,7 @@ class SensorHub:
             for sname, spec in (flow.sensors or {}).items()
         }
 
-    def _make(self, name: str, flow: Any, spec: Any) -> Sensor:
+    def _make(self, name: str, flow: CompiledFlow, spec: Any) -> Sensor:
         cls = SENSOR_TYPES[spec.kind]
         sensor = cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
         sensor.tally = self.events_stored
@@ -378,7 +381,7 @@ class SensorHub:
             self._watch_restart.set()
 
 
-def _record_versions(engine: Engine, flows: list[Any]) -> None:
+def _record_versions(engine: Engine, flows: list[CompiledFlow]) -> None:
     with engine.begin() as conn:
         for flow in flows:
             create.record_version(conn, flow)

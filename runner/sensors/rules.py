@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 
@@ -33,6 +33,9 @@ from runner.sensors.base import log
 from runner.store import create
 from runner.store.tables import events
 from runner.templating import render, render_event_refs
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
 #: "every csv_ingest instance" does not log a refusal for each finished one.
@@ -143,7 +146,7 @@ class RuleEngine:
     def _act(
         self,
         conn: Connection,
-        flow: Any,
+        flow: CompiledFlow,
         rule: Any,
         event_id: int,
         payload: dict[str, Any],

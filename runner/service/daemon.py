@@ -43,6 +43,7 @@ from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
 from runner.store.db import short_error
+from runner.store.dialect import dialect_of
 from runner.store.notify import DueListener
 
 log = logging.getLogger("flowrun.daemon")
@@ -167,7 +168,7 @@ async def serve(
         else:
             ticked.append(time.monotonic())
 
-    listen = engine.dialect.name == "postgresql"  # wake-ups through LISTEN/NOTIFY
+    listen = dialect_of(engine).notify  # wake-ups through LISTEN/NOTIFY (PostgreSQL)
     config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
     if hub is not None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
-from runner.store.db import dialect_insert, ids_value, serial_writes
+from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
 from runner.store.tables import attempts, instances
@@ -43,7 +43,7 @@ def commit_outcomes(
     ``chain``: its instance stays locked by this worker (lease renewed) and names the next
     attempt in ``running_attempt``. Each finished attempt's row is written here, once.
 
-    ``optimistic`` (used only where the database serialises writers, ``db.serial_writes``:
+    ``optimistic`` (used only where the database serialises writers, ``Dialect.serial_writes``:
     SQLite) skips reading the fences first and counts the rows the fenced updates
     changed instead; when one claim was no longer held it raises :class:`FenceMoved`
     before any attempt row is written.
@@ -53,11 +53,11 @@ def commit_outcomes(
         return [], []
     at = time.time() if at is None else at
     hot = hot_for(conn)
-    optimistic = optimistic and serial_writes(conn.engine)
+    optimistic = optimistic and hot.dialect.serial_writes
     if optimistic:
         good, lost = outcomes, []
     else:
-        ids = ids_value(conn.engine, [o.instance_id for o in outcomes])
+        ids = hot.dialect.ids_value([o.instance_id for o in outcomes])
         current = dict(hot.fences.fetch(conn, {"ids": ids, "w": worker_id}))
         good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
         lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
@@ -105,7 +105,7 @@ def commit_outcomes(
         )
     changed = hot.commit_instances.executemany(conn, released)
     changed += hot.commit_chained.executemany(conn, kept)
-    if released and conn.dialect.name == "postgresql":
+    if released and hot.dialect.notify:
         _notify_released(conn, released)
     if optimistic and changed != len(good):
         raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
@@ -200,14 +200,18 @@ def save_checkpoint(
     )
     if res.rowcount != 1:
         return False
-    ins = dialect_insert(conn)(attempts).values(
-        instance_id=claim.id,
-        attempt=claim.attempt,
-        state=claim.state,
-        worker=worker_id,
-        fence=claim.fence,
-        started_at=claim.started_at,
-        checkpoint=checkpoint,
+    ins = (
+        dialect_of(conn)
+        .insert(attempts)
+        .values(
+            instance_id=claim.id,
+            attempt=claim.attempt,
+            state=claim.state,
+            worker=worker_id,
+            fence=claim.fence,
+            started_at=claim.started_at,
+            checkpoint=checkpoint,
+        )
     )
     conn.execute(
         ins.on_conflict_do_update(

@@ -7,7 +7,7 @@ the flow version it refers to commit, or roll back, together.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert
 
@@ -17,8 +17,11 @@ from runner.store.notify import notify_due
 from runner.store.tables import flow_versions, instances
 from runner.templating import render_label
 
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
-def record_version(conn: Connection, flow: Any) -> None:
+
+def record_version(conn: Connection, flow: CompiledFlow) -> None:
     """Store ``flow``'s source under its content hash (a no-op when already stored).
 
     Runs in the caller's transaction, so the version row commits (or rolls back) together
@@ -41,7 +44,7 @@ def record_version(conn: Connection, flow: Any) -> None:
     )
 
 
-def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float) -> dict:
+def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, at: float) -> dict:
     """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
     the flow's label template rendered over the merged data (``None`` without one)."""
     state = flow.states[flow.initial]
@@ -75,7 +78,7 @@ def initial_row(flow: Any, data: dict | None, *, event_id: int | None, at: float
 
 def create_instance(
     conn: Connection,
-    flow: Any,
+    flow: CompiledFlow,
     data: dict | None = None,
     *,
     event_id: int | None = None,
@@ -93,7 +96,7 @@ def create_instance(
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
 
 
-def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) -> int:
+def create_instances(conn: Connection, flow: CompiledFlow, datas: Sequence[dict | None]) -> int:
     """Insert many instances of ``flow`` in one statement; returns how many."""
     record_version(conn, flow)
     at = now()

@@ -1,9 +1,11 @@
-"""Engine creation and every SQL dialect difference, in one place.
+"""Every database engine flowrun opens is made here, and statements prepared for one.
 
 SQLite (the default): a file with WAL, ``busy_timeout`` and ``synchronous=NORMAL``; every
 transaction starts with ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a
-read lock to a write lock. PostgreSQL: ``postgresql+psycopg://`` URLs; the claim uses
-``FOR UPDATE SKIP LOCKED``.
+read lock to a write lock; its siblings on the same file are the worker's
+:func:`no_wait_engine` and the console's :func:`read_engine`. PostgreSQL:
+``postgresql+psycopg://`` URLs. What differs between the two beyond the engine lives in
+``runner.store.dialect``.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import operator
 import re
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from runner.errors import ConfigError
+from runner.store.dialect import dialect_of
 from runner.store.wal import SAFETY_PAGES
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
@@ -59,14 +62,19 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
+def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool = False) -> Engine:
     """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
 
     ``create`` runs the alembic migrations (``runner.store.migrate.upgrade``): an empty database
     gets every table, an older one is upgraded, one made before migrations is stamped.
 
-    For a SQLite file URL the parent folder is created. Raises ``ConfigError`` (one clear
-    line, password redacted) for a malformed URL or an unreachable database.
+    ``readonly`` makes an engine that cannot write (and implies no ``create``): on SQLite
+    its transactions are plain deferred ``BEGIN`` with ``query_only`` (see
+    :func:`read_engine`), on PostgreSQL ``default_transaction_read_only``.
+
+    For a SQLite file URL the parent folder is created (not with ``readonly``). Raises
+    ``ConfigError`` (one clear line, password redacted) for a malformed URL or an
+    unreachable database.
     """
     url = normalize_url(url)
     try:
@@ -79,18 +87,17 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True) -> Engine:
         )
     try:
         if parsed.get_backend_name() == "sqlite":
-            engine = _sqlite_engine(url, parsed.database)
+            engine = _sqlite_engine(url, parsed.database, readonly=readonly)
         else:
+            args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
+            if readonly:
+                args["options"] = "-c default_transaction_read_only=on"
             engine = create_engine(
-                url,
-                pool_pre_ping=True,
-                pool_size=4,
-                max_overflow=8,
-                connect_args={"connect_timeout": 5} if "psycopg" in url else {},
+                url, pool_pre_ping=True, pool_size=4, max_overflow=8, connect_args=args
             )
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
-    if create:
+    if create and not readonly:
         from runner.store.migrate import upgrade
 
         try:
@@ -134,17 +141,41 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     Its commits leave WAL checkpoints to a :class:`runner.store.wal.WalCheckpointer` (their
     automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
     """
-    if engine.dialect.name != "sqlite":
-        return None
-    database = engine.url.database or ""
-    if database in ("", ":memory:") or "mode=memory" in str(engine.url):
-        return None  # a second engine would open a different, empty database
+    if not _file_sibling_ok(engine):
+        return None  # PostgreSQL, or a second engine would open a different, empty database
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False),
         engine.url.database,
         timeout=0,
         autocheckpoint=SAFETY_PAGES,
     )
+
+
+def read_engine(engine: Engine) -> Engine:
+    """An engine for reads that never takes SQLite's write lock, or ``engine`` itself.
+
+    ``engine`` (the runner's) begins every transaction ``IMMEDIATE`` (a write lock), which
+    would make each read of a console refresh queue behind, and block, the workers. The
+    sibling returned for a SQLite file opens plain deferred ``BEGIN`` transactions with
+    ``query_only`` and a 30 s busy timeout: under WAL such a read never blocks a writer,
+    and it cannot write. For PostgreSQL and an in-memory SQLite database it is ``engine``
+    itself. The caller owns a sibling (``dispose()`` it when done); raises nothing
+    (connections open lazily).
+    """
+    if not _file_sibling_ok(engine):
+        return engine
+    return _sqlite_engine(
+        engine.url.render_as_string(hide_password=False), engine.url.database, readonly=True
+    )
+
+
+def _file_sibling_ok(engine: Engine) -> bool:
+    """True when a second engine on ``engine``'s URL reaches the same database: an
+    in-process (SQLite) database in a file, not in memory."""
+    if not dialect_of(engine).in_process:
+        return False
+    database = engine.url.database or ""
+    return database not in ("", ":memory:") and "mode=memory" not in str(engine.url)
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -154,9 +185,14 @@ def is_busy(exc: BaseException) -> bool:
 
 
 def _sqlite_engine(
-    url: str, database: str | None, timeout: float = 30.0, autocheckpoint: int | None = None
+    url: str,
+    database: str | None,
+    timeout: float = 30.0,
+    autocheckpoint: int | None = None,
+    *,
+    readonly: bool = False,
 ) -> Engine:
-    if database and database != ":memory:" and not database.startswith("file:"):
+    if database and database != ":memory:" and not database.startswith("file:") and not readonly:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
     busy_ms = int(timeout * 1000)
@@ -165,6 +201,11 @@ def _sqlite_engine(
     def _on_connect(dbapi_conn, _record):  # pragma: no cover - trivial
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
+        if readonly:
+            cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cur.execute("PRAGMA query_only=ON")
+            cur.close()
+            return
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")
@@ -176,8 +217,9 @@ def _sqlite_engine(
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # pragma: no cover - trivial
         # writers take the write lock up front (no deadlocking lock upgrades); readers
-        # opened with reading() take a plain snapshot and never wait on a writer (WAL)
-        read = conn.get_execution_options().get("flowrun_read")
+        # opened with reading() (or on a read-only engine) take a plain snapshot and never
+        # wait on a writer (WAL)
+        read = readonly or conn.get_execution_options().get("flowrun_read")
         conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
@@ -191,28 +233,6 @@ def reading(engine: Engine):
     return engine.connect().execution_options(flowrun_read=True)
 
 
-def serial_writes(engine: Engine) -> bool:
-    """True when one write transaction holds the whole database until it ends (SQLite's
-    ``BEGIN IMMEDIATE``): nothing another process does can interleave with it, so a
-    batch may write first and check the row counts after (``commit.commit_outcomes``)."""
-    return engine.dialect.name == "sqlite"
-
-
-def skip_locked(engine: Engine) -> bool:
-    """True when the claim may use ``FOR UPDATE SKIP LOCKED`` (PostgreSQL)."""
-    return engine.dialect.name == "postgresql"
-
-
-def dialect_insert(engine: Engine | Connection):
-    """The ``insert`` construct of ``engine``'s dialect (SQLite or PostgreSQL), which has
-    ``on_conflict_do_nothing`` / ``on_conflict_do_update``."""
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert
-
-
 def insert_ignore(conn, table, values: dict) -> None:
     """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL.
 
@@ -221,7 +241,7 @@ def insert_ignore(conn, table, values: dict) -> None:
         table: a SQLAlchemy ``Table``.
         values: one row as a dict of column name to value.
     """
-    conn.execute(dialect_insert(conn)(table).values(**values).on_conflict_do_nothing())
+    conn.execute(dialect_of(conn).insert(table).values(**values).on_conflict_do_nothing())
 
 
 class Prepared:
@@ -232,7 +252,8 @@ class Prepared:
     generation and per-row parameter processing. Every parameter must be an explicit
     ``bindparam`` supplied by name (those the compiler adds itself, such as SQLite's
     ``OFFSET 0``, keep their compiled value); JSON values must already be adapted with
-    :func:`json_adapter`, and JSON results are raw driver values (see :func:`json_loader`).
+    ``Dialect.json_adapter``, and JSON results are raw driver values (see
+    ``Dialect.json_loader`` in ``runner.store.dialect``).
 
     On SQLite the statement goes straight to the connection's ``sqlite3`` cursor, inside
     the transaction the SQLAlchemy ``Connection`` began (a driver error is raised as
@@ -245,7 +266,7 @@ class Prepared:
     def __init__(self, engine: Engine, stmt) -> None:
         compiled = stmt.compile(dialect=engine.dialect)
         self.sql = str(compiled)
-        self.raw = engine.dialect.name == "sqlite"
+        self.raw = dialect_of(engine).in_process
         self.order = compiled.positiontup if compiled.positional else None
         # a C-level getter building each row's tuple in the driver's order
         self._tuple = None
@@ -297,91 +318,3 @@ class Prepared:
         else:
             params = [self._params(r) for r in rows]
         return self._run(conn, params, True).rowcount
-
-
-def ids_in(engine: Engine, column, name: str = "ids"):
-    """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
-
-    Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for every
-    list length) it compiles once, for :class:`Prepared`: ``= ANY(%(ids)s)`` with an
-    integer array on PostgreSQL, ``IN (SELECT value FROM json_each(?))`` on SQLite. Pass
-    the value through :func:`ids_value`.
-    """
-    from sqlalchemy import Integer, any_, bindparam, func, select
-
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import ARRAY
-
-        return column == any_(bindparam(name, type_=ARRAY(Integer)))
-    each = func.json_each(bindparam(name)).table_valued("value")
-    return column.in_(select(each.c.value).scalar_subquery())
-
-
-def ids_value(engine: Engine, ids: list[int]):
-    """The parameter value for :func:`ids_in`: a list (PostgreSQL) or JSON text (SQLite)."""
-    if engine.dialect.name == "postgresql":
-        return list(ids)
-    import json
-
-    return json.dumps(list(ids))
-
-
-def json_loader(engine: Engine):
-    """The function that turns a raw JSON column value from the driver into Python.
-
-    psycopg decodes JSONB itself; SQLite hands back the stored text, decoded here by the
-    C scanner directly (``json.loads`` costs four times as much in its Python layers;
-    the claim decodes two columns per instance). Anything the scanner does not consume
-    whole (surrounding whitespace) goes through ``json.loads``, which also raises the
-    usual ``JSONDecodeError`` for invalid text.
-    """
-    if engine.dialect.name == "postgresql":
-        return lambda v: v
-    import json
-
-    scan = json.JSONDecoder().scan_once
-
-    def load(v):
-        if not isinstance(v, str):
-            return v
-        try:
-            value, end = scan(v, 0)
-        except StopIteration:
-            return json.loads(v)
-        return value if end == len(v) else json.loads(v)
-
-    return load
-
-
-def json_adapter(engine: Engine):
-    """The function that turns a Python value into a JSON parameter for ``Prepared``.
-
-    On SQLite a list of finite floats (an error budget's timestamps, written with every
-    failed or moved attempt) is spelled by ``repr`` directly, as the JSON encoder would
-    spell it, at a third of the encoder's cost.
-    """
-    if engine.dialect.name == "postgresql":
-        from psycopg.types.json import Jsonb
-
-        return lambda v: None if v is None else Jsonb(v)
-    import json
-
-    encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: dumps() with
-    # options builds a new encoder per call, which cost more than the encoding
-
-    def adapt(v):
-        if v is None:
-            return None
-        if type(v) is list:
-            if not v:
-                return "[]"
-            for x in v:
-                if type(x) is not float:
-                    break
-            else:
-                text = repr(v)
-                if "n" not in text:  # no inf or nan: those JSON spells differently
-                    return text.replace(" ", "")
-        return encode(v)
-
-    return adapt

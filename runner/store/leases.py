@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
-from runner.store.db import ids_value, skip_locked
+from runner.store.dialect import dialect_of
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
 
@@ -69,7 +69,7 @@ def claim_batch(
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
     if sleeping:  # due after its backoff: it runs now (lifecycle's "wake")
-        hot.wake.executemany(conn, [{"ids": ids_value(conn.engine, sleeping)}])
+        hot.wake.executemany(conn, [{"ids": hot.dialect.ids_value(sleeping)}])
     return [
         Claim(
             id=r[0],
@@ -136,7 +136,7 @@ def recover_lost(
         i.locked_until < at,
         i.running_attempt.is_not(None),
     )
-    if skip_locked(conn.engine):
+    if dialect_of(conn).skip_locked:
         q = q.with_for_update(skip_locked=True)
     found: list[Lost] = []
     rows = []

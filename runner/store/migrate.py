@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from runner.errors import ConfigError
 from runner.store.db import reading
+from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:  # alembic is imported only when there is something to migrate
     from alembic.config import Config
@@ -149,7 +150,7 @@ def legacy_revision(conn: Connection) -> str | None:
 
 
 def _lock(conn: Connection) -> None:
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).advisory_locks:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
     # SQLite: the transaction began with BEGIN IMMEDIATE (runner.store.db): already exclusive.
 

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, text
 
+from runner.store.dialect import dialect_of
+
 log = logging.getLogger("flowrun.notify")
 
 #: Work is due (payload: the earliest due time, or empty for now): wakes the workers.
@@ -49,7 +51,7 @@ def notify_due(conn: Connection, due_at: float | None = None) -> None:
         due_at: the earliest due time the transaction made, seconds since the epoch (UTC);
             ``None`` or a time in the past means "due now".
     """
-    if conn.dialect.name != "postgresql":
+    if not dialect_of(conn).notify:
         return
     payload = "" if due_at is None or not math.isfinite(due_at) else repr(float(due_at))
     conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": payload})
@@ -58,7 +60,7 @@ def notify_due(conn: Connection, due_at: float | None = None) -> None:
 def notify_event(conn: Connection) -> None:
     """Tell every listening daemon's rule engine that an event was stored, once ``conn``'s
     transaction commits. A no-op on SQLite."""
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).notify:
         conn.execute(_NOTIFY, {"channel": EVENTS_CHANNEL, "payload": ""})
 
 

@@ -31,7 +31,8 @@ from sqlalchemy import (
     update,
 )
 
-from runner.store.db import Prepared, dialect_insert, ids_in, json_adapter, json_loader, skip_locked
+from runner.store.db import Prepared
+from runner.store.dialect import dialect_of
 from runner.store.tables import JSONType, attempts, instances
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
@@ -141,11 +142,13 @@ INDEXED = ("status", "due_at")
 
 
 class Hot:
-    """The worker's hot statements, compiled once per engine (see ``db.Prepared``)."""
+    """The worker's hot statements, compiled once per engine (see ``db.Prepared``), and
+    the engine's ``Dialect`` (``dialect``), resolved once for the claim and commit path."""
 
     def __init__(self, engine: Engine):
-        self.json = json_adapter(engine)
-        self.load_json = json_loader(engine)
+        self.dialect = d = dialect_of(engine)
+        self.json = d.json_adapter()
+        self.load_json = d.json_loader()
         at = bindparam("at", type_=Float())
         inner = (
             select(instances.c.id)
@@ -153,7 +156,7 @@ class Hot:
             .order_by(instances.c.due_at)
             .limit(bindparam("n", type_=Integer()))
         )
-        if skip_locked(engine):
+        if d.skip_locked:
             inner = inner.with_for_update(skip_locked=True)
         #: claim up to ``n`` due instances (params: at, n, w, until)
         self.claim = Prepared(
@@ -178,14 +181,14 @@ class Hot:
         self.wake = Prepared(
             engine,
             update(instances)
-            .where(ids_in(engine, instances.c.id))
+            .where(d.ids_in(instances.c.id))
             .values(status=literal_column("'runnable'")),
         )
         #: the fences of the given instances this worker still holds (params: ids, w)
         fences = select(instances.c.id, instances.c.fence).where(
-            ids_in(engine, instances.c.id), instances.c.locked_by == bindparam("w")
+            d.ids_in(instances.c.id), instances.c.locked_by == bindparam("w")
         )
-        if skip_locked(engine):
+        if d.skip_locked:
             fences = fences.with_for_update()
         self.fences = Prepared(engine, fences)
         fenced = (
@@ -248,18 +251,22 @@ def close_attempts(engine: Engine):
     """``INSERT`` one finished attempt's row; where a checkpoint already wrote it (still
     open), complete it instead; an attempt already closed (``lost`` by a worker that took
     over, ``cancelled``) is left as it is. Parameters: see :func:`attempt_row`."""
-    ins = dialect_insert(engine)(attempts).values(
-        instance_id=bindparam("i"),
-        attempt=bindparam("a"),
-        state=bindparam("s"),
-        worker=bindparam("w"),
-        fence=bindparam("f"),
-        started_at=bindparam("t", type_=Float()),
-        finished_at=bindparam("at", type_=Float()),
-        outcome=bindparam("outcome"),
-        to_state=bindparam("to_state"),
-        error=bindparam("error"),
-        checkpoint=bindparam("checkpoint", type_=JSONType),
+    ins = (
+        dialect_of(engine)
+        .insert(attempts)
+        .values(
+            instance_id=bindparam("i"),
+            attempt=bindparam("a"),
+            state=bindparam("s"),
+            worker=bindparam("w"),
+            fence=bindparam("f"),
+            started_at=bindparam("t", type_=Float()),
+            finished_at=bindparam("at", type_=Float()),
+            outcome=bindparam("outcome"),
+            to_state=bindparam("to_state"),
+            error=bindparam("error"),
+            checkpoint=bindparam("checkpoint", type_=JSONType),
+        )
     )
     x = ins.excluded
     return ins.on_conflict_do_update(

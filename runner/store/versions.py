@@ -7,7 +7,7 @@ any host recompiles it from the stored source (once per process and version).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, select
 
@@ -15,11 +15,14 @@ from runner.errors import FlowErrors, UserError
 from runner.store.db import reading
 from runner.store.tables import flow_versions
 
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+
 _cache: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def remember(flow: Any) -> None:
+def remember(flow: CompiledFlow) -> None:
     """Seed the cache with an already compiled flow (``CompiledFlow``)."""
     _cache[flow.version] = flow
 
@@ -38,7 +41,7 @@ def latest(bind: Engine, flow: str) -> dict[str, Any] | None:
     return dict(row) if row is not None else None
 
 
-def compiled(bind: Engine | Connection, version: str) -> Any:
+def compiled(bind: Engine | Connection, version: str) -> CompiledFlow:
     """Return the ``CompiledFlow`` of ``version``.
 
     ``bind`` is an engine, or the connection of a transaction in progress (a SQLite

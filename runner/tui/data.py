@@ -8,10 +8,10 @@ they stay cheap on a million instances); the values handed to screens in
 ``SPARK_LOOKBACK`` attempt ids (rowid range) instead of scanning ``attempts`` for
 ``finished_at``, which has no index.
 
-On SQLite, reads go through a second engine on the same file whose transactions are
-plain deferred ``BEGIN`` with ``query_only``: the runner's engine begins every
-transaction ``IMMEDIATE`` (a write lock), which would make each console refresh queue
-behind, and block, the workers. Under WAL a deferred read never blocks a writer.
+On SQLite, reads go through a second engine on the same file
+(``runner.store.db.read_engine``) whose transactions are plain deferred ``BEGIN`` with
+``query_only``: the runner's engine begins every transaction ``IMMEDIATE`` (a write
+lock), which would make each console refresh queue behind, and block, the workers.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, func, select
 
-from runner.ops.queries import with_running
+from runner.ops.queries import count_by_status, read_instance, read_workers
+from runner.store.db import read_engine
 from runner.store.tables import (
     attempts,
     commands,
@@ -32,46 +33,16 @@ from runner.store.tables import (
     flow_versions,
     instances,
     sensors,
-    workers,
 )
 from runner.tui import fmt
 from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
-from runner.tui.paging import count_by_status, read_counts, read_page
+from runner.tui.paging import read_counts, read_page
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
-
-
-def read_engine(engine: Engine) -> Engine:
-    """An engine for reads that never takes SQLite's write lock (see module docstring).
-
-    Args:
-        engine: the runner's engine.
-
-    Returns a new engine (deferred ``BEGIN``, ``query_only``, 30 s busy timeout) for a
-    SQLite file path; ``engine`` itself for PostgreSQL, SQLite in memory and ``file:``
-    URIs. Raises nothing (connections open lazily).
-    """
-    if engine.dialect.name != "sqlite":
-        return engine
-    database = engine.url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return engine
-    reader = create_engine(engine.url, connect_args={"check_same_thread": False, "timeout": 30})
-
-    @event.listens_for(reader, "connect")
-    def _on_connect(dbapi_conn, _record):  # pragma: no cover - trivial
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA busy_timeout=30000")
-        cur.execute("PRAGMA query_only=ON")
-        cur.close()
-
-    @event.listens_for(reader, "begin")
-    def _on_begin(conn):  # pragma: no cover - trivial
-        conn.exec_driver_sql("BEGIN")
-
-    return reader
 
 
 class ConsoleData:
@@ -191,7 +162,7 @@ class ConsoleData:
 
     # -- policies and compiled flows -------------------------------------------------
 
-    def compiled(self, version: str) -> Any:
+    def compiled(self, version: str) -> CompiledFlow:
         """The ``CompiledFlow`` of a stored version (``runner.store.versions.compiled``, cached).
 
         Raises:
@@ -233,43 +204,17 @@ class ConsoleData:
         return render_text(explain(rows, self.compiled, now), now)
 
     def detail(self, instance_id: int, *, history: int = 200) -> Detail | None:
-        """One instance with its last ``history`` attempts and last 50 commands, or
-        ``None`` when there is no such id. A flow version that cannot be compiled is
-        reported in ``Detail.flow_error``, never raised."""
-        a, cm = attempts.c, commands.c
-        with self.reader.connect() as conn:
-            row = (
-                conn.execute(select(instances).where(instances.c.id == instance_id))
-                .mappings()
-                .first()
-            )
-            if row is None:
-                return None
-            att = (
-                conn.execute(
-                    select(attempts)
-                    .where(a.instance_id == instance_id)
-                    .order_by(a.attempt.desc())
-                    .limit(history)
-                )
-                .mappings()
-                .all()
-            )
-            att = with_running(row, att)[:history]
-            cmds = (
-                conn.execute(
-                    select(commands)
-                    .where(cm.instance_id == instance_id)
-                    .order_by(cm.id.desc())
-                    .limit(50)
-                )
-                .mappings()
-                .all()
-            )
-        d = Detail(dict(row), att, [dict(x) for x in cmds])
+        """One instance with its last ``history`` attempts and last 50 commands (newest
+        first; ``runner.ops.queries.read_instance``, as ``flowrun show``), or ``None``
+        when there is no such id. A flow version that cannot be compiled is reported in
+        ``Detail.flow_error``, never raised."""
+        rec = read_instance(self.reader, instance_id, history=history, commands_limit=50)
+        if rec is None:
+            return None
+        d = Detail(rec.row, rec.attempts, rec.commands)
         try:
-            d.flow = self.compiled(row["version"])
-            st = d.flow.states.get(row["state"])
+            d.flow = self.compiled(rec.row["version"])
+            st = d.flow.states.get(rec.row["state"])
             d.policy = st.policy if st is not None else None
         except Exception as exc:  # shown on the screen, never raised
             d.flow_error = fmt.one_line(str(exc)) or type(exc).__name__
@@ -278,20 +223,10 @@ class ConsoleData:
     # -- other views -----------------------------------------------------------------
 
     def workers(self) -> list[dict[str, Any]]:
-        """Workers (their ``workers`` rows) with ``holding``: the attempts each runs now."""
-        w, c = workers.c, instances.c
-        with self.reader.connect() as conn:
-            rows = [dict(r) for r in conn.execute(select(workers).order_by(w.id)).mappings()]
-            held = dict(
-                conn.execute(
-                    select(c.locked_by, func.count())
-                    .where(c.locked_by.is_not(None), c.running_attempt.is_not(None))
-                    .group_by(c.locked_by)
-                ).all()
-            )
-        for r in rows:
-            r["holding"] = int(held.get(r["id"], 0))
-        return rows
+        """Workers (their ``workers`` rows, newest heartbeat first) with the liveness
+        verdict at the console's clock and ``holding`` (the attempts each runs now):
+        ``runner.ops.queries.read_workers``, the same as ``flowrun workers``."""
+        return read_workers(self.reader, now=self.clock())
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest ``limit`` sensor events (rows, newest first) with what the rules did."""

@@ -1,4 +1,5 @@
-"""Small pure formatting helpers for the console (durations, ages, sparklines, bars).
+"""Small pure formatting helpers for the console (durations, ages, sparklines, bars); the
+CLI's tables use the same ``span``, ``due_in`` and ``lock``.
 
 Everything here is a function of its arguments (the console passes its injected clock's
 ``now``), so renders are deterministic under a fixed clock.
@@ -32,12 +33,16 @@ def span(seconds: float | None) -> str:
     return f"{sign}{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
 
 
-def due_in(due_at: float | None, now: float, status: str) -> str:
-    """When the instance is next tried: ``now``, ``12s``, ``event`` or ``""`` (terminal)."""
-    if status in ("completed", "failed", "killed"):
+def due_in(due_at: float | None, now: float, status: str, *, running: bool = False) -> str:
+    """When the instance is next tried: ``running`` (an attempt runs now, when
+    ``running``), ``now``, ``12s``, ``event`` (waits for an ``on:`` event) or ``""``
+    (terminal, or paused: nothing is due until it is resumed). Never negative."""
+    if status in ("completed", "failed", "killed", "paused"):
         return ""
+    if running:
+        return "running"
     if due_at is None:
-        return "event" if status != "paused" else ""
+        return "event"
     delta = due_at - now
     return "now" if delta <= 0 else span(delta)
 

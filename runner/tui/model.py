@@ -6,7 +6,11 @@ for (``Query``) and what comes back (``Page`` of ``Row``, ``Counts``, ``Detail``
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.policy import Policy
 
 #: Sort keys offered by the console, in the order ``o`` cycles through them.
 SORTS = ("id", "flow", "state", "status", "attempts", "restarts", "errors", "due")
@@ -134,9 +138,9 @@ class Detail:
     row: dict[str, Any]
     attempts: list[dict[str, Any]]
     commands: list[dict[str, Any]]
-    flow: Any = None
+    flow: CompiledFlow | None = None
     flow_error: str | None = None
-    policy: Any = None
+    policy: Policy | None = None
 
 
 @dataclass

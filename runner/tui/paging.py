@@ -8,11 +8,11 @@ Both stay cheap on a million instances:
   few rows by id; an ``id`` order continues by key from a row the previous page holds
   (keyset), jumps by key over gap-free ids, and under a broad status/flow filter walks
   the rowid instead of sorting every match;
-* counts per status are one ``count(*)`` per status, each a range of
-  ``ix_instances_claim`` (faster on SQLite than ``GROUP BY status`` over the same index:
-  59 ms against 94 ms at 1M rows), run on their own slower cadence.
+* counts per status are ``runner.ops.queries.count_by_status`` (the same as the CLI's),
+  one ``count(*)`` per status, each a range of ``ix_instances_claim``, run on their own
+  slower cadence.
 
-Every function takes the console's read engine (``runner.tui.data.read_engine``), blocks
+Every function takes the console's read engine (``runner.store.db.read_engine``), blocks
 on the database and raises ``sqlalchemy.exc.SQLAlchemyError`` when it cannot read.
 """
 
@@ -25,7 +25,8 @@ from typing import Any
 from sqlalchemy import Engine, String, cast, func, or_, select
 from sqlalchemy.sql import ColumnElement
 
-from runner.lifecycle import STATUSES
+from runner.ops.queries import count_by_status
+from runner.store.dialect import dialect_of
 from runner.store.tables import instances
 from runner.tui.model import Counts, Page, Query, Row
 
@@ -130,7 +131,7 @@ def read_page(
     t0 = time.perf_counter()
     offset = max(0, offset)
     rowid_scan = (
-        reader.dialect.name == "sqlite"
+        dialect_of(reader).rowid_scan
         and q.sort == "id"
         and bool(q.status or q.flow)
         and not q.text
@@ -210,24 +211,6 @@ def dense_jump(conn: Any, q: Query, offset: int, limit: int, total: int) -> Any:
     if q.desc:
         return select(c.id).where(c.id <= hi - offset).order_by(c.id.desc()).limit(limit)
     return select(c.id).where(c.id >= lo + offset).order_by(c.id).limit(limit)
-
-
-def count_by_status(reader: Engine, flow: str | None = None) -> dict[str, int]:
-    """``{status: count}`` for every status (zeros included), optionally for one flow.
-
-    Raises:
-        sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
-    """
-    c = instances.c
-    subs = []
-    for status in STATUSES:
-        s = select(func.count()).select_from(instances).where(c.status == status)
-        if flow:
-            s = s.where(c.flow == flow)
-        subs.append(s.scalar_subquery().label(status))
-    with reader.connect() as conn:
-        row = conn.execute(select(*subs)).one()
-    return {status: int(row[i] or 0) for i, status in enumerate(STATUSES)}
 
 
 def read_counts(reader: Engine, q: Query) -> Counts:

@@ -1,4 +1,4 @@
-"""The JSON adapter and loader of the hot statements (``db.json_adapter``/``json_loader``):
+"""The JSON adapter and loader of the hot statements (``Dialect.json_adapter``/``json_loader``):
 their fast paths must write and read exactly what the ``json`` module would, through a
 real SQLite file."""
 
@@ -10,7 +10,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from runner.store.db import json_adapter, json_loader, make_engine
+from runner.store.db import make_engine
+from runner.store.dialect import dialect_of
+
+
+def json_adapter(engine):
+    return dialect_of(engine).json_adapter()
+
+
+def json_loader(engine):
+    return dialect_of(engine).json_loader()
+
 
 VALUES = [
     [],

@@ -13,6 +13,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
+from runner.store.dialect import dialect_of
 from runner.store.tables import metadata
 
 
@@ -20,7 +21,7 @@ def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=dialect_of(connection).batch_migrations,
         compare_type=True,
     )
     with context.begin_transaction():

@@ -32,7 +32,9 @@ def summary_text(d: Detail, now: float) -> Text:
     t.append("  status ", style="dim")
     t.append(r["status"], style=STATUS_STYLES.get(r["status"], ""))
     t.append("  due ", style="dim")
-    t.append(fmt.due_in(r["due_at"], now, r["status"]) or "-")
+    t.append(
+        fmt.due_in(r["due_at"], now, r["status"], running=r["running_attempt"] is not None) or "-"
+    )
     t.append("  lock ", style="dim")
     t.append(fmt.lock(r["locked_by"], r["locked_until"], now) or "-")
     t.append("\n attempts ", style="dim")

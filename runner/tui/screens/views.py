@@ -85,8 +85,17 @@ class TableView(Screen):
             table.move_cursor(row=min(cursor, len(rows) - 1))
 
 
+#: The style of each liveness verdict (``runner.ops.liveness``) in the workers view.
+VERDICT_STYLES = {
+    "alive": "green",
+    "late": "bold yellow",
+    "dead": "bold red",
+    "stopped": "dim",
+}
+
+
 class WorkersScreen(TableView):
-    """Workers: id, host, pid, heartbeat age, attempts running."""
+    """Workers: id, host, pid, heartbeat age, attempts running, liveness verdict."""
 
     TITLE_TEXT = "workers"
     TABLES = (
@@ -104,12 +113,7 @@ class WorkersScreen(TableView):
         rows = []
         for w in result:
             age = now - w["heartbeat_at"]
-            if w["stopped_at"]:
-                state = Text("stopped", style="dim")
-            elif age > 30:
-                state = Text("silent", style="bold red")
-            else:
-                state = Text("alive", style="green")
+            state = Text(w["verdict"], style=VERDICT_STYLES.get(w["verdict"], ""))
             rows.append(
                 (
                     w["id"],

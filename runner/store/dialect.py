@@ -1,0 +1,203 @@
+"""Every SQL dialect difference flowrun knows, behind one object per database kind.
+
+The code above the store never asks which database it talks to; it asks the engine's
+:class:`Dialect` (``dialect_of(engine)``) for a fact (``skip_locked``, ``serial_writes``,
+``in_process``, ``rowid_scan``, ``batch_migrations``, ``advisory_locks``) or a function (``insert``,
+``ids_in``/``ids_value``, ``json_loader``/``json_adapter``). The idea
+is huey's ``BaseStorage``: one interface, one implementation per backend, chosen once.
+
+There are two: :data:`SQLITE` (a file with WAL, one writer at a time under ``BEGIN
+IMMEDIATE``, see ``runner.store.db``) and :data:`POSTGRESQL` (``psycopg`` 3, row locks
+with ``FOR UPDATE SKIP LOCKED``). Both are module-level singletons: ``dialect_of`` is a
+dict lookup, and the worker's hot statements (``runner.store.rows.Hot``) keep the one
+they resolved, so the claim and commit path pays nothing per call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Integer, any_, bindparam, func, select
+
+from runner.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the databases flowrun runs on.
+
+    Attributes:
+        name: SQLAlchemy's dialect name (``sqlite`` or ``postgresql``).
+        skip_locked: the claim may use ``FOR UPDATE SKIP LOCKED`` (row locks).
+        serial_writes: one write transaction holds the whole database until it ends
+            (SQLite's ``BEGIN IMMEDIATE``): nothing another process does can interleave,
+            so a batch may write first and check the row counts after
+            (``runner.store.commit.commit_outcomes``).
+        in_process: the database is a library in this process (SQLite): a statement is
+            a function call, not a network round trip. ``runner.store.db.Prepared`` then
+            runs on the driver's cursor directly, and sibling engines on the same file
+            (``no_wait_engine``, ``read_engine``) make sense; PostgreSQL keeps
+            SQLAlchemy's ``exec_driver_sql``, which notices a lost connection.
+        rowid_scan: ``col || ''`` hides an index from the planner, so an ``id`` order
+            walks the rowid (SQLite; ``runner.tui.paging``).
+        batch_migrations: alembic must rebuild tables to alter them (``render_as_batch``).
+        advisory_locks: a transaction may take ``pg_advisory_xact_lock`` (PostgreSQL;
+            on SQLite ``BEGIN IMMEDIATE`` already excludes every other writer).
+        notify: daemons wake each other through ``LISTEN``/``NOTIFY``
+            (``runner.store.notify``; PostgreSQL); on SQLite they poll the shared file.
+        insert: the dialect's ``insert`` construct (with ``on_conflict_do_nothing`` /
+            ``on_conflict_do_update``).
+        ids_value: a list of ids → the parameter value of :meth:`ids_in`.
+        json_loader: builds the function turning a raw JSON column value from the driver
+            into Python (for ``Prepared`` results).
+        json_adapter: builds the function turning a Python value into a JSON parameter
+            for ``Prepared``.
+    """
+
+    name: str
+    skip_locked: bool
+    serial_writes: bool
+    in_process: bool
+    rowid_scan: bool
+    batch_migrations: bool
+    advisory_locks: bool
+    notify: bool
+    insert: Callable[..., Any]
+    ids_value: Callable[[list[int]], Any]
+    json_loader: Callable[[], Callable[[Any], Any]]
+    json_adapter: Callable[[], Callable[[Any], Any]]
+
+    def ids_in(self, column: Any, name: str = "ids") -> Any:
+        """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
+
+        Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for
+        every list length) it compiles once, for ``runner.store.db.Prepared``: ``=
+        ANY(%(ids)s)`` with an integer array on PostgreSQL, ``IN (SELECT value FROM
+        json_each(?))`` on SQLite. Pass the value through :attr:`ids_value`.
+        """
+        if self.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import ARRAY
+
+            return column == any_(bindparam(name, type_=ARRAY(Integer)))
+        each = func.json_each(bindparam(name)).table_valued("value")
+        return column.in_(select(each.c.value).scalar_subquery())
+
+
+def _sqlite_insert(table: Any) -> Any:
+    from sqlalchemy.dialects.sqlite import insert
+
+    return insert(table)
+
+
+def _pg_insert(table: Any) -> Any:
+    from sqlalchemy.dialects.postgresql import insert
+
+    return insert(table)
+
+
+def _sqlite_json_loader() -> Callable[[Any], Any]:
+    """SQLite hands back the stored text, decoded by the C scanner directly
+    (``json.loads`` costs four times as much in its Python layers; the claim decodes two
+    columns per instance). Anything the scanner does not consume whole (surrounding
+    whitespace) goes through ``json.loads``, which also raises the usual
+    ``JSONDecodeError`` for invalid text."""
+    scan = json.JSONDecoder().scan_once
+
+    def load(v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        try:
+            value, end = scan(v, 0)
+        except StopIteration:
+            return json.loads(v)
+        return value if end == len(v) else json.loads(v)
+
+    return load
+
+
+def _sqlite_json_adapter() -> Callable[[Any], Any]:
+    """A list of finite floats (an error budget's timestamps, written with every failed
+    or moved attempt) is spelled by ``repr`` directly, as the JSON encoder would spell it,
+    at a third of the encoder's cost."""
+    encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: dumps() with
+    # options builds a new encoder per call, which cost more than the encoding
+
+    def adapt(v: Any) -> Any:
+        if v is None:
+            return None
+        if type(v) is list:
+            if not v:
+                return "[]"
+            for x in v:
+                if type(x) is not float:
+                    break
+            else:
+                spelled = repr(v)
+                if "n" not in spelled:  # no inf or nan: those JSON spells differently
+                    return spelled.replace(" ", "")
+        return encode(v)
+
+    return adapt
+
+
+def _pg_json_loader() -> Callable[[Any], Any]:
+    """psycopg decodes JSONB itself."""
+    return lambda v: v
+
+
+def _pg_json_adapter() -> Callable[[Any], Any]:
+    from psycopg.types.json import Jsonb
+
+    return lambda v: None if v is None else Jsonb(v)
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    skip_locked=False,
+    serial_writes=True,
+    in_process=True,
+    rowid_scan=True,
+    batch_migrations=True,
+    advisory_locks=False,
+    notify=False,
+    insert=_sqlite_insert,
+    ids_value=lambda ids: json.dumps(list(ids)),
+    json_loader=_sqlite_json_loader,
+    json_adapter=_sqlite_json_adapter,
+)
+
+POSTGRESQL = Dialect(
+    name="postgresql",
+    skip_locked=True,
+    serial_writes=False,
+    in_process=False,
+    rowid_scan=False,
+    batch_migrations=False,
+    advisory_locks=True,
+    notify=True,
+    insert=_pg_insert,
+    ids_value=list,
+    json_loader=_pg_json_loader,
+    json_adapter=_pg_json_adapter,
+)
+
+_BY_NAME = {d.name: d for d in (SQLITE, POSTGRESQL)}
+
+
+def dialect_of(bind: Any) -> Dialect:
+    """The :class:`Dialect` of an ``Engine`` or ``Connection`` (a dict lookup; resolve it
+    once where a path runs often).
+
+    Raises:
+        ConfigError: a database flowrun does not support (neither SQLite nor PostgreSQL).
+    """
+    name = bind.dialect.name
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigError(
+            f"unsupported database {name!r}: flowrun runs on SQLite or PostgreSQL"
+        ) from None
