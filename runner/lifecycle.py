@@ -11,15 +11,13 @@ refused move is one clear message, never a half-written row.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import IllegalMove
 
 if TYPE_CHECKING:
     from transitions import Machine
 
-    from runner.flowspec.compiled import CompiledFlow
-    from runner.flowspec.policy import Policy
 
 #: The fixed lifecycle statuses of an instance (Metafora's states, minus ``fault``).
 STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
@@ -122,9 +120,10 @@ def in_window(error_times: list[float] | None, now: float, window: float | None)
     return [t for t in error_times or [] if t > now - window]
 
 
-def budget(error_times: list[float] | None, now: float, policy: Policy, restarts: int) -> dict:
-    """The error budget of a state under ``policy``: used, left, max, window (s),
-    on_exhausted, and restarts used out of ``max_restarts``."""
+def budget(error_times: list[float] | None, now: float, policy: Any, restarts: int) -> dict:
+    """The error budget of a state under ``policy`` (a ``runner.flowspec.policy.Policy``;
+    typed ``Any`` because this ground module imports no upper layer): used, left, max,
+    window (s), on_exhausted, and restarts used out of ``max_restarts``."""
     used = len(in_window(error_times, now, policy.window))
     return {
         "used": used,
@@ -137,8 +136,9 @@ def budget(error_times: list[float] | None, now: float, policy: Policy, restarts
     }
 
 
-def enter_state(flow: CompiledFlow, target: str, at: float) -> dict:
-    """Instance column values for entering state ``target`` of ``flow`` at ``at`` (epoch s).
+def enter_state(flow: Any, target: str, at: float) -> dict:
+    """Instance column values for entering state ``target`` of ``flow`` (a
+    ``runner.flowspec.compiled.CompiledFlow``) at ``at`` (epoch s).
 
     The status follows the state's kind (terminal → ``completed``; external → runnable but
     unscheduled, waiting for an event) and the state's counters start afresh.

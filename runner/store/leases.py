@@ -1,7 +1,7 @@
 """Leases: claim due instances, renew, recover lost attempts, release (creating is
 ``runner.store.create``; the fenced commit is ``runner.store.commit``).
 
-The tables are SQLAlchemy Core tables; this module uses Core statements with batched
+SQLModel defines the tables; this module uses SQLAlchemy Core statements with batched
 commits, because the ORM's per-object overhead (~3.6k rows/s here) would dominate the loop
 (Core with batched commits reaches ~40k rows/s on the same machine).
 

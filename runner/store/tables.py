@@ -1,4 +1,4 @@
-"""The tables: the whole persistent state of flowrun (SQLAlchemy Core).
+"""SQLModel tables: the whole persistent state of flowrun.
 
 Every timestamp column is a float of seconds since the Unix epoch, UTC (``time.time()``).
 Floats compare and index identically on SQLite and PostgreSQL, keep the claim query
@@ -9,180 +9,198 @@ The instance row carries Stator's lock columns (``locked_by``, ``locked_until``)
 outcome only while ``locked_by`` and ``fence`` still match what it claimed (see
 ``runner.store.leases``). One composite index, ``ix_instances_claim (status, due_at)``, serves the
 claim query (source: Takahē ``stator/models.py``: lock columns + one index).
-
-The tables were SQLModel classes; only their ``__table__`` was ever used, and SQLModel
-brought pydantic and SQLAlchemy's ORM into every command's start-up (about half of what
-``flowrun ls`` imported). Plain ``Table`` objects describe the same schema, with
-Python-side ``default`` values where the models had them (``tests/unit/test_migrations.py``
-compares the database the migrations make with them).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import (
-    JSON,
-    Column,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-)
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
 
 #: JSON on SQLite, JSONB on PostgreSQL.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
-#: Every table of flowrun (what the migrations test compares the database with).
-metadata = MetaData()
 
-#: One run of a flow.
-#:
-#: ``state`` is a node of the flow's graph; ``status`` is the fixed lifecycle.
-#: ``due_at`` is when the instance is next ready (``None``: waiting for an event in an
-#: ``external`` state, or not scheduled at all). ``attempts``/``errors``/``restarts`` are
-#: totals over the instance's life; ``state_errors`` (error timestamps inside the error
-#: budget window) and ``state_restarts`` belong to the current state and reset when the
-#: state changes or an operator retries. ``running_attempt`` is the number
-#: (``attempts.attempt``) of the attempt in progress, ``state_attempted`` when it started
-#: and ``locked_by`` its worker: the attempt's own row is written when it ends. When the
-#: lease of a running attempt expires (its worker died), a worker records it as ``lost``
-#: (``store.recover_lost``) before the instance can be claimed again.
-instances = Table(
-    "instances",
-    metadata,
-    Column("id", Integer, primary_key=True),
-    Column("flow", String(200), nullable=False),
-    Column("version", String(64), nullable=False),  # content hash of the flow definition
-    Column("state", String(200), nullable=False),
-    Column("status", String(16), nullable=False, default="runnable"),
-    Column("data", JSONType, nullable=False),
-    Column("due_at", Float, nullable=True),
-    Column("locked_by", String(200), nullable=True),
-    Column("locked_until", Float, nullable=True),
-    Column("fence", Integer, nullable=False, default=0),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("errors", Integer, nullable=False, default=0),
-    Column("restarts", Integer, nullable=False, default=0),
-    Column("state_errors", JSONType, nullable=False),
-    Column("state_restarts", Integer, nullable=False, default=0),
-    Column("running_attempt", Integer, nullable=True),
-    Column("last_error", Text, nullable=True),
-    Column("state_changed", Float, nullable=False, default=0.0),
-    Column("state_attempted", Float, nullable=True),
-    Column("created_at", Float, nullable=False, default=0.0),
-    Column("updated_at", Float, nullable=False, default=0.0),
-    Column("event_id", Integer, nullable=True),  # the sensor event that started it
-    Column("label", String(200), nullable=True),  # the flow's label template over the data
-    Index("ix_instances_claim", "status", "due_at"),
-    Index("ix_instances_flow_status", "flow", "status"),
-    Index("ix_instances_locked_by", "locked_by"),
-)
+class Instance(SQLModel, table=True):
+    """One run of a flow.
 
-#: One execution of a handler for one instance (every attempt ends as a row).
-#:
-#: The row is written once, when the attempt ends (outcome set), or earlier by its first
-#: checkpoint (``outcome`` ``None`` until the end completes it); while it runs, the
-#: instance row describes it (``running_attempt``). An attempt a dead worker left running
-#: is recorded as ``lost``. ``checkpoint`` is the last data the handler checkpointed
-#: during this attempt.
-attempts = Table(
-    "attempts",
-    metadata,
-    Column("id", Integer, primary_key=True),
-    Column("instance_id", Integer, nullable=False),
-    Column("attempt", Integer, nullable=False),  # 1-based, within its instance
-    Column("state", String(200), nullable=False),
-    Column("worker", String(200), nullable=False),
-    Column("fence", Integer, nullable=False, default=0),
-    Column("started_at", Float, nullable=False),
-    Column("finished_at", Float, nullable=True),
-    Column("outcome", String(16), nullable=True),
-    Column("to_state", String(200), nullable=True),
-    Column("error", Text, nullable=True),
-    Column("checkpoint", JSONType, nullable=True),
-    UniqueConstraint("instance_id", "attempt", name="uq_attempts_instance_attempt"),
-)
+    ``state`` is a node of the flow's graph; ``status`` is the fixed lifecycle.
+    ``due_at`` is when the instance is next ready (``None``: waiting for an event in an
+    ``external`` state, or not scheduled at all). ``attempts``/``errors``/``restarts`` are
+    totals over the instance's life; ``state_errors`` (error timestamps inside the error
+    budget window) and ``state_restarts`` belong to the current state and reset when the
+    state changes or an operator retries. ``running_attempt`` is the number
+    (``attempts.attempt``) of the attempt in progress, ``state_attempted`` when it started
+    and ``locked_by`` its worker: the attempt's own row is written when it ends. When the
+    lease of a running attempt expires (its worker died), a worker records it as ``lost``
+    (``store.recover_lost``) before the instance can be claimed again.
+    """
 
-#: An operator or rule request, stored as data (after rq's ``command.py``).
-#:
-#: ``command`` is one of pause, resume, kill, retry, send (``args`` holds ``{"event": ...}``
-#: for send). ``status`` is ``applied`` or ``refused``; ``result`` is the message shown
-#: to the operator (for a refusal, e.g. "cannot resume: instance 42 is completed").
-commands = Table(
-    "commands",
-    metadata,
-    Column("id", Integer, primary_key=True),
-    Column("instance_id", Integer, nullable=False),
-    Column("command", String(16), nullable=False),
-    Column("args", JSONType, nullable=False),
-    Column("source", String(200), nullable=False, default="cli"),
-    Column("created_at", Float, nullable=False),
-    Column("status", String(16), nullable=False, default="applied"),
-    Column("result", Text, nullable=True),
-    Index("ix_commands_instance", "instance_id"),
-)
+    __tablename__ = "instances"
+    __table_args__ = (
+        Index("ix_instances_claim", "status", "due_at"),
+        Index("ix_instances_flow_status", "flow", "status"),
+        Index("ix_instances_locked_by", "locked_by"),
+    )
 
-#: A sensor event, written before any rule acts on it.
-#:
-#: ``(sensor, key)`` is unique, so a file or log line is recorded once however many
-#: daemons see it. ``handled_at`` is set in the same transaction as the rule's action;
-#: ``action`` says what the rules did ("started instance 42", "no rule matched", ...).
-#: ``sensor`` is ``"<flow>.<sensor name>"``.
-events = Table(
-    "events",
-    metadata,
-    Column("id", Integer, primary_key=True),
-    Column("sensor", String(400), nullable=False),
-    Column("key", String(1000), nullable=False),
-    Column("payload", JSONType, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("handled_at", Float, nullable=True),
-    Column("action", Text, nullable=True),
-    UniqueConstraint("sensor", "key", name="uq_events_sensor_key"),
-    Index("ix_events_pending", "handled_at", "id"),
-)
+    id: int | None = Field(default=None, primary_key=True)
+    flow: str = Field(max_length=200)
+    version: str = Field(max_length=64, description="content hash of the flow definition")
+    state: str = Field(max_length=200)
+    status: str = Field(default="runnable", max_length=16)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
+    due_at: float | None = Field(default=None)
+    locked_by: str | None = Field(default=None, max_length=200)
+    locked_until: float | None = Field(default=None)
+    fence: int = Field(default=0)
+    attempts: int = Field(default=0)
+    errors: int = Field(default=0)
+    restarts: int = Field(default=0)
+    state_errors: list[float] = Field(
+        default_factory=list, sa_column=Column(JSONType, nullable=False)
+    )
+    state_restarts: int = Field(default=0)
+    running_attempt: int | None = Field(default=None)
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    state_changed: float = Field(default=0.0)
+    state_attempted: float | None = Field(default=None)
+    created_at: float = Field(default=0.0)
+    updated_at: float = Field(default=0.0)
+    event_id: int | None = Field(default=None, description="sensor event that started it")
+    label: str | None = Field(
+        default=None, max_length=200, description="the flow's label template over the data"
+    )
 
-#: Durable cursor and lease of one sensor (``"<flow>.<sensor name>"``).
-#:
-#: ``cursor`` is sensor-specific JSON (a tail's inode and byte offset, a clock's last
-#: tick). ``locked_by``/``locked_until`` make a sensor run in one daemon at a time.
-sensors = Table(
-    "sensors",
-    metadata,
-    Column("name", String(400), primary_key=True),
-    Column("cursor", JSONType, nullable=False),
-    Column("locked_by", String(200), nullable=True),
-    Column("locked_until", Float, nullable=True),
-    Column("updated_at", Float, nullable=False, default=0.0),
-)
 
-#: A running worker (daemon or console-embedded) and its heartbeat.
-workers = Table(
-    "workers",
-    metadata,
-    Column("id", String(200), primary_key=True),
-    Column("host", String(255), nullable=False),
-    Column("pid", Integer, nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("heartbeat_at", Float, nullable=False),
-    Column("running", Integer, nullable=False, default=0),  # attempts at the last heartbeat
-    Column("stopped_at", Float, nullable=True),
-)
+class Attempt(SQLModel, table=True):
+    """One execution of a handler for one instance (every attempt ends as a row).
 
-#: A flow definition as loaded, keyed by content hash.
-#:
-#: Running instances keep the version they started with; any worker on any host can
-#: recompile it from ``source``.
-flow_versions = Table(
-    "flow_versions",
-    metadata,
-    Column("version", String(64), primary_key=True),
-    Column("flow", String(200), nullable=False),
-    Column("path", Text, nullable=False),
-    Column("source", Text, nullable=False),
-    Column("loaded_at", Float, nullable=False),
-)
+    The row is written once, when the attempt ends (outcome set), or earlier by its first
+    checkpoint (``outcome`` ``None`` until the end completes it); while it runs, the
+    instance row describes it (``running_attempt``). An attempt a dead worker left running
+    is recorded as ``lost``. ``checkpoint`` is the last data the handler checkpointed
+    during this attempt.
+    """
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("instance_id", "attempt", name="uq_attempts_instance_attempt"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int
+    attempt: int = Field(description="1-based number of this attempt within its instance")
+    state: str = Field(max_length=200)
+    worker: str = Field(max_length=200)
+    fence: int = Field(default=0)
+    started_at: float
+    finished_at: float | None = Field(default=None)
+    outcome: str | None = Field(default=None, max_length=16)
+    to_state: str | None = Field(default=None, max_length=200)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    checkpoint: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONType))
+
+
+class Command(SQLModel, table=True):
+    """An operator or rule request, stored as data (after rq's ``command.py``).
+
+    ``command`` is one of pause, resume, kill, retry, send (``args`` holds ``{"event": ...}``
+    for send). ``status`` is ``applied`` or ``refused``; ``result`` is the message shown
+    to the operator (for a refusal, e.g. "cannot resume: instance 42 is completed").
+    """
+
+    __tablename__ = "commands"
+    __table_args__ = (Index("ix_commands_instance", "instance_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int
+    command: str = Field(max_length=16)
+    args: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
+    source: str = Field(default="cli", max_length=200)
+    created_at: float
+    status: str = Field(default="applied", max_length=16)
+    result: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class Event(SQLModel, table=True):
+    """A sensor event, written before any rule acts on it.
+
+    ``(sensor, key)`` is unique, so a file or log line is recorded once however many
+    daemons see it. ``handled_at`` is set in the same transaction as the rule's action;
+    ``action`` says what the rules did ("started instance 42", "no rule matched", ...).
+    ``sensor`` is ``"<flow>.<sensor name>"``.
+    """
+
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("sensor", "key", name="uq_events_sensor_key"),
+        Index("ix_events_pending", "handled_at", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    sensor: str = Field(max_length=400)
+    key: str = Field(max_length=1000)
+    payload: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSONType, nullable=False)
+    )
+    created_at: float
+    handled_at: float | None = Field(default=None)
+    action: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class SensorLease(SQLModel, table=True):
+    """Durable cursor and lease of one sensor (``"<flow>.<sensor name>"``).
+
+    ``cursor`` is sensor-specific JSON (a tail's inode and byte offset, a clock's last
+    tick). ``locked_by``/``locked_until`` make a sensor run in one daemon at a time.
+    """
+
+    __tablename__ = "sensors"
+
+    name: str = Field(primary_key=True, max_length=400)
+    cursor: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
+    locked_by: str | None = Field(default=None, max_length=200)
+    locked_until: float | None = Field(default=None)
+    updated_at: float = Field(default=0.0)
+
+
+class WorkerRow(SQLModel, table=True):
+    """A running worker (daemon or console-embedded) and its heartbeat."""
+
+    __tablename__ = "workers"
+
+    id: str = Field(primary_key=True, max_length=200)
+    host: str = Field(max_length=255)
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    running: int = Field(default=0, description="attempts running at the last heartbeat")
+    stopped_at: float | None = Field(default=None)
+
+
+class FlowVersion(SQLModel, table=True):
+    """A flow definition as loaded, keyed by content hash.
+
+    Running instances keep the version they started with; any worker on any host can
+    recompile it from ``source``.
+    """
+
+    __tablename__ = "flow_versions"
+
+    version: str = Field(primary_key=True, max_length=64)
+    flow: str = Field(max_length=200)
+    path: str = Field(sa_column=Column(Text, nullable=False))
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    loaded_at: float
+
+
+instances = Instance.__table__
+attempts = Attempt.__table__
+commands = Command.__table__
+events = Event.__table__
+sensors = SensorLease.__table__
+workers = WorkerRow.__table__
+flow_versions = FlowVersion.__table__
+metadata = SQLModel.metadata
