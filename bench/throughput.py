@@ -16,8 +16,14 @@ Case ``fail_once`` (issue 3): every handler/task fails on its first try and succ
 the second (flowrun: backoff 0, the error is recorded and spent from the budget; huey:
 ``retries=1, retry_delay=0``).
 
-    python bench/throughput.py [--n 10000] [--concurrency 64] [--case noop|fail_once|both]
-                               [--repeat 5] [--huey-workers 2]
+Case ``exec`` (issue 13; N defaults to 2,000): both states run ``exec: [/bin/true]``;
+huey's task calls ``subprocess.run(["/bin/true"])``, in each of its worker configurations
+(1 and 2 threads, 2 processes; storage defaults and ``synchronous=NORMAL``), and its best
+is the peer. The *spawn ceiling* is the fastest of a sequential ``subprocess.run`` loop and
+a pool of 2 x cores threads doing the same, measured in this process between the others.
+
+    python bench/throughput.py [--n 10000] [--concurrency 64]
+                               [--case noop|fail_once|both|exec] [--repeat 5] [--huey-workers 2]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +56,16 @@ states:
   done: {terminal: true}
 """
 
+EXEC_FLOW = """\
+flow: bench
+description: 2 states, each runs /bin/true
+initial: s1
+states:
+  s1: {exec: [/bin/true], next: s2}
+  s2: {exec: [/bin/true], next: done}
+  done: {terminal: true}
+"""
+
 TASKS = '''\
 """No-op handlers for bench/throughput.py."""
 
@@ -64,8 +81,16 @@ async def fail_once(ctx):
 '''
 
 
-def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
-    """Drain ``n`` instances with one daemon; returns the figures."""
+def run_flowrun(
+    n: int,
+    concurrency: int,
+    case: str,
+    workdir: Path,
+    extra: tuple[str, ...] = (),
+    root: Path | None = None,
+) -> dict:
+    """Drain ``n`` instances with one daemon (``extra``: more daemon options; ``root``:
+    the flowrun of that source tree, default this one); returns the figures."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -75,7 +100,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
 
     flows = workdir / "flows"
     flows.mkdir(parents=True)
-    (flows / "bench.yaml").write_text(FLOW % {"fn": case})
+    (flows / "bench.yaml").write_text(EXEC_FLOW if case == "exec" else FLOW % {"fn": case})
     (flows / "bench_tasks.py").write_text(TASKS)
     url = f"sqlite:///{workdir / 'bench.db'}"
     engine = make_engine(url)
@@ -83,7 +108,10 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
     with engine.begin() as conn:
         create_instances(conn, flow, [{"i": i} for i in range(n)])
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     t0 = time.perf_counter()
+    cpu0 = _children_cpu()
     subprocess.run(
         [
             sys.executable,
@@ -95,6 +123,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
             str(concurrency),
             "--log-format",
             "json",
+            *extra,
         ],
         check=True,
         env=env,
@@ -102,6 +131,7 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
         stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0  # the daemon's user + system CPU seconds, start-up included
     with engine.connect() as conn:
         first, last = conn.execute(
             select(func.min(attempts.c.started_at), func.max(attempts.c.finished_at))
@@ -115,13 +145,23 @@ def run_flowrun(n: int, concurrency: int, case: str, workdir: Path) -> dict:
         "seconds": secs,
         "per_s": moved / secs,
         "wall": wall,
+        "cpu_us": cpu / max(moved, 1) * 1e6,
     }
 
 
-def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> dict:
-    """Drain ``n`` tasks through SqliteHuey (``workers`` threads) in a subprocess; returns
-    its figures."""
-    path = workdir / f"huey-{sync}.db"
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_huey(
+    n: int, sync: str, case: str, workdir: Path, workers: int = 2, kind: str = "thread"
+) -> dict:
+    """Drain ``n`` tasks through SqliteHuey (``workers`` threads or processes) in a
+    subprocess; returns its figures."""
+    path = workdir / f"huey-{sync}-{workers}{kind}.db"
     out = subprocess.run(
         [
             sys.executable,
@@ -131,6 +171,7 @@ def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> d
             sync,
             case,
             str(workers),
+            kind,
         ],
         check=True,
         capture_output=True,
@@ -140,12 +181,102 @@ def run_huey(n: int, sync: str, case: str, workdir: Path, workers: int = 2) -> d
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def spawn_ceiling(n: int) -> dict[str, float]:
+    """``/bin/true`` runs per second: a sequential ``subprocess.run`` loop, and a pool of
+    2 x cores threads doing the same."""
+    argv = ["/bin/true"]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(argv, check=True)
+    seq = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
+        for _ in pool.map(lambda _: subprocess.run(argv, check=True), range(n)):
+            pass
+    return {"sequential": seq, "threads": n / (time.perf_counter() - t0)}
+
+
+HUEY_CONFIGS = [(1, "thread"), (2, "thread"), (2, "process")]
+
+
+def main_exec(args: argparse.Namespace) -> None:
+    """The ``exec`` case: flowrun against huey's best configuration and the spawn ceiling,
+    interleaved; medians over ``--repeat``."""
+    n = args.n or 2_000
+    rates: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        rates.setdefault(key, []).append(value)
+
+    for r in range(args.repeat):
+        with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+            fr = run_flowrun(n, args.concurrency, "exec", Path(tmp) / "flowrun")
+            add("flowrun", fr["per_s"])
+            print(
+                f"[exec {r + 1}] flowrun: {fr['transitions']} transitions in "
+                f"{fr['seconds']:.2f}s = {fr['per_s']:,.0f}/s (process wall {fr['wall']:.2f}s, "
+                f"concurrency {args.concurrency})",
+                flush=True,
+            )
+            if args.compare:
+                old = run_flowrun(
+                    n, args.concurrency, "exec", Path(tmp) / "compare", root=Path(args.compare)
+                )
+                add("flowrun (compare)", old["per_s"])
+                print(
+                    f"[exec {r + 1}] flowrun of {args.compare}: {old['per_s']:,.0f}/s", flush=True
+                )
+            if not args.skip_huey:
+                best = 0.0
+                for workers, kind in HUEY_CONFIGS:
+                    for sync in ("default", "normal"):
+                        hr = run_huey(n, sync, "exec", Path(tmp), workers, kind)
+                        add(f"huey {workers} {kind} {sync}", hr["per_s"])
+                        best = max(best, hr["per_s"])
+                        print(
+                            f"[exec {r + 1}] huey {workers} {kind}(s) {sync}: "
+                            f"{hr['per_s']:,.0f} tasks/s",
+                            flush=True,
+                        )
+                add("huey best", best)
+            ceiling = spawn_ceiling(n)
+            for k, v in ceiling.items():
+                add(f"ceiling {k}", v)
+            add("ceiling", max(ceiling.values()))
+            print(
+                f"[exec {r + 1}] spawn ceiling: sequential {ceiling['sequential']:,.0f}/s, "
+                f"threads {ceiling['threads']:,.0f}/s",
+                flush=True,
+            )
+            line = f"[exec {r + 1}] ratios (this run): flowrun/ceiling "
+            line += f"{fr['per_s'] / rates['ceiling'][-1]:.2f}x"
+            if "huey best" in rates:
+                line += f", flowrun/huey-best {fr['per_s'] / rates['huey best'][-1]:.2f}x"
+            print(line, flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"[exec] medians of {args.repeat} (n {n}):")
+    for k, v in med.items():
+        print(f"  {k:>28}: {v:,.0f}/s")
+    line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
+    if "flowrun (compare)" in med:
+        line += f", flowrun/compared tree {med['flowrun'] / med['flowrun (compare)']:.2f}x"
+    if "huey best" in med:
+        line += f", flowrun/huey-best {med['flowrun'] / med['huey best']:.2f}x"
+    print(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--n", type=int, default=None, help="10,000 (exec: 2,000)")
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--case", choices=["noop", "fail_once", "both"], default="both")
+    ap.add_argument("--case", choices=["noop", "fail_once", "both", "exec"], default="both")
     ap.add_argument("--skip-huey", action="store_true")
+    ap.add_argument(
+        "--compare",
+        metavar="ROOT",
+        help="exec case: also run the flowrun of this source tree (e.g. an export of an "
+        "older commit), interleaved, for before/after figures from one run",
+    )
     ap.add_argument(
         "--repeat",
         type=int,
@@ -160,7 +291,19 @@ def main() -> None:
         help="huey consumer threads (default 2, as issue 2 specifies; huey's own consumer "
         "default is 1, which is faster on this 2-core machine)",
     )
+    ap.add_argument(
+        "--vs-args",
+        help='compare flowrun against itself with these daemon options (e.g. "--metrics 0" '
+        'or "--log-attempts"), interleaved, instead of against huey',
+    )
     args = ap.parse_args()
+    if args.case == "exec":
+        main_exec(args)
+        return
+    args.n = args.n or 10_000
+    if args.vs_args:
+        compare_options(args)
+        return
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
         rates: dict[str, list[float]] = {"flowrun": [], "default": [], "normal": []}
@@ -193,6 +336,34 @@ def main() -> None:
                         f"ratio {med['flowrun'] / med[sync]:.2f}x"
                     )
             print(line)
+
+
+def compare_options(args: argparse.Namespace) -> None:
+    """flowrun plain vs flowrun with ``--vs-args``, interleaved; prints the medians and
+    their ratio per case (issue 15: no case may get more than 5 % slower)."""
+    extra = tuple(args.vs_args.split())
+    cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
+    for case in cases:
+        rates: dict[str, list[float]] = {"plain": [], "with": []}
+        cpus: dict[str, list[float]] = {"plain": [], "with": []}
+        for i in range(args.repeat):
+            sides = [("plain", ()), ("with", extra)]
+            for side, opts in sides if i % 2 == 0 else sides[::-1]:  # alternate the order
+                with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+                    fr = run_flowrun(args.n, args.concurrency, case, Path(tmp), opts)
+                rates[side].append(fr["per_s"])
+                cpus[side].append(fr["cpu_us"])
+                print(
+                    f"[{case}] flowrun {' '.join(opts) or '(plain)'}: {fr['per_s']:,.0f}/s, "
+                    f"{fr['cpu_us']:.0f} us CPU per transition (start-up included)"
+                )
+        plain, other = statistics.median(rates["plain"]), statistics.median(rates["with"])
+        cpu_plain, cpu_other = statistics.median(cpus["plain"]), statistics.median(cpus["with"])
+        print(
+            f"[{case}] median of {args.repeat}: plain {plain:,.0f}/s, with {args.vs_args} "
+            f"{other:,.0f}/s, ratio {other / plain:.3f}; CPU per transition plain "
+            f"{cpu_plain:.0f} us, with {cpu_other:.0f} us, ratio {cpu_other / cpu_plain:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,17 @@ descriptor named by ``FLOWRUN_CONTROL_FD``. A handler writes one line per messag
     (majordomo's "update state").
 ``goto <state>``
     on exit 0, move to ``<state>`` (one of the state's ``next``/``to``) instead of ``next``.
+``sleep <time>``
+    on exit 0 (or 75), sleep in this state until ``<time>``: an ISO 8601 time
+    (``2026-12-01T09:00:00Z``; without a zone it is UTC) or a duration from now (``15m``,
+    ``4h``, ``2d``); nothing is spent (Metafora's ``Sleep``).
 
 From Python::
 
-    from runner.control import keepalive, checkpoint, goto
+    from runner.control import checkpoint, data, goto, keepalive, sleep
+    rows_done = data().get("rows_done", 0)    # the instance data, however large
     checkpoint({"rows_done": 1000})
-    goto("quarantine")
+    goto("quarantine")        # or: sleep("15m") / sleep("2026-12-01T09:00:00Z")
 
 From a shell (or any language): ``echo keepalive > "/dev/fd/$FLOWRUN_CONTROL_FD"``, or
 ``python -m runner.control checkpoint '{"rows_done": 1000}'``. (bash also accepts
@@ -36,6 +41,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from datetime import UTC, datetime
 
 ENV = "FLOWRUN_CONTROL_FD"
 
@@ -50,6 +57,17 @@ def _send(line: str) -> bool:
         n = os.write(int(fd), view)
         view = view[n:]
     return True
+
+
+def data() -> dict:
+    """The instance data this handler was started with: ``FLOWRUN_DATA`` (JSON, while it
+    is at most 64 kB) or else the file named by ``FLOWRUN_DATA_FILE``; ``{}`` outside
+    flowrun."""
+    path = os.environ.get("FLOWRUN_DATA_FILE")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(os.environ.get("FLOWRUN_DATA") or "{}")
 
 
 def keepalive() -> bool:
@@ -71,10 +89,47 @@ def goto(state: str) -> bool:
     return _send("goto " + state)
 
 
+def sleep(until: str) -> bool:
+    """On a clean exit, sleep in this state until ``until`` (ISO 8601 time or a duration
+    such as ``"15m"``). Raises ``ValueError`` for neither."""
+    wake_time(until)
+    return _send("sleep " + until.strip())
+
+
+def wake_time(text: str, now: float | None = None) -> float:
+    """``text`` as epoch seconds (UTC): an ISO 8601 time (``Z`` or an offset; none means
+    UTC) or a duration from ``now`` (``"15m"``, ``"90s"``, ``"2d"``, a number of seconds).
+
+    Raises ``ValueError`` for neither.
+    """
+    from runner.durations import parse_duration
+
+    text = text.strip()
+    try:
+        return (time.time() if now is None else now) + parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"bad time {text[:60]!r}: expected ISO 8601 (2026-12-01T09:00:00Z) or a "
+            "duration (15m, 4h, 2d)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
 def parse(line: str) -> tuple[str, object]:
-    """Parse one control line into ``(kind, value)``; raises ``ValueError`` if malformed."""
+    """Parse one control line into ``(kind, value)``; raises ``ValueError`` if malformed.
+
+    A ``sleep`` line's value is its wake time in epoch seconds (a duration counts from
+    now)."""
     line = line.strip()
     kind, _, rest = line.partition(" ")
+    if kind == "sleep" and rest.strip():
+        return "sleep", wake_time(rest)
     if kind == "keepalive" and not rest:
         return "keepalive", None
     if kind == "goto" and rest.strip():
@@ -88,9 +143,9 @@ def parse(line: str) -> tuple[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runner.control keepalive | checkpoint JSON | goto STATE``."""
+    """``python -m runner.control keepalive | checkpoint JSON | goto STATE | sleep TIME``."""
     args = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m runner.control keepalive | checkpoint JSON | goto STATE"
+    usage = "usage: python -m runner.control keepalive | checkpoint JSON | goto STATE | sleep TIME"
     try:
         if args == ["keepalive"]:
             keepalive()
@@ -98,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint(json.loads(args[1]))
         elif len(args) == 2 and args[0] == "goto":
             goto(args[1])
+        elif len(args) == 2 and args[0] == "sleep":
+            sleep(args[1])
         else:
             print(usage, file=sys.stderr)
             return 2

@@ -55,5 +55,15 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+def database_failure(exc: BaseException) -> str:
+    """One line for a database error that interrupted a command or a console action:
+    the driver's first line (``exc.orig`` for SQLAlchemy errors), a full disk named."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    text = lines[0][:200] if lines else type(exc).__name__
+    if "disk is full" in text or "No space left" in text or "disk I/O error" in text:
+        return f"database write failed: {text} (free some disk space and try again)"
+    return f"database error: {text} (nothing was changed; try again)"
+
+
 class IllegalMove(Exception):
     """A state or status transition the compiled machine does not allow."""

@@ -20,14 +20,14 @@ from runner.errors import IllegalMove
 STATUSES = ("runnable", "sleeping", "paused", "completed", "failed", "killed")
 
 #: Outcomes of one attempt.
-OUTCOMES = ("moved", "not_yet", "error", "timeout", "lost", "cancelled")
+OUTCOMES = ("moved", "not_yet", "sleep", "error", "timeout", "lost", "cancelled")
 
 
 #: (event, sources, destination). The single source of truth for status moves.
 TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("pause", ("runnable", "sleeping"), "paused"),
     ("resume", ("paused", "sleeping"), "runnable"),
-    ("sleep", ("runnable", "paused"), "sleeping"),
+    ("sleep", ("runnable", "paused", "sleeping"), "sleeping"),  # a handler or `flowrun sleep`
     ("wake", ("sleeping",), "runnable"),  # due time reached: the worker claims it
     ("backoff", ("runnable",), "sleeping"),  # an error with budget left
     ("exhaust_fail", ("runnable",), "failed"),  # budget spent, on_exhausted: failed
@@ -40,7 +40,7 @@ TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 #: Operator commands (a subset of the events above, plus ``send``).
-OPERATOR_COMMANDS = ("pause", "resume", "kill", "retry", "send")
+OPERATOR_COMMANDS = ("pause", "resume", "kill", "retry", "send", "sleep", "wake")
 
 _machine = Machine(model=None, states=list(STATUSES), initial=None, auto_transitions=False)
 for _event, _sources, _dest in TABLE:

@@ -155,6 +155,7 @@ def worker_config(c: Ctx) -> WorkerConfig:
         concurrency=o["concurrency"],
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
+        idle_poll=o.get("idle_poll"),
     )
     if o["worker_id"]:
         cfg.worker_id = o["worker_id"]

@@ -17,19 +17,23 @@ import sys
 from pathlib import Path
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError
+from runner.errors import ConfigError, FlowErrors, UserError, database_failure
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
-Exit codes: 0 ok; 1 unknown id (or a refused command); 2 bad flows, config or usage.
+Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
+command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
+75 the database failed mid-command (full disk, lost connection): nothing was changed;
+130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
 
@@ -83,10 +87,46 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     show_default=True,
     help="On SIGINT/SIGTERM, seconds running attempts get to finish.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="FLOWRUN_LOG_LEVEL",
+    help="--daemon: least severe log level shown.",
+)
+@click.option("--log-attempts", is_flag=True, help="--daemon: one INFO line per finished attempt.")
+@click.option(
+    "--metrics",
+    metavar="[HOST:]PORT",
+    envvar="FLOWRUN_METRICS",
+    help="--daemon: serve Prometheus /metrics here (loopback when only a port).",
+)
+@click.option(
+    "--idle-poll",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="FLOWRUN_IDLE_POLL",
+    help="--daemon on PostgreSQL: an idle worker woken by LISTEN/NOTIFY still looks for due "
+    "work every S seconds (default: half the lease; 0: never).",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
-    ctx, flows, db, lease, daemon, concurrency, worker_id, exit_when_idle, log_format, grace
+    ctx,
+    flows,
+    db,
+    lease,
+    daemon,
+    concurrency,
+    worker_id,
+    exit_when_idle,
+    log_format,
+    grace,
+    log_level="info",
+    log_attempts=False,
+    metrics=None,
+    idle_poll=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -101,7 +141,9 @@ def main_group(
         exit_when_idle=exit_when_idle,
         log_format=log_format,
         grace=grace,
+        idle_poll=idle_poll,
     )
+    ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -110,34 +152,58 @@ def main_group(
 
 def run_daemon(c: Ctx) -> int:
     """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
-    the exit code (0).
-
-    Raises:
-        ConfigError: the flows folder does not exist, or the database cannot be opened.
-        FlowErrors: a flow file has errors (the daemon refuses to start).
+    the exit code: 0 clean stop or idle exit, 2 bad flows or configuration (logged, so a
+    JSON log stays JSON), 70 a part could not be kept alive, 130/143 aborted by a second
+    SIGINT/SIGTERM.
     """
     import asyncio
 
-    from runner.service.daemon import load_registry, serve, setup_logging
+    from runner.service.daemon import ServiceOptions, load_registry, serve
+    from runner.service.logs import setup_logging
+    from runner.service.metrics import parse_address
 
-    setup_logging(c.worker_options["log_format"])
+    so = c.service_options
+    setup_logging(c.worker_options["log_format"], so["log_level"], so["log_attempts"])
     log = logging.getLogger("flowrun.daemon")
-    registry = load_registry(c.engine, c.flows) if c.flows.is_dir() else None
-    if registry is None:
-        raise ConfigError(
-            f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
-            "`flowrun init` creates one)"
+    try:
+        address = None
+        if so["metrics"]:
+            try:
+                address = parse_address(so["metrics"])
+            except ValueError as exc:
+                raise ConfigError(f"--metrics {so['metrics']}: {exc}") from None
+        if not c.flows.is_dir():
+            raise ConfigError(
+                f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
+                "`flowrun init` creates one)"
+            )
+        registry = load_registry(c.engine, c.flows)
+        log.info("loaded %d flows from %s", len(registry.flows), c.flows)
+        if not registry.flows and not registry.errors:
+            log.warning(
+                "no flows in %s: `flowrun init` writes an example; a flow file added there is "
+                "loaded while running",
+                c.flows,
+            )
+        options = ServiceOptions(
+            metrics=address,
+            progress=c.worker_options["exit_when_idle"],
+            log_attempts=so["log_attempts"],
         )
-    log.info("loaded %d flows from %s", len(registry.flows), c.flows)
-    if not registry.flows and not registry.errors:
-        log.warning(
-            "no flows in %s: `flowrun init` writes an example; a flow file added there is "
-            "loaded while running",
-            c.flows,
-        )
-    worker = asyncio.run(serve(c.engine, registry, worker_config(c)))
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in worker.stats.items()))
-    return 0
+        served = asyncio.run(serve(c.engine, registry, worker_config(c), options=options))
+    except FlowErrors as exc:
+        if c.worker_options["log_format"] != "json":
+            raise  # one plain line each: file:line:col: message
+        for e in exc.errors:
+            log.error("%s", e, extra={"file": e.file, "line": e.line, "col": e.col})
+        return 2
+    except (ConfigError, UserError) as exc:
+        if c.worker_options["log_format"] != "json":
+            raise
+        log.error("flowrun: %s", exc)
+        return exc.exit_code
+    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    return served.code
 
 
 @main_group.command()
@@ -165,6 +231,31 @@ for _sub in (*cli_operator.COMMANDS, *cli_flows.COMMANDS, *cli_init.COMMANDS):
 del _sub
 
 
+EXIT_DATABASE = 75
+"""Exit code of a command the database failed (full disk, lost connection): nothing of
+it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
+
+
+def _add_novel_commands() -> None:
+    """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
+    migrate, serve); each module imports its heavy parts inside its command bodies."""
+    from runner.cli import explain as cli_explain
+    from runner.cli import migrate as cli_migrate
+    from runner.cli import rules as cli_rules
+    from runner.cli import serve as cli_serve
+    from runner.cli import sleep as cli_sleep
+
+    novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
+    novel += cli_serve.COMMANDS
+    for sub in (*novel, cli_rules.rules_group):
+        main_group.add_command(sub)
+    # `flowrun events` (the listing) stays the default of the `events` group
+    main_group.add_command(cli_rules.events_group(main_group.commands["events"]))
+
+
+_add_novel_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 
@@ -172,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 130 interrupted); raises nothing for user mistakes.
+    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
+    nothing for user mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -189,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         click.echo(f"flowrun: {exc}", err=True)
         return exc.exit_code
+    except DBAPIError as exc:  # the database failed mid-command: its transaction rolled back
+        click.echo(f"flowrun: {database_failure(exc)}", err=True)
+        return EXIT_DATABASE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

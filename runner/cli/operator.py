@@ -16,25 +16,11 @@ from typing import TYPE_CHECKING
 import click
 
 from runner.cli.context import Ctx, flow_to_start, pass_ctx
+from runner.cli.data import parse_data
 from runner.errors import UserError
 
 if TYPE_CHECKING:  # the database side is imported in the command bodies (fast --help)
     from runner.ops.commands import CommandResult
-
-
-def _parse_kv(pairs: tuple[str, ...]) -> dict:
-    """``key=value`` pairs to a dict; a value that parses as JSON is decoded, else kept as
-    a string. Raises ``UserError(..., 2)`` for a pair without ``=`` or a key."""
-    out = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise UserError(f"bad data argument {pair!r}: expected key=value", 2)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 @click.command()
@@ -45,22 +31,17 @@ def _parse_kv(pairs: tuple[str, ...]) -> dict:
 def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
     """Create an instance of FLOW (data from --data JSON and key=value pairs); prints its id.
 
+    Data: at most 1 MiB in all, nested at most 64 deep, strict JSON (no NaN).
+
     \f
     Raises:
-        UserError: bad ``--data`` or pair (exit 2), or an unknown flow (exit 2).
+        UserError: bad ``--data`` or pair, data too large or too deep (exit 2; the
+            bounds: ``runner.cli.data``), or an unknown flow (exit 2).
         ConfigError: no flows folder, or the database cannot be opened.
     """
     from runner.store.create import create_instance
 
-    data: dict = {}
-    if data_json:
-        try:
-            data = json.loads(data_json)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--data: not valid JSON: {exc}", 2) from None
-        if not isinstance(data, dict):
-            raise UserError("--data must be a JSON object", 2)
-    data.update(_parse_kv(pairs))
+    data = parse_data(data_json, pairs)
     compiled = flow_to_start(c, flow)  # the last good version when the file has errors
     with c.engine.begin() as conn:
         iid = create_instance(conn, compiled, data)

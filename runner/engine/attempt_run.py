@@ -71,7 +71,7 @@ async def run_attempt(
             argv = render_argv(state.argv, claim.data, event)
         except KeyError as exc:
             return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
-        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, claim.data, cwd)
+        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd)
         return await run_exec(
             argv,
             cwd=cwd,

@@ -36,7 +36,7 @@ from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
-from runner.store.tables import events
+from runner.store.tables import events, instances
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -53,7 +53,9 @@ class CycleRequest:
     filled by :func:`decide_finished`; ``free`` is the worker's free slots (chained
     instances take theirs first, the claim the rest); ``probe`` means the worker only
     looks for due work, so an idle cycle first checks cheaply whether anything is due;
-    ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``).
+    ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``);
+    ``plan`` asks, when the claim leaves slots free, when work next appears by itself
+    (``leases.next_times``: a worker woken by notifications sleeps until then).
     """
 
     worker_id: str
@@ -61,6 +63,7 @@ class CycleRequest:
     free: int = 0
     probe: bool = False
     recover: bool = False
+    plan: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
     cancels: list[tuple[Claim, str]] = field(default_factory=list)
     chain: list[Outcome] = field(default_factory=list)
@@ -85,6 +88,9 @@ class CycleResult:
     limit: int = 0
     committed: int = 0
     cancelled: int = 0
+    #: with ``request.plan``: the next due time and lease expiry (epoch s), None if none
+    next_due: float | None = None
+    next_expiry: float | None = None
 
     @property
     def claimed_all(self) -> bool:
@@ -108,6 +114,7 @@ class WorkerStats:
     committed: int = 0
     cancelled: int = 0
     lost_fence: int = 0
+    recovered: int = 0  # attempts of dead workers this worker recorded as lost
 
     def add(self, result: CycleResult) -> None:
         """Count what one successful cycle did."""
@@ -116,6 +123,7 @@ class WorkerStats:
         self.committed += result.committed
         self.cancelled += result.cancelled
         self.lost_fence += len(result.lost)
+        self.recovered += len(result.recovered)
 
     def items(self) -> list[tuple[str, int]]:
         """``(name, count)`` pairs in field order (the exit line, metrics)."""
@@ -190,20 +198,48 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     limit = max(0, request.free - len(request.chain))
     if request.probe and not request.recover and not outcomes and not cancels:
         if not _has_due(engine):
-            return CycleResult()
+            return _planned(engine, request, CycleResult())
     try:
-        claims, chained, recovered, lost = _transaction(engine, request, limit, True)
+        result = _transaction(engine, request, limit, True)
     except commit.FenceMoved:  # rolled back: commit again, reading the fences first
-        claims, chained, recovered, lost = _transaction(engine, request, limit, False)
-    return CycleResult(
-        claims,
-        chained,
-        recovered,
-        lost,
-        limit,
-        committed=len(outcomes) + len(cancels) - len(lost),
-        cancelled=len(cancels),
-    )
+        result = _transaction(engine, request, limit, False)
+    if result.lost:
+        log_fenced(engine, request.worker_id, result.lost)
+    result.committed = len(outcomes) + len(cancels) - len(result.lost)
+    result.cancelled = len(cancels)
+    return result
+
+
+def _planned(engine: Engine, request: CycleRequest, result: CycleResult) -> CycleResult:
+    """With ``request.plan``, fill in when work next appears by itself (a read)."""
+    if request.plan:
+        with reading(engine) as conn:
+            result.next_due, result.next_expiry = leases.next_times(conn, time.time())
+    return result
+
+
+def log_fenced(engine: Engine, worker_id: str, lost: Sequence[int]) -> None:
+    """One WARNING per holder for outcomes the fence refused (``lost``: instance ids
+    taken away by a command or another worker), naming who holds them now."""
+    try:
+        with reading(engine) as conn:
+            rows = conn.execute(
+                select(instances.c.id, instances.c.locked_by).where(instances.c.id.in_(lost))
+            ).all()
+    except DBAPIError:
+        rows = []
+    holders = {iid: holder for iid, holder in rows}
+    by_holder: dict[str, list[int]] = {}
+    for iid in lost:
+        by_holder.setdefault(holders.get(iid) or "nobody (released)", []).append(iid)
+    for holder, ids in by_holder.items():
+        log.warning(
+            "fenced out: outcome of instances %s not committed by %s; held now by %s",
+            ", ".join(map(str, ids)),
+            worker_id,
+            holder,
+            extra={"instances": ids, "worker": worker_id, "holder": holder},
+        )
 
 
 def run_inline(
@@ -226,8 +262,9 @@ def run_inline(
 
 def _transaction(
     engine: Engine, request: CycleRequest, limit: int, optimistic: bool
-) -> tuple[list, list, list, list]:
-    """The cycle's transaction itself: ``(claims, chained, recovered, lost)``;
+) -> CycleResult:
+    """The cycle's transaction itself (claims, chained, recovered, lost and, with
+    ``request.plan`` when it claimed nothing or looked for lost attempts, the next times);
     ``optimistic`` skips reading the fences first (``commit.FenceMoved`` then means:
     rolled back, try again without)."""
     worker_id, lease = request.worker_id, request.lease
@@ -243,7 +280,10 @@ def _transaction(
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)
-    return claims, chained, recovered, lost
+        result = CycleResult(claims, chained, recovered, lost, limit)
+        if request.plan and (request.recover or not (claims or chained)):
+            result.next_due, result.next_expiry = leases.next_times(conn, time.time())
+    return result
 
 
 def _has_due(engine: Engine) -> bool:
@@ -274,6 +314,7 @@ def log_lost(recovered: list[leases.Lost]) -> None:
             "restarts spent: instance failed"
             if lost.failed
             else "restarting from its last checkpoint",
+            extra={"instance": lost.instance_id, "worker": lost.worker, "attempt": lost.attempt},
         )
 
 

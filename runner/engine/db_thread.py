@@ -25,6 +25,7 @@ class DatabaseThread:
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
+        self._down = False  # a guarded call failed; the next one that succeeds says so
 
     def submit(self, fn: Callable, *args: Any) -> asyncio.Future:
         """Start ``fn(*args)`` on the thread; returns the running loop's future of it."""
@@ -36,12 +37,17 @@ class DatabaseThread:
 
     async def guard(self, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` on the thread; a database error (``DBAPIError``) is logged in one
-        line and ``None`` returned."""
+        line and ``None`` returned; the first success after one logs the return."""
         try:
-            return await self.call(fn, *args)
+            result = await self.call(fn, *args)
         except DBAPIError as exc:
+            self._down = True
             log.warning("database unavailable (%s)", short_error(exc))
             return None
+        if self._down:
+            self._down = False
+            log.warning("database reachable again")
+        return result
 
     async def retrying(self, fn: Callable, *args: Any, give_up: Callable[[], bool]) -> Any:
         """``fn(*args)`` on the thread, retried with :class:`OutageBackoff` while the

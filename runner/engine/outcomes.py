@@ -5,6 +5,8 @@ Pure functions (no I/O), so every rule is tested directly:
 - moved → the target, checked against the flow's compiled ``transitions`` machine; an
   illegal target is an *error* with a clear text, never a crash;
 - not yet → due again after the state's ``try_interval``; nothing spent (Stator);
+- sleep → ``sleeping`` in the same state until the handler's time (Metafora's ``Sleep``);
+  nothing spent; a time already past is due at once;
 - error → one error in the state's sliding window (Metafora's DefaultErrHandler: 8 in
   4 h by default); with budget left the instance sleeps for the backoff
   (``compiler.Backoff.delay``: ``initial * factor**(n-1)``, capped at ``max``, with
@@ -90,6 +92,11 @@ def decide(
     if outcome == "not_yet":
         values["data"] = result.data
         values["due_at"] = at + policy.try_interval
+    elif outcome == "sleep":
+        values["data"] = result.data
+        until = result.sleep_until if result.sleep_until is not None else at
+        if until > at:
+            values.update(status=lifecycle.check("runnable", "sleep"), due_at=until)
     elif outcome == "error":
         _spend_error(flow, values, policy, error, at, rand)
     elif outcome == "timeout":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +19,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from runner.engine.attempt_run import load_event_payload, run_attempt
+from runner.handlers import reaper
 from runner.handlers.attempt import AttemptResult, Cancel
-from runner.handlers.exec_handler import live_groups
 from runner.store import leases, rows
 from runner.store.db import reading
 
@@ -66,6 +65,8 @@ class RunningAttempts:
         self.running: dict[int, Running] = {}
         self.finished: list[tuple[Running, AttemptResult]] = []
         self.ended: asyncio.Event | None = None
+        #: Called with ``(claim, result)`` for every finished attempt (metrics, attempt log).
+        self.on_finished: Callable[[rows.Claim, AttemptResult], None] | None = None
         self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
 
     def start(self, claims: list[rows.Claim]) -> None:
@@ -110,7 +111,9 @@ class RunningAttempts:
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
                 log.info(
-                    "instance %d: taken away (command or lease lost); cancelling its attempt", iid
+                    "instance %d: taken away (command or lease lost); cancelling its attempt",
+                    iid,
+                    extra={"instance": iid, "flow": run.claim.flow, "state": run.claim.state},
                 )
                 run.cancel.set("cancelled: the instance was paused, killed, moved or taken over")
 
@@ -120,13 +123,10 @@ class RunningAttempts:
             run.cancel.set(reason)
 
     def abort(self) -> None:
-        """SIGKILL every handler process group still running and cancel every task: the
-        attempts are left for a worker to record as lost once their lease expired."""
-        for pgid in list(live_groups):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL every handler process group still running (and the descendants that
+        left them) and cancel every task: the attempts are left for a worker to record as
+        lost once their lease expired."""
+        reaper.kill_all(signal.SIGKILL)
         for run in self.running.values():
             run.task.cancel()
 
@@ -161,6 +161,8 @@ class RunningAttempts:
         self._finished(run, result)
 
     def _finished(self, run: Running, result: AttemptResult) -> None:
+        if self.on_finished is not None:
+            self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
         if self.ended is not None:

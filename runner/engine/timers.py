@@ -49,21 +49,34 @@ class LoopingTimer:
 
 
 class OutageBackoff:
-    """Exponential backoff for database outages: 0.5 s doubling to 10 s.
+    """Exponential backoff for database outages: 0.5 s doubling to 2 s (a retry every
+    2 s costs the database nothing, and work resumes within 2 s of its return).
 
-    ``fail(exc)`` counts one more failure, logs the outage (``exc``: the database error)
-    and returns the delay in seconds before the next try; ``ok()`` resets the count,
-    logging that the database is back if it had failed; ``failures`` is the count since
-    the last success."""
+    ``fail(exc)`` counts one more failure, logs the outage (``exc``: the database error;
+    the first failure, then at most every ``QUIET`` seconds) and returns the delay in
+    seconds before the next try; ``ok()`` resets the count, logging that the database is
+    back if it had failed; ``failures`` is the count since the last success."""
+
+    CAP = 2.0
+    QUIET = 30.0
 
     def __init__(self) -> None:
         self.failures = 0
+        self._logged = 0.0
 
     def fail(self, exc: BaseException) -> float:
         """Count a failure (``exc``: the database error); returns the delay in seconds."""
         self.failures += 1
-        delay = min(10.0, 0.5 * 2 ** (self.failures - 1))
-        log.warning("database unavailable (%s); retrying in %.1fs", short_error(exc), delay)
+        delay = min(self.CAP, 0.5 * 2 ** (self.failures - 1))
+        now = time.monotonic()
+        if self.failures == 1 or now - self._logged >= self.QUIET:
+            self._logged = now
+            log.warning(
+                "database unavailable (%s); retrying every %.1fs (%d failures)",
+                short_error(exc),
+                delay,
+                self.failures,
+            )
         return delay
 
     def ok(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -41,6 +42,7 @@ from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
+from runner.handlers import reaper
 from runner.store import heartbeat
 from runner.store.db import no_wait_engine, short_error
 from runner.store.wal import WalCheckpointer
@@ -53,7 +55,11 @@ class WorkerConfig:
     """Options of one worker; every duration is in seconds.
 
     ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
-    creating an instance, cuts it short); ``fence_poll`` how often running attempts are
+    creating an instance, cuts it short). With ``listen`` (set by the daemon on
+    PostgreSQL, which then feeds :meth:`Worker.notify_due` from a ``LISTEN`` connection,
+    ``runner.store.notify``) the worker sleeps until the earliest due time or lease expiry
+    it knows, looking anyway every ``idle_poll`` seconds (``None``: half the lease; ``0``:
+    never). ``fence_poll`` how often running attempts are
     checked for commands; ``grace`` how long a graceful stop waits for running attempts.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
@@ -70,6 +76,8 @@ class WorkerConfig:
     heartbeat: float = 2.0
     exit_when_idle: bool = False
     on_tick: Callable[[], None] | None = None
+    listen: bool = False
+    idle_poll: float | None = None
 
 
 class Worker:
@@ -105,6 +113,7 @@ class Worker:
         self._stopping = False
         self._abort = False
         self._poke = False
+        self._down_at_stop = False  # stopping, and the database down when the grace ran out
         self._loop: asyncio.AbstractEventLoop | None = None
         self._no_wait = no_wait_engine(engine)
         self._wal: WalCheckpointer | None = None
@@ -115,8 +124,16 @@ class Worker:
         self._grace_deadline: float | None = None
         self._outage = OutageBackoff()
         # the loop's chores, each due at once, then every interval (seconds)
-        self._probe = LoopingTimer(cfg.poll)  # an idle look for due work
-        self._recover = LoopingTimer(min(1.0, cfg.lease / 4))  # attempts of dead workers
+        # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
+        # loop sleeps until the next due time or lease expiry it knows (``_wake_at``)
+        self._notified = cfg.listen
+        self._wake_at = math.inf  # monotonic seconds
+        fallback = cfg.lease / 2 if cfg.idle_poll is None else cfg.idle_poll or math.inf
+        #: seconds between idle looks for due work when woken by notifications (inf: never)
+        self.idle_poll = fallback
+        self._probe = LoopingTimer(fallback if self._notified else cfg.poll)  # idle look
+        recover_every = fallback if self._notified else min(1.0, cfg.lease / 4)
+        self._recover = LoopingTimer(recover_every)  # attempts of dead workers
         self._fence = LoopingTimer(cfg.fence_poll)  # instances taken away (commands)
         self._renew = LoopingTimer(cfg.lease / 3)  # the running attempts' leases
         self._beat = LoopingTimer(cfg.heartbeat)  # this worker's heartbeat row
@@ -129,6 +146,17 @@ class Worker:
         self._poke = True
         if self._loop and self._wake:
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    def notify_due(self, due_at: float | None) -> None:
+        """Work is due at ``due_at`` (epoch seconds, UTC; ``None``: now), as a notification
+        said; call on the worker's loop. Used with ``WorkerConfig.listen``."""
+        delay = 0.0 if due_at is None else due_at - time.time()
+        if delay <= 0:
+            self.wake()
+        else:
+            self._wake_at = min(self._wake_at, time.monotonic() + delay)
+            if self._wake is not None:
+                self._wake.set()  # recompute the wait
 
     def request_stop(self) -> str:
         """First call: graceful stop; second: abort. Returns "graceful" or "abort"."""
@@ -161,11 +189,15 @@ class Worker:
         its finished attempts kept: nothing is lost.
         """
         await self._open()
+        reaper.start()  # exec handlers' escaped descendants are ended with their attempt
         try:
             while not self._abort and await self._turn():
                 pass
         finally:
-            await self._close()
+            try:
+                await self._close()
+            finally:
+                reaper.stop()
 
     async def _turn(self) -> bool:
         """One turn of the loop; False when the loop is done. The steps, in order:
@@ -183,6 +215,12 @@ class Worker:
             return False
         if self._inflight is not None and self._inflight.done():
             await self._collect()
+            if self._down_at_stop:
+                return False
+        if now >= self._wake_at:  # a due time or lease expiry we were told of
+            self._wake_at = math.inf
+            self._poke = True
+            self._recover.next_at = now
         if self._poke:
             self._poke, self._want_claim = False, True
         if self._inflight is None and self._start_cycle(now):
@@ -224,9 +262,18 @@ class Worker:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self._wake = self.attempts.ended = asyncio.Event()
-        await self._db.retrying(
-            heartbeat.register, self.engine, cfg.worker_id, give_up=lambda: self._abort
-        )
+        try:
+            await self._db.retrying(
+                heartbeat.register,
+                self.engine,
+                cfg.worker_id,
+                give_up=lambda: self._abort or self._stopping,
+            )
+        except DBAPIError:
+            if self._abort:
+                raise
+            log.warning("worker %s stopped before the database came back", cfg.worker_id)
+            return  # a stop must not wait for the database
         log.info(
             "worker %s started (concurrency %d, lease %gs)",
             cfg.worker_id,
@@ -259,12 +306,26 @@ class Worker:
             result = done.result()  # type: ignore[union-attr]
         except DBAPIError as exc:
             self.attempts.put_back(sent)  # commit them with the next cycle
-            await asyncio.sleep(self._outage.fail(exc))
+            if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
+                self._down_at_stop = True  # stopping, down past the grace: _close tries once
+                return
+            await self._pause(self._outage.fail(exc))
             self._want_claim = True
             return
         self._outage.ok()
         self._took(result)
         self._want_claim = result.claimed_all
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is
+        requested or, once stopping, at the end of the grace period."""
+        stopping = self._stopping
+        end = time.monotonic() + delay
+        while not self._abort and stopping == self._stopping:
+            left = min(end, self._grace_deadline or end) - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.1))
 
     def _start_cycle(self, now: float) -> bool:
         """Start the next database cycle when there are finished attempts to commit, lost
@@ -312,7 +373,8 @@ class Worker:
         if self._inflight is not None:
             timeout = 1.0  # its done-callback wakes us
         elif not self._stopping and len(self.running) < cfg.concurrency:
-            timeout = max(0.0, min(self._probe.next_at, self._recover.next_at) - time.monotonic())
+            next_at = min(self._probe.next_at, self._recover.next_at, self._wake_at)
+            timeout = max(0.0, next_at - time.monotonic())
         else:
             timeout = cfg.fence_poll
         if self.running:
@@ -329,7 +391,7 @@ class Worker:
         """The next cycle's :class:`CycleRequest`: every attempt finished so far (moved to
         ``_sent`` until the cycle is done), with ``free`` slots."""
         cfg = self.config
-        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover)
+        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
         self._sent = self.attempts.take()
         return cycle.decide_finished(self.engine, self._sent, request, stopping=self._stopping)
 
@@ -354,7 +416,16 @@ class Worker:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
+        if self._notified:
+            self._plan(result)
         self.attempts.start(result.chained + result.claims)
+
+    def _plan(self, result: CycleResult) -> None:
+        """Sleep no longer than until the next due time and lease expiry the cycle saw."""
+        now, mono = time.time(), time.monotonic()
+        for at in (result.next_due, result.next_expiry):
+            if at is not None:
+                self._wake_at = min(self._wake_at, mono + max(0.0, at - now) + 0.01)
 
     async def _wait(self, timeout: float) -> None:
         assert self._wake is not None
@@ -388,7 +459,9 @@ class Worker:
                 "aborted: %d attempts left for the next claim to recover", len(self.running)
             )
         else:
-            for _ in range(5):  # the last outcomes; the database may be briefly away
+            # the last outcomes; the database may be briefly away (once: it was down for
+            # the whole grace already)
+            for _ in range(1 if self._down_at_stop else 5):
                 if not self.attempts.finished:
                     break
                 request = self._take_finished(0)

@@ -20,6 +20,7 @@ from transitions import Machine
 from runner.errors import FlowError, FlowErrors
 from runner.flowspec.checks import check_flow
 from runner.flowspec.compiled import CompiledFlow, CompiledState
+from runner.flowspec.limits import read_flow_file
 from runner.flowspec.loader import did_you_mean, load_flow_text
 from runner.flowspec.policy import state_policy
 from runner.flowspec.spec import FlowSpec, StateSpec
@@ -131,13 +132,10 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
 
 
 def load_flow(path: str | Path) -> CompiledFlow:
-    """Read (UTF-8) and compile the flow file at ``path``.
+    """Read (UTF-8, within ``runner.flowspec.limits``) and compile the flow file at ``path``.
 
     Raises:
-        FlowErrors: the file cannot be read, or every problem ``compile_source`` found.
+        FlowErrors: the file cannot be read (too large, not UTF-8: with its position), or
+            every problem ``compile_source`` found.
     """
-    try:
-        source = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FlowErrors([FlowError(f"cannot read flow file: {exc}", str(path))]) from None
-    return compile_source(source, path)
+    return compile_source(read_flow_file(path), path)

@@ -1,12 +1,14 @@
 """Load a flow file: ruamel.yaml (round-trip, positions kept) into ``runner.flowspec.spec`` models.
 
 Every problem is reported with its ``file:line:col`` (1-based): YAML syntax, duplicate
-keys, tags, and each pydantic error mapped back to the key or value it is about. All of a
+keys, tags, a bound of ``runner.flowspec.limits`` crossed (size, nesting, aliases, bytes,
+time), and each pydantic error mapped back to the key or value it is about. All of a
 file's errors are collected and raised together as ``FlowErrors``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +17,7 @@ from pydantic import (
     BaseModel,
 )
 
+from runner.flowspec.limits import LimitError, check_text, guarded_yaml
 from runner.flowspec.spec import NAME_RE, FlowSpec
 
 _Pos = tuple[int, int]
@@ -49,63 +52,6 @@ class Positions:
 
 def _mark(mark: Any) -> _Pos:
     return (mark.line + 1, mark.column + 1)
-
-
-def _tag(tag: Any) -> str:
-    text = str(getattr(tag, "value", tag))
-    return "!!" + text[len("tag:yaml.org,2002:") :] if text.startswith("tag:yaml.org,") else text
-
-
-def _scan_events(text: str, file: str, errors: list) -> None:
-    """Report explicit tags and duplicate keys from the YAML event stream."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.events import (
-        AliasEvent,
-        CollectionEndEvent,
-        MappingStartEvent,
-        ScalarEvent,
-        SequenceStartEvent,
-    )
-
-    from runner.errors import FlowError
-
-    stack: list[list] = []  # [kind, {key: first position}, next node is a key]
-    for ev in YAML(typ="rt").parse(text):
-        if isinstance(ev, ScalarEvent | MappingStartEvent | SequenceStartEvent | AliasEvent):
-            tag = getattr(ev, "tag", None)
-            if tag is not None and not isinstance(ev, AliasEvent):
-                line, col = _mark(ev.start_mark)
-                errors.append(
-                    FlowError(
-                        f"YAML tag {_tag(tag)} is not allowed (flow files are plain data: no tags)",
-                        file,
-                        line,
-                        col,
-                    )
-                )
-            if stack and stack[-1][0] == "map":
-                top = stack[-1]
-                if top[2] and isinstance(ev, ScalarEvent) and ev.value != "<<":
-                    if ev.value in top[1]:
-                        line, col = _mark(ev.start_mark)
-                        first = top[1][ev.value]
-                        errors.append(
-                            FlowError(
-                                f"duplicate key '{ev.value}' (first defined at line {first})",
-                                file,
-                                line,
-                                col,
-                            )
-                        )
-                    else:
-                        top[1][ev.value] = ev.start_mark.line + 1
-                top[2] = not top[2]
-            if isinstance(ev, MappingStartEvent):
-                stack.append(["map", {}, True])
-            elif isinstance(ev, SequenceStartEvent):
-                stack.append(["seq", {}, False])
-        elif isinstance(ev, CollectionEndEvent):
-            stack.pop()
 
 
 def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> Any:
@@ -150,6 +96,13 @@ def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> An
     if isinstance(node, int):
         return int(node)
     if isinstance(node, float):
+        if not math.isfinite(node) and "data" in loc:  # elsewhere the field says why
+            line, col = pos.find(loc, key=False)
+            errors.append(
+                FlowError(
+                    f"{node} is not a finite number (JSON has no NaN or Infinity)", file, line, col
+                )
+            )
         return float(node)
     if isinstance(node, dt.date):
         return node.isoformat()
@@ -253,7 +206,6 @@ def load_flow_text(text: str, path: str | Path) -> FlowSpec:
             wrong types, bad durations/regexes/cron...), each with ``file:line:col``.
     """
     from pydantic import ValidationError
-    from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError
 
     from runner.errors import FlowError, FlowErrors
@@ -261,19 +213,22 @@ def load_flow_text(text: str, path: str | Path) -> FlowSpec:
     file = str(path)
     errors: list[FlowError] = []
     try:
-        _scan_events(text, file, errors)
-        yaml = YAML(typ="rt")
-        yaml.allow_duplicate_keys = True
-        doc = yaml.load(text)
+        check_text(text)
+        doc = guarded_yaml(file, errors).load(text)
+    except LimitError as exc:
+        errors.append(FlowError(exc.message, file, exc.line, exc.col))
+        errors.sort(key=lambda e: (e.line or 0, e.col or 0))
+        raise FlowErrors(errors) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line, col = _mark(mark) if mark else (None, None)
+        line, col = _mark(mark) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
         errors.append(FlowError(f"YAML syntax error: {problem}", file, line, col))
         raise FlowErrors(errors) from None
     except Exception as exc:  # the constructor choking on something odd
         if not errors:
-            errors.append(FlowError(f"cannot read YAML: {exc}", file, 1, 1))
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            errors.append(FlowError(f"cannot read YAML: {first}", file, 1, 1))
         raise FlowErrors(errors) from None
     if doc is None:
         errors.append(

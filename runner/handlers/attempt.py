@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 EXIT_NOT_YET = 75
 TAIL = 4000
@@ -27,9 +28,10 @@ class LeaseLost(Exception):
 class AttemptResult:
     """What one attempt produced.
 
-    ``outcome`` is moved, not_yet, error, timeout or cancelled; ``to_state`` the requested
-    target (``moved`` only; not yet checked against the graph); ``data`` the instance data
-    as the handler left it; ``checkpoint`` the last checkpoint written, if any.
+    ``outcome`` is moved, not_yet, sleep, error, timeout or cancelled; ``to_state`` the
+    requested target (``moved`` only; not yet checked against the graph); ``data`` the
+    instance data as the handler left it; ``checkpoint`` the last checkpoint written, if
+    any; ``sleep_until`` (``sleep`` only) when the instance wakes, epoch seconds UTC.
     """
 
     outcome: str
@@ -37,6 +39,57 @@ class AttemptResult:
     to_state: str | None = None
     error: str | None = None
     checkpoint: dict | None = None
+    sleep_until: float | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A handler's request to put its instance to sleep until ``until`` (epoch seconds,
+    UTC), in the same state, spending nothing (Metafora's ``Sleep`` transition).
+
+    A ``call`` handler returns one (``return ctx.sleep_until(when)`` or
+    ``return Sleep.at(when)``); an ``exec`` handler writes ``sleep <time>`` on its control
+    channel (``runner.control.sleep``).
+    """
+
+    until: float
+
+    @staticmethod
+    def at(when: datetime | float | int) -> Sleep:
+        """A ``Sleep`` until ``when``: an aware ``datetime`` (a naive one is taken as UTC)
+        or epoch seconds. Raises ``TypeError`` for anything else."""
+        return Sleep(epoch(when))
+
+
+def epoch(when: datetime | float | int) -> float:
+    """``when`` as epoch seconds: an aware ``datetime`` (naive means UTC) or a number.
+
+    Raises ``TypeError`` for anything else.
+    """
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            from datetime import UTC
+
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    if isinstance(when, int | float) and not isinstance(when, bool):
+        return float(when)
+    raise TypeError(f"sleep until needs a datetime or epoch seconds, not {type(when).__name__}")
+
+
+def slept(sleep: Sleep, data: dict, checkpoint: dict | None) -> AttemptResult:
+    """The ``sleep`` result of an attempt that asked to sleep until ``sleep.until``; its
+    ``error`` column says until when (ISO 8601 UTC), for ``show`` and ``explain``."""
+    from datetime import UTC
+
+    iso = datetime.fromtimestamp(sleep.until, UTC).isoformat(timespec="seconds")
+    return AttemptResult(
+        "sleep",
+        data,
+        error=f"sleep until {iso.replace('+00:00', 'Z')}",
+        checkpoint=checkpoint,
+        sleep_until=sleep.until,
+    )
 
 
 @dataclass
@@ -56,6 +109,18 @@ class Context:
     _signal: Callable[[], None] = field(default=lambda: None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     _last_checkpoint: dict | None = field(default=None, repr=False)
+    _sleep: Sleep | None = field(default=None, repr=False)
+
+    def sleep_until(self, when: datetime | float) -> Sleep:
+        """Put the instance to sleep until ``when`` (an aware ``datetime``, naive means
+        UTC, or epoch seconds) once the handler returns, in the same state; no error
+        budget or restart is spent. Returns the :class:`Sleep` the handler may return too
+        (``return ctx.sleep_until(when)``); a later call replaces an earlier one.
+
+        Raises ``TypeError`` for a ``when`` of another type.
+        """
+        self._sleep = Sleep.at(when)
+        return self._sleep
 
     @property
     def cancelled(self) -> bool:

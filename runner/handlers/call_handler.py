@@ -1,9 +1,11 @@
 """``call`` handlers: ``module:function``, sync (in a thread) or async (on the loop).
 
 The handler gets a ``Context`` and returns a state name (move), ``True`` (take ``next``),
-``None`` (not yet), or raises (error). Async handlers are awaited inside the attempt's own
-task, their deadlines checked by one sweeper per loop; a sync handler cannot be stopped
-from outside, so a cancel sets ``ctx.cancelled`` for it to notice.
+``None`` (not yet), a ``Sleep`` (``return ctx.sleep_until(when)``: sleep in this state
+until then; ``None`` after ``ctx.sleep_until`` too), or raises (error). Async handlers
+are awaited inside the attempt's own task, their deadlines checked by one sweeper per
+loop; a sync handler cannot be stopped from outside, so a cancel sets ``ctx.cancelled``
+for it to notice.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from runner.handlers.attempt import (
     Context,
     LeaseLost,
     Limits,
+    Sleep,
     Watch,
+    slept,
     supervise,
 )
 
@@ -187,6 +191,8 @@ def _raised(exc: BaseException, ctx: Context) -> AttemptResult:
 
 def _returned(value: Any, ctx: Context, next_state: str | None) -> AttemptResult:
     """Interpret a handler's return value (see the module docstring)."""
+    if isinstance(value, Sleep) or (value is None and ctx._sleep is not None):
+        return slept(value or ctx._sleep, ctx.data, ctx._last_checkpoint)
     if value is None:
         return AttemptResult("not_yet", ctx.data, checkpoint=ctx._last_checkpoint)
     if value is True:

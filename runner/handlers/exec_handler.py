@@ -2,23 +2,29 @@
 
 Each argument is rendered on its own from ``{data.x}``/``{event.x}`` key paths. The handler
 gets ``FLOWRUN_*`` variables and a control channel (``runner.control``). Exit 0 → its
-``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; other → error with the
-tail of stderr. A cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL
-after the grace); on a clean exit, whatever the handler left in its group is ended too.
+``goto`` or the state's ``next``; 75 (``EX_TEMPFAIL``) → not yet; after a ``sleep`` line,
+0 or 75 → sleep in this state until then; other → error with the tail of stderr. A
+cancel or a deadline terminates the whole group (SIGTERM, then SIGKILL after the grace);
+on a clean exit, whatever the handler left in its group is ended too, and descendants
+that left the group are ended by ``runner.handlers.reaper``.
+
+Per attempt the cost outside the process itself is one spawn on a spawn thread
+(``runner.handlers.spawn``), its exit from one thread watching every handler's pidfd
+(``runner.handlers.exits``), and a final read of its pipes; no asyncio transport, stream
+or task, and no selector registration unless it runs longer than ``READ_AFTER``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from runner import control
+from runner.handlers import reaper
 from runner.handlers.attempt import (
     EXIT_NOT_YET,
     TAIL,
@@ -26,13 +32,16 @@ from runner.handlers.attempt import (
     Cancel,
     CheckpointFn,
     Limits,
+    Sleep,
     Watch,
+    slept,
     supervise,
 )
+from runner.handlers.spawn import Child, remove_data_file, spawn
 from runner.templating import render
 
-#: Process group ids of ``exec`` handlers now running in this process (for an abort).
-live_groups: set[int] = set()
+#: Seconds after its start from which a handler's pipes are read as data comes.
+READ_AFTER = 0.05
 
 
 def interpreter(arg0: str) -> str:
@@ -57,78 +66,41 @@ async def run_exec(
     checkpoint: CheckpointFn,
     next_state: str | None,
 ) -> AttemptResult:
-    """Run an ``exec`` handler; see the module docstring for the exit-code contract."""
+    """Run an ``exec`` handler; see the module docstring for the exit-code contract.
+
+    ``env`` (from :func:`handler_env`) is completed with the data, control and reaper
+    variables (``runner.handlers.spawn``) and changed in place.
+    """
     data = dict(data)
     watch = Watch(limits)
-    read_fd, write_fd = os.pipe()
-    env = {**env, control.ENV: str(write_fd)}
     try:
-        proc = await asyncio.create_subprocess_exec(
-            interpreter(argv[0]),
-            *argv[1:],
-            cwd=str(cwd),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=(write_fd,),
-        )
+        child = await spawn([interpreter(argv[0]), *argv[1:]], str(cwd), env, data)
     except OSError as exc:
-        os.close(read_fd)
         return AttemptResult(
             "error", data, error=f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         )
-    finally:
-        os.close(write_fd)
-    state: dict[str, Any] = {"goto": None, "checkpoint": None, "lost": False, "bad": None}
-
-    async def on_line(line: str) -> None:
-        try:
-            kind, value = control.parse(line)
-        except ValueError as exc:
-            state["bad"] = str(exc)
-            return
-        watch.signal()
-        if kind == "goto":
-            state["goto"] = value
-        elif kind == "checkpoint":
-            data.update(value)
-            state["checkpoint"] = value
-            ok = await asyncio.to_thread(checkpoint, dict(data), dict(value))
-            if not ok:
-                state["lost"] = True
-                cancel.set("instance taken away during checkpoint")
-
-    live_groups.add(proc.pid)
-    control_task = asyncio.ensure_future(_read_control(read_fd, on_line))
-    out_task = asyncio.ensure_future(_tail(proc.stdout))
-    err_task = asyncio.ensure_future(_tail(proc.stderr))
-    exited = _leader_exited(proc)
+    io = _Supervised(child, data, watch, cancel, checkpoint)
     try:
-        how, why = await supervise(exited, watch, cancel)
-        if how != "done":
-            await _kill_group(proc, limits.kill_grace)
-        else:  # the handler is done: nothing it started in its group outlives it
-            await _kill_group(proc, limits.kill_grace, leader_done=True)
+        how, why = await supervise(io.exited, watch, cancel)
+        await _end_group(io, limits.kill_grace, leader_done=how == "done")
+        io.drain()
+        await io.checkpoints_stored()
     finally:
-        live_groups.discard(proc.pid)
-    await asyncio.wait({control_task, out_task, err_task}, timeout=2.0)
-    for t in (control_task, out_task, err_task):
-        t.cancel()
-    stderr = err_task.result() if err_task.done() and not err_task.cancelled() else ""
-    stdout = out_task.result() if out_task.done() and not out_task.cancelled() else ""
-    last = state["checkpoint"]
+        io.close()
+    stderr, stdout = io.tail(child.err), io.tail(child.out)
+    last = io.last_checkpoint
     if how == "timeout":
         return AttemptResult("timeout", data, error=_with_tail(why, stderr), checkpoint=last)
     if how == "cancelled":
-        return AttemptResult("cancelled", data, error=why, checkpoint=last)
-    code = proc.returncode
+        return AttemptResult("cancelled", data, error=cancel.reason or why, checkpoint=last)
+    code = child.proc.returncode
+    if io.sleep is not None and code in (0, EXIT_NOT_YET) and not io.bad:
+        return slept(Sleep(io.sleep), data, last)
     if code == 0:
-        target = state["goto"] or next_state
-        if state["bad"]:
+        target = io.goto or next_state
+        if io.bad:
             return AttemptResult(
-                "error", data, error=f"bad control line: {state['bad']}", checkpoint=last
+                "error", data, error=f"bad control line: {io.bad}", checkpoint=last
             )
         if target is None:
             msg = "exited 0 but the state has no `next` and the handler sent no `goto`"
@@ -145,110 +117,218 @@ def _with_tail(what: str | None, tail: str) -> str:
     return f"{what}: {tail}" if tail else (what or "")
 
 
-async def _tail(stream: asyncio.StreamReader | None) -> str:
-    if stream is None:
-        return ""
-    buf = b""
-    while chunk := await stream.read(65536):
-        buf = (buf + chunk)[-TAIL:]
-    return buf.decode(errors="replace")
+class _Supervised:
+    """One running handler, watched from the event loop with no transport or task.
 
-
-async def _read_control(fd: int, on_line: Callable[[str], Any]) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-    )
-    try:
-        while line := await reader.readline():
-            await on_line(line.decode(errors="replace"))
-    finally:
-        transport.close()
-
-
-def _leader_exited(proc: asyncio.subprocess.Process) -> asyncio.Future:
-    """A future done when the handler's own process exits.
-
-    ``proc.wait()`` also waits for every copy of its stdout/stderr to close, which a
-    background child it left behind may hold forever; a pidfd (Linux) watches the leader
-    alone. Elsewhere, fall back to ``proc.wait()``.
+    Its stdout, stderr and control pipe are non-blocking descriptors read by loop
+    callbacks as data comes (only the last ``TAIL`` bytes of the output are kept, so a
+    handler may write gigabytes); its exit comes from ``runner.handlers.exits`` (or
+    polling, without pidfds). Control lines are handled as they are
+    read; checkpoints are stored in order by one task, started by the first one.
     """
-    loop = asyncio.get_running_loop()
-    if proc.returncode is not None:
-        fut = loop.create_future()
-        fut.set_result(None)
-        return fut
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:  # already exited and reaped
-        fut = loop.create_future()
-        fut.set_result(None)
-        return fut
-    except (AttributeError, OSError):
-        return asyncio.ensure_future(proc.wait())
-    fut = loop.create_future()
 
-    def ready() -> None:
-        loop.remove_reader(fd)
-        os.close(fd)
-        if not fut.done():
-            fut.set_result(None)
+    def __init__(
+        self,
+        child: Child,
+        data: dict,
+        watch: Watch,
+        cancel: Cancel,
+        checkpoint: CheckpointFn,
+    ) -> None:
+        self.child = child
+        self.data = data
+        self.watch = watch
+        self.cancel = cancel
+        self.checkpoint = checkpoint
+        self.loop = asyncio.get_running_loop()
+        self.goto: str | None = None
+        self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
+        self.bad: str | None = None
+        self.last_checkpoint: dict | None = None
+        self._pending: list[dict] = []
+        self._storing: asyncio.Task | None = None
+        self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
+        self._open = set(self._bufs)
+        self._reading = False
+        self.exited: asyncio.Future = self.loop.create_future()
+        code = child.exit_code
+        if code is not None:  # it exited before we got here
+            self.exited.set_result(code)
+        elif child.exit_watched:
+            child.on_exit = self._exited
+        else:
+            self.loop.call_soon(self._poll_exit)
+        # Most handlers are done before the pipes matter: they are watched only from
+        # READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more meanwhile
+        # waits that long), and drained at the exit. Two selector registrations an
+        # attempt instead of eight.
+        self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
 
-    loop.add_reader(fd, ready)
-    fut.add_done_callback(lambda f: f.cancelled() and ready())
-    return fut
+    def _start_reading(self) -> None:
+        if not self._reading:
+            self._reading = True
+            for fd in self._open:
+                self.loop.add_reader(fd, self._readable, fd)
+
+    # -- exit ------------------------------------------------------------------------
+
+    def _exited(self, code: int) -> None:
+        """The handler exited with ``code`` (its status collected): on the loop."""
+        self._timer.cancel()
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    def _poll_exit(self) -> None:
+        """Without pidfds: look every 20 ms."""
+        code = self.child.proc.poll()
+        if code is None:
+            self.loop.call_later(0.02, self._poll_exit)
+        else:
+            reaper.leader_reaped(self.child.proc.pid)
+            self._exited(code)
+
+    # -- pipes -----------------------------------------------------------------------
+
+    def _readable(self, fd: int) -> bool:
+        """Read one chunk from ``fd``; False when there was nothing (EAGAIN or EOF)."""
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close_fd(fd)
+            return False
+        buf = self._bufs[fd]
+        buf += chunk
+        if fd == self.child.control:
+            self._control(buf)
+        elif len(buf) > 4 * TAIL:
+            del buf[:-TAIL]
+        return True
+
+    def drain(self, limit: int = 1 << 20) -> None:
+        """Read what is left in the pipes now that the handler is gone (at most ``limit``
+        bytes a pipe: a leftover may still be writing)."""
+        for fd in list(self._open):
+            for _ in range(max(1, limit // 65536)):
+                if not self._readable(fd):
+                    break
+
+    def _close_fd(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            if self._reading:
+                self.loop.remove_reader(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every descriptor, stop watching, remove the data file, end the token."""
+        self._timer.cancel()
+        self.child.on_exit = None
+        for fd in list(self._open):
+            self._close_fd(fd)
+        remove_data_file(self.child.data_file)
+        reaper.ended(self.child.token)
+
+    def tail(self, fd: int) -> str:
+        """The last ``TAIL`` bytes read from ``fd``, decoded."""
+        return bytes(self._bufs[fd][-TAIL:]).decode(errors="replace")
+
+    # -- the control channel -----------------------------------------------------------
+
+    def _control(self, buf: bytearray) -> None:
+        while (end := buf.find(b"\n")) >= 0:
+            line = buf[:end].decode(errors="replace")
+            del buf[: end + 1]
+            self._line(line)
+        if len(buf) > 1 << 20:  # a "line" over 1 MB with no newline: malformed
+            self.bad = self.bad or "control line longer than 1 MB"
+            buf.clear()
+
+    def _line(self, line: str) -> None:
+        try:
+            kind, value = control.parse(line)
+        except ValueError as exc:
+            self.bad = str(exc)
+            return
+        self.watch.signal()
+        if kind == "goto":
+            self.goto = value  # type: ignore[assignment]
+        elif kind == "sleep":
+            self.sleep = value
+        elif kind == "checkpoint":
+            self.data.update(value)  # type: ignore[arg-type]
+            self.last_checkpoint = value  # type: ignore[assignment]
+            self._pending.append(dict(value))  # type: ignore[arg-type]
+            if self._storing is None or self._storing.done():
+                self._storing = self.loop.create_task(self._store())
+
+    async def _store(self) -> None:
+        while self._pending:
+            values = self._pending.pop(0)
+            ok = await asyncio.to_thread(self.checkpoint, dict(self.data), values)
+            if not ok:
+                self._pending.clear()
+                self.cancel.set("instance taken away during checkpoint")
+
+    async def checkpoints_stored(self) -> None:
+        """Wait until every checkpoint read so far is stored (or refused)."""
+        while self._storing is not None and not self._storing.done():
+            await self._storing
 
 
-async def _kill_group(
-    proc: asyncio.subprocess.Process, grace: float, *, leader_done: bool = False
-) -> None:
-    """SIGTERM the handler's process group, then SIGKILL after ``grace`` seconds.
+async def _end_group(io: _Supervised, grace: float, *, leader_done: bool) -> None:
+    """End the handler's process group.
 
-    With ``leader_done`` the handler itself has exited: only what it left in its group is
-    ended, and its exit status is collected.
+    With ``leader_done`` the handler exited by itself: what it left in its group gets
+    SIGTERM. Otherwise (timeout, cancel) the group gets SIGTERM, SIGKILL after ``grace``
+    seconds if the handler is still there, and SIGKILL again once it is gone, for what
+    it left. Descendants that left the group are ended by ``runner.handlers.reaper``.
     """
+    pgid = io.child.proc.pid
     if leader_done:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-            return
-        except TimeoutError:
-            pass
+        _killpg(pgid, signal.SIGTERM)
+        return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        _killpg(pgid, sig)
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            await asyncio.wait_for(proc.wait(), wait)
-            try:  # the leader exited; make sure no child of the group survives it
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+            await asyncio.wait_for(asyncio.shield(io.exited), wait)
         except TimeoutError:
             continue
+        _killpg(pgid, signal.SIGKILL)
+        return
 
 
-def handler_env(
-    flow: str, state: str, instance_id: int, attempt: int, data: dict, cwd: Path
-) -> dict:
-    """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``."""
-    env = dict(os.environ)
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> dict:
+    """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
+    (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
+    env = _base_env(cwd).copy()
     env.update(
         FLOWRUN_INSTANCE=str(instance_id),
         FLOWRUN_FLOW=flow,
         FLOWRUN_STATE=state,
         FLOWRUN_ATTEMPT=str(attempt),
-        FLOWRUN_DATA=json.dumps(data, separators=(",", ":")),
     )
-    extra = [str(cwd)]
-    root = str(Path(__file__).resolve().parents[2])  # so `python -m runner.control` works
-    extra.append(root)
+    return env
+
+
+@functools.lru_cache(maxsize=64)
+def _base_env(cwd: Path) -> dict[str, str]:
+    """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
+    extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
+    Worked out once: copying ``os.environ`` and resolving paths cost more per attempt
+    than the rest of starting it."""
+    env = dict(os.environ)
+    extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(extra)

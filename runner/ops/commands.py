@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.store.db import reading
+from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
 from runner.store.tables import commands, instances
 from runner.store.versions import compiled
@@ -48,18 +49,20 @@ def submit(
     *,
     event: str | None = None,
     source: str = "cli",
+    until: float | None = None,
 ) -> list[CommandResult]:
     """Apply ``command`` to each instance in ``ids`` in one transaction.
 
     Args:
         engine: the database.
         ids: instance ids.
-        command: one of pause, resume, kill, retry, send.
+        command: one of pause, resume, kill, retry, send, sleep, wake.
         event: the event name, for ``send``.
         source: who asked ("cli", "tui", "rule:<flow>.<sensor>").
+        until: for ``sleep``, when the instance wakes (epoch seconds, UTC).
     """
     with engine.begin() as conn:
-        return apply(conn, ids, command, event=event, source=source)
+        return apply(conn, ids, command, event=event, source=source, until=until)
 
 
 def apply(
@@ -69,16 +72,22 @@ def apply(
     *,
     event: str | None = None,
     source: str = "rule",
+    until: float | None = None,
+    tag: dict | None = None,
 ) -> list[CommandResult]:
     """Like :func:`submit`, inside the caller's transaction (rules mark their event handled
-    in the same one). Unknown ids yield a refused result "no instance N"."""
+    in the same one). Unknown ids yield a refused result "no instance N". ``tag`` is
+    stored in each command row's ``args`` (a rule's ``{"event_id": N}``)."""
     if command not in lifecycle.OPERATOR_COMMANDS:
         expected = ", ".join(lifecycle.OPERATOR_COMMANDS)
         raise UserError(f"unknown command {command!r} (expected one of: {expected})", 2)
     if command == "send" and not event:
         raise UserError("send needs an event name", 2)
+    if command == "sleep" and until is None:
+        raise UserError("sleep needs a wake time", 2)
     at = time.time()
     results = []
+    due: list[float] = []  # due times the commands made, for the listening daemons
     ids = list(dict.fromkeys(ids))  # each instance once, in the order given
     rows = {
         r["id"]: r
@@ -90,23 +99,31 @@ def apply(
             results.append(CommandResult(iid, command, False, f"no instance {iid}"))
             continue
         try:
-            values, message = _plan(conn, row, command, event, at)
+            values, message = _plan(conn, row, command, event, at, until)
         except IllegalMove as exc:
             results.append(CommandResult(iid, command, False, str(exc)))
-            _log(conn, iid, command, event, source, at, "refused", str(exc))
+            _log(conn, iid, command, event, source, at, "refused", str(exc), until, tag)
             continue
         values.update(fence=instances.c.fence + 1, updated_at=at)
         conn.execute(update(instances).where(instances.c.id == iid).values(**values))
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
         )
-        _log(conn, iid, command, event, source, at, "applied", message)
+        _log(conn, iid, command, event, source, at, "applied", message, until, tag)
         results.append(CommandResult(iid, command, True, message))
+        if values.get("status", row["status"]) == "runnable":
+            due.append(values.get("due_at", row["due_at"]) or at)
+    if due:
+        notify_due(conn, min(due))
     return results
 
 
-def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> tuple[dict, str]:
+def _plan(
+    conn: Connection, row, command: str, event: str | None, at: float, until: float | None = None
+) -> tuple[dict, str]:
     iid, status = row["id"], row["status"]
+    if command in ("sleep", "wake"):
+        return _sleep_plan(conn, row, command, at, until)
     if command == "send":
         lifecycle.check(status, "send", iid)
         flow = compiled(conn, row["version"])
@@ -129,6 +146,29 @@ def _plan(conn: Connection, row, command: str, event: str | None, at: float) -> 
             state_restarts=0,
         )
     return values, f"instance {iid}: {status} -> {new_status}"
+
+
+def _sleep_plan(
+    conn: Connection, row, command: str, at: float, until: float | None
+) -> tuple[dict, str]:
+    """``sleep``: sleeping until ``until`` in the same state, nothing spent (Metafora's
+    Sleep); ``wake``: a sleeping instance due at once (Metafora's Run). A state without a
+    handler (``external``) waits for an event, not a time: refused."""
+    from runner.ops.queries import iso
+
+    iid, status = row["id"], row["status"]
+    new_status = lifecycle.check(status, command, iid)
+    if command == "wake":
+        return {"status": new_status, "due_at": at}, f"instance {iid}: {status} -> {new_status}"
+    flow = compiled(conn, row["version"])
+    if flow.states[row["state"]].kind == "external":
+        raise IllegalMove(
+            f"cannot sleep: instance {iid} is in {row['state']!r}, which waits for an event"
+        )
+    return (
+        {"status": new_status, "due_at": until},
+        f"instance {iid}: {status} -> sleeping until {iso(until)}",
+    )
 
 
 def _resume_due(conn: Connection, row, at: float) -> float | None:
@@ -162,12 +202,16 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
     )
 
 
-def _log(conn, iid, command, event, source, at, status, message) -> None:
+def _log(conn, iid, command, event, source, at, status, message, until=None, tag=None) -> None:
+    args: dict = {"event": event} if event else {}
+    args.update(tag or {})
+    if command == "sleep":
+        args["until"] = until
     conn.execute(
         insert(commands).values(
             instance_id=iid,
             command=command,
-            args={"event": event} if event else {},
+            args=args,
             source=source,
             created_at=at,
             status=status,

@@ -177,31 +177,10 @@ def get_instance(engine: Engine, instance_id: int, *, history_limit: int = 500) 
     """One instance with ``history`` (its attempts, oldest first, the last
     ``history_limit``), ``checkpoints`` and ``commands``; ``None`` when unknown."""
     with reading(engine) as conn:
-        row = (
-            conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
-        )
-        if row is None:
-            return None
-        att = (
-            conn.execute(
-                select(attempts)
-                .where(attempts.c.instance_id == instance_id)
-                .order_by(attempts.c.attempt.desc())
-                .limit(history_limit)
-            )
-            .mappings()
-            .all()
-        )
-        att = with_running(row, att)[:history_limit]
-        cmds = (
-            conn.execute(
-                select(commands)
-                .where(commands.c.instance_id == instance_id)
-                .order_by(commands.c.id)
-            )
-            .mappings()
-            .all()
-        )
+        found = _read_instance(conn, instance_id, history_limit)
+    if found is None:
+        return None
+    row, att, cmds = found
     out = instance_json(row)
     out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
     out["budget"] = _budget(engine, row)
@@ -283,3 +262,55 @@ def _budget(engine: Engine, row: Any) -> dict | None:
     except (UserError, KeyError):
         return None
     return lifecycle.budget(row["state_errors"], time.time(), policy, row["state_restarts"])
+
+
+def instance_rows(engine: Engine, instance_id: int) -> dict | None:
+    """The raw rows behind one instance, for reasoning over its history (``runner.ops.explain``).
+
+    Returns ``None`` for an unknown id, else ``{"instance": {...}, "attempts": [...],
+    "commands": [...], "event": {...} | None}``: plain dicts of the table columns with
+    float epoch seconds (no ISO conversion), attempts oldest first with the attempt
+    running now (from the instance row, ``outcome`` ``None``) last, commands in the order
+    they were written, and the sensor event that started the instance, if any.
+    """
+    from runner.store.tables import events
+
+    with reading(engine) as conn:
+        found = _read_instance(conn, instance_id, None)
+        if found is None:
+            return None
+        row, att, cmds = found
+        event = None
+        if row["event_id"] is not None:
+            found = (
+                conn.execute(select(events).where(events.c.id == row["event_id"]))
+                .mappings()
+                .first()
+            )
+            event = dict(found) if found is not None else None
+    return {
+        "instance": dict(row),
+        "attempts": list(reversed(att)),
+        "commands": [dict(c) for c in cmds],
+        "event": event,
+    }
+
+
+def _read_instance(conn, instance_id: int, history_limit: int | None):
+    """``(row, attempts, commands)`` of one instance inside a reading transaction, or
+    ``None``: its row, its attempt rows newest first (the last ``history_limit``, or all)
+    with the running one in front (:func:`with_running`), its command rows in order."""
+    row = conn.execute(select(instances).where(instances.c.id == instance_id)).mappings().first()
+    if row is None:
+        return None
+    q = (
+        select(attempts)
+        .where(attempts.c.instance_id == instance_id)
+        .order_by(attempts.c.attempt.desc())
+    )
+    att = conn.execute(q if history_limit is None else q.limit(history_limit)).mappings().all()
+    att = with_running(row, att)[:history_limit]
+    cmds = conn.execute(
+        select(commands).where(commands.c.instance_id == instance_id).order_by(commands.c.id)
+    ).mappings()
+    return row, att, cmds.all()

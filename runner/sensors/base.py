@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class Sensor(ABC):
         #: Set once start-up reconciliation is stored (existing files, tail backlog,
         #: a missed clock tick).
         self.started = asyncio.Event()
+        #: Events stored, by sensor name (the hub's shared counter, for metrics).
+        self.tally: Counter[str] = Counter()
         self._kick = asyncio.Event()
 
     def resolve(self, path: str) -> Path:
@@ -95,6 +98,7 @@ class Sensor(ABC):
             record_events, self.engine, self.name, rows, cursor=cursor, worker_id=self.worker_id
         )
         if rows:
+            self.tally[self.name] += len(rows)
             self.on_events()
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, and_, func, or_, select, update
 
 from runner.ops.queries import iso
 from runner.store.db import insert_ignore, reading
+from runner.store.notify import notify_event
 from runner.store.tables import events, sensors
 
 
@@ -52,6 +53,8 @@ def record_events(
                 events,
                 {"sensor": sensor, "key": key, "payload": payload, "created_at": at},
             )
+        if rows:
+            notify_event(conn)  # the rule engines of other daemons (PostgreSQL)
         if cursor is not None:
             done = conn.execute(
                 update(sensors)

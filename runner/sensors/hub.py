@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,16 @@ from watchfiles import awatch
 from runner.flowspec.registry import SUFFIXES
 from runner.sensors.base import FileChange, Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
-from runner.sensors.events import claim_leases, pending_events, release_leases
+from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.store import create
 from runner.store.db import short_error
+
+#: ``keep(name, run, stop)``: runs the coroutine function ``run`` until it returns or
+#: ``stop`` is set, restarting it when it fails (``runner.service.supervisor``).
+Keep = Callable[[str, Callable[[], Awaitable[object]], asyncio.Event], Awaitable[None]]
 
 SENSOR_TYPES: dict[str, type[Sensor]] = {
     "files": FilesSensor,
@@ -67,6 +72,7 @@ class SensorHub:
             start-up reconciliation (existing files, tail backlog, a missed clock tick).
         on_work: called (no arguments, in the event loop) after rules created or changed
             instances, so the worker can claim at once instead of at its next poll.
+        events_stored: events stored per sensor name by this hub's sensors (metrics).
     """
 
     def __init__(
@@ -97,8 +103,16 @@ class SensorHub:
         self._watch_restart = asyncio.Event()
         self._watching = asyncio.Event()
         self._folders: tuple[Path, ...] = ()
+        self._reload_pending: set[str] = set()
+        self._unrecorded: set[str] = set()  # reloaded flows whose version is not stored yet
+        self._keep: Keep = _keep_retrying
+        self.events_stored: Counter[str] = Counter()
 
     # -- public -----------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Run the rules now (on the hub's loop): an event was stored, maybe elsewhere."""
+        self._rules_kick.set()
 
     def pending(self) -> bool:
         """True while a sensor of this daemon holds unstored input (a file settling) or
@@ -111,23 +125,23 @@ class SensorHub:
         """Names of the sensors this daemon runs now."""
         return sorted(n for n, r in self._running.items() if not r.task.done())
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set; then stop the sensors and release their leases."""
-        rules_task = asyncio.ensure_future(self._rules_loop(stop))
-        watch_task = asyncio.ensure_future(self._watch_loop(stop))
+    async def run(self, stop: asyncio.Event, keep: Keep | None = None) -> None:
+        """Run until ``stop`` is set; then stop the sensors and release their leases.
+
+        Each part (the sensor leases, each sensor, the rules, the watcher with flow
+        reload) runs through ``keep``, which restarts it when it fails: the daemon passes
+        its supervisor's (``runner.service.supervisor.Supervisor.keep``); the default
+        retries every second. A database outage stops no part for good.
+        """
+        self._keep = keep or _keep_retrying
+        rules_task = asyncio.ensure_future(
+            self._keep("rules", lambda: self._rules_loop(stop), stop)
+        )
+        watch_task = asyncio.ensure_future(
+            self._keep("watcher and flow reload", lambda: self._watch_loop(stop), stop)
+        )
         try:
-            await first_of(self._watching.wait(), stop.wait())
-            await self._leases()
-            for r in list(self._running.values()):
-                await first_of(r.sensor.started.wait(), stop.wait())
-            if not stop.is_set():
-                self.ready.set()
-                log.info("sensors ready: %s", ", ".join(self.running()) or "none held here")
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.lease / 3)
-                if not stop.is_set():
-                    await self._leases()
+            await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
         finally:
             await self._stop_sensors(list(self._running))
             for task in (watch_task, rules_task):
@@ -135,7 +149,25 @@ class SensorHub:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self._drain_rules()
-            await asyncio.to_thread(release_leases, self.engine, self.worker_id)
+            try:
+                await asyncio.to_thread(release_leases, self.engine, self.worker_id)
+            except DBAPIError as exc:
+                log.warning("sensor leases not released (%s); they expire", short_error(exc))
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        """Claim and renew sensor leases every ``lease / 3`` s; set :attr:`ready` once the
+        watcher runs and every sensor held here has reconciled."""
+        await first_of(self._watching.wait(), stop.wait())
+        while not stop.is_set():
+            await self._leases()
+            if not self.ready.is_set():
+                for r in list(self._running.values()):
+                    await first_of(r.sensor.started.wait(), stop.wait())
+                if not stop.is_set():
+                    self.ready.set()
+                    log.info("sensors ready: %s", ", ".join(self.running()) or "none held here")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.lease / 3)
 
     async def _drain_rules(self) -> None:
         """On a graceful stop, act on the events the sensors stored up to the end (a clock
@@ -162,20 +194,16 @@ class SensorHub:
 
     def _make(self, name: str, flow: Any, spec: Any) -> Sensor:
         cls = SENSOR_TYPES[spec.kind]
-        return cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
+        sensor = cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
+        sensor.tally = self.events_stored
+        return sensor
 
     async def _leases(self) -> None:
         """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
         desired = self._desired()
-        try:
-            held = await asyncio.to_thread(
-                claim_leases, self.engine, desired, self.worker_id, self.lease
-            )
-        except DBAPIError as exc:
-            log.warning("sensor leases: database unavailable (%s)", short_error(exc))
-        except Exception:
-            log.exception("sensor leases: cannot claim or renew")
-            return
+        held = await asyncio.to_thread(
+            claim_leases, self.engine, desired, self.worker_id, self.lease
+        )
         stale = [
             n
             for n, r in self._running.items()
@@ -193,18 +221,18 @@ class SensorHub:
             self._running[name] = _Running(sensor, flow.version, stop, task)
 
     async def _run_sensor(self, sensor: Sensor, stop: asyncio.Event) -> None:
-        try:
-            await sensor.run(stop)
-        except asyncio.CancelledError:
-            raise
-        except DBAPIError as exc:
-            log.warning(
-                "sensor %s: database unavailable (%s); restarting it", sensor.name, short_error(exc)
-            )
-        except Exception:
-            log.exception("sensor %s failed; restarting it within %gs", sensor.name, self.lease / 3)
-        finally:
-            sensor.started.set()  # never hold up readiness with a failed sensor
+        """Run one sensor through ``keep`` (restarted on failure, from its stored cursor)
+        until ``stop``; a lost lease ends it (the lease loop decides what runs where)."""
+
+        async def once() -> None:
+            try:
+                await sensor.run(stop)
+            except LeaseLost as exc:
+                log.info("%s; stopping it here", exc)
+            finally:
+                sensor.started.set()  # never hold up readiness with a failed sensor
+
+        await self._keep(f"sensor {sensor.name}", once, stop)
 
     async def _stop_sensors(self, names: Iterable[str]) -> None:
         stopping = [self._running.pop(n) for n in names if n in self._running]
@@ -220,14 +248,10 @@ class SensorHub:
     # -- rules -----------------------------------------------------------------------
 
     async def _rules_loop(self, stop: asyncio.Event) -> None:
+        """Handle pending events until ``stop``; a database error ends it (``keep``
+        restarts it)."""
         while not stop.is_set():
-            try:
-                seen, acted = await asyncio.to_thread(self.rules.handle_pending)
-            except DBAPIError as exc:
-                log.warning("rules: database unavailable (%s); retrying", short_error(exc))
-            except Exception:
-                log.exception("rules: handling events failed; retrying")
-                seen, acted = 0, 0
+            seen, acted = await asyncio.to_thread(self.rules.handle_pending)
             if acted and self.on_work is not None:
                 self.on_work()
             if seen >= self.rules.batch:
@@ -263,14 +287,14 @@ class SensorHub:
         return None
 
     async def _watch_loop(self, stop: asyncio.Event) -> None:
+        """Watch until ``stop``; a failure ends it (``keep`` restarts it, and the restart
+        rescans what changed meanwhile and retries a flow reload that failed)."""
         while not stop.is_set():
             self._watch_restart.clear()
             try:
                 await self._watch_once(stop)
-            except Exception:
-                log.exception("watcher failed; restarting it")
-                self._watching.set()
-                await first_of(stop.wait(), timeout=1.0)
+            finally:
+                self._watching.set()  # never hold up readiness with a failed watcher
 
     async def _watch_once(self, stop: asyncio.Event) -> None:
         self._folders = self._watch_folders()
@@ -300,6 +324,8 @@ class SensorHub:
                     else:
                         r.sensor.kick()
             self._watching.set()
+            if self._reload_pending:  # a reload the database refused before
+                await self._reload(sorted(self._reload_pending))
             log.debug("watching %s", ", ".join(map(str, self._folders)))
             while True:
                 try:
@@ -328,15 +354,23 @@ class SensorHub:
             await self._reload(sorted(reload))
 
     async def _reload(self, paths: list[str]) -> None:
-        """Reload edited flow files; record new versions; restart their sensors."""
+        """Reload edited flow files; record new versions; restart their sensors.
+
+        When the database refuses the new versions, the paths are kept and reloaded
+        again when the watcher restarts (the error propagates to ``keep``)."""
+        self._reload_pending.update(paths)
         before = {name: flow.version for name, flow in self.registry.flows.items()}
         for error in self.registry.reload(paths):
             log.error("flow not reloaded: %s", error)
         changed = [f for n, f in self.registry.flows.items() if before.get(n) != f.version]
-        if changed:
-            await asyncio.to_thread(_record_versions, self.engine, changed)
+        self._unrecorded.update(f.name for f in changed)
+        pending = [f for n, f in self.registry.flows.items() if n in self._unrecorded]
+        if pending:
+            await asyncio.to_thread(_record_versions, self.engine, pending)
+            self._unrecorded.clear()
             for flow in changed:
                 log.info("flow %s reloaded (version %s)", flow.name, flow.version)
+        self._reload_pending.difference_update(paths)
         for name in sorted(set(before) - set(self.registry.flows)):
             log.info("flow %s removed", name)
         await self._leases()
@@ -348,6 +382,24 @@ def _record_versions(engine: Engine, flows: list[Any]) -> None:
     with engine.begin() as conn:
         for flow in flows:
             create.record_version(conn, flow)
+
+
+async def _keep_retrying(
+    name: str, run: Callable[[], Awaitable[object]], stop: asyncio.Event
+) -> None:
+    """The default ``keep`` without a supervisor: restart ``run`` a second after a
+    failure (one log line), until it returns or ``stop`` is set."""
+    while True:
+        try:
+            await run()
+            return
+        except DBAPIError as exc:
+            log.warning("%s: database unavailable (%s); restarting it", name, short_error(exc))
+        except Exception:
+            log.exception("%s failed; restarting it", name)
+        if stop.is_set():
+            return
+        await first_of(stop.wait(), timeout=1.0)
 
 
 async def _relay(out: asyncio.Event, *events: asyncio.Event) -> None:

@@ -16,9 +16,12 @@ an unknown flow) is recorded as ``error: ...`` on the event and undoes only itse
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
@@ -65,6 +68,8 @@ class RuleEngine:
         self.engine = engine
         self.registry = registry
         self.batch = batch
+        #: Actions taken (instances started, commands applied), by event sensor (metrics).
+        self.actions: Counter[str] = Counter()
 
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
@@ -74,6 +79,7 @@ class RuleEngine:
         """
         at = time.time()
         acted = 0
+        by_sensor: Counter[str] = Counter()
         with self.engine.begin() as conn:
             rows = conn.execute(
                 select(events.c.id, events.c.sensor, events.c.payload)
@@ -95,9 +101,11 @@ class RuleEngine:
                     continue  # another daemon handled it first
                 texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
                 acted += n
+                by_sensor[sensor] += n
                 done.append({"eid": event_id, "text": "; ".join(texts)})
             if done:
                 conn.execute(_SET_ACTION, done)
+        self.actions.update(by_sensor)
         return len(rows), acted
 
     def _apply_rules(
@@ -119,7 +127,13 @@ class RuleEngine:
             except RULE_ERRORS as exc:
                 savepoint.rollback()
                 text = f"{source} error: {exc}"
-                log.warning("event %d (%s): %s", event_id, sensor, text)
+                log.warning(
+                    "event %d (%s): %s",
+                    event_id,
+                    sensor,
+                    text,
+                    extra={"event": event_id, "sensor": sensor},
+                )
             else:
                 savepoint.commit()
                 acted += n
@@ -136,31 +150,87 @@ class RuleEngine:
         source: str,
     ) -> tuple[str, int]:
         """Run one rule's action inside the caller's transaction: (text, actions taken)."""
-        if rule.start is not None:
-            target = self.registry.get(rule.start)
-            context = {"event": payload, "data": dict(target.data or {})}
-            data = {k: render(v, context) for k, v in (rule.data or {}).items()}
-            iid = create.create_instance(conn, target, data, event_id=event_id)
-            return f"started {target.name} instance {iid}", 1
-        for command in ("send", "pause", "resume", "kill"):
-            selector = getattr(rule, command)
-            if selector is None:
-                continue
-            target_flow = selector.flow or flow.name
-            # ``{event.x}`` in a selector regex matches the event's value literally
-            data_match = {
-                k: render_event_refs(v, payload) for k, v in (selector.data or {}).items()
-            }
-            ids = commands.select_ids(
-                conn,
-                flow=target_flow,
-                state=selector.state,
-                status=_ACTIONABLE[command],
-                data_match=data_match or None,
-            )
-            event = getattr(selector, "event", None) if command == "send" else None
-            results = commands.apply(conn, ids, command, event=event, source=source)
-            ok = sum(r.ok for r in results)
-            what = f"{command} {event}" if event else command
-            return f"{what}: {ok} of {len(ids)} {target_flow} instances", ok
-        raise ValueError(f"{source} has no action")
+        return act(conn, plan(conn, self.registry, flow, rule, payload), event_id, source)
+
+
+@dataclass
+class Planned:
+    """What one rule would do for one event (``plan``), before anything is written.
+
+    Attributes:
+        action: ``start``, ``send``, ``pause``, ``resume`` or ``kill``.
+        flow: the flow started, or the flow whose instances the command selects.
+        data: for ``start``: the new instance's data from the rule's templates (the flow's
+            own ``data:`` defaults are merged under it when the instance is created).
+        ids: for a command: the instances it selects now (those it can act on).
+        event: for ``send``: the event sent.
+        target: for ``start``: the ``CompiledFlow`` started.
+    """
+
+    action: str
+    flow: str
+    data: dict[str, Any] | None = None
+    ids: list[int] | None = None
+    event: str | None = None
+    target: Any = None
+
+    def describe(self) -> str:
+        """One line: ``start csv_ingest with data {...}`` / ``pause 2 csv_ingest instances
+        (ids 3, 4)``."""
+        if self.action == "start":  # the data the instance gets: the flow's defaults under
+            data = {**(getattr(self.target, "data", None) or {}), **(self.data or {})}
+            return f"start {self.flow} with data {json.dumps(data, sort_keys=True)}"
+        what = f"{self.action} {self.event}" if self.event else self.action
+        ids = ", ".join(map(str, self.ids or [])) or "none"
+        return f"{what}: {len(self.ids or [])} {self.flow} instances (ids {ids})"
+
+
+def plan(conn: Connection, registry: Any, flow: Any, rule: Any, payload: dict[str, Any]) -> Planned:
+    """What ``rule`` of ``flow`` would do for an event with ``payload``; reads only.
+
+    Raises one of ``RULE_ERRORS`` (a template naming a missing event field, an unknown
+    flow, a rule without an action).
+    """
+    if rule.start is not None:
+        target = registry.get(rule.start)
+        context = {"event": payload, "data": dict(target.data or {})}
+        data = {k: render(v, context) for k, v in (rule.data or {}).items()}
+        return Planned("start", target.name, data=data, target=target)
+    for command in ("send", "pause", "resume", "kill"):
+        selector = getattr(rule, command)
+        if selector is None:
+            continue
+        target_flow = selector.flow or flow.name
+        # ``{event.x}`` in a selector regex matches the event's value literally
+        data_match = {k: render_event_refs(v, payload) for k, v in (selector.data or {}).items()}
+        ids = commands.select_ids(
+            conn,
+            flow=target_flow,
+            state=selector.state,
+            status=_ACTIONABLE[command],
+            data_match=data_match or None,
+        )
+        event = getattr(selector, "event", None) if command == "send" else None
+        return Planned(command, target_flow, ids=ids, event=event)
+    raise ValueError(f"rule of {flow.name} has no action")
+
+
+def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple[str, int]:
+    """Do ``planned`` for stored event ``event_id`` in the caller's transaction; returns
+    ``(text, actions taken)``. A started instance records the event (``event_id``); each
+    command row records it in its ``args`` (``event_id``), so a replay can tell an
+    action already taken (``runner.sensors.replay``)."""
+    if planned.action == "start":
+        iid = create.create_instance(conn, planned.target, planned.data, event_id=event_id)
+        return f"started {planned.flow} instance {iid}", 1
+    results = commands.apply(
+        conn,
+        planned.ids or [],
+        planned.action,
+        event=planned.event,
+        source=source,
+        tag={"event_id": event_id},
+    )
+    ok = sum(r.ok for r in results)
+    what = f"{planned.action} {planned.event}" if planned.event else planned.action
+    return f"{what}: {ok} of {len(planned.ids or [])} {planned.flow} instances", ok

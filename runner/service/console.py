@@ -34,6 +34,7 @@ class EmbeddedWorker:
         self.engine, self.registry, self.config = engine, registry, config
         self.worker: Any = None
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="flowrun-worker", daemon=True)
 
@@ -45,6 +46,7 @@ class EmbeddedWorker:
         from runner.service.daemon import serve
 
         async def go() -> None:
+            self.loop = asyncio.get_running_loop()
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             fut.add_done_callback(
                 lambda f: (setattr(self, "worker", f.result()), self._ready.set())
@@ -59,10 +61,48 @@ class EmbeddedWorker:
             self.error = exc
             self._ready.set()
 
+    def alive(self) -> bool:
+        """True while the worker thread runs."""
+        return self._thread.is_alive()
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop, on its own loop (first call graceful, then abort); a
+        worker that already ended is left alone."""
+        if self.worker is None or self.loop is None or not self.alive():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.worker.request_stop)
+        except RuntimeError:  # its loop closed meanwhile: it has stopped
+            pass
+
     def stop(self, timeout: float) -> None:
-        if self.worker is not None:
-            self.worker.request_stop()
+        """Stop gracefully (unless already stopped) and wait up to ``timeout`` seconds."""
+        if not self.worker or not self.worker.stopping:
+            self.request_stop()
         self._thread.join(timeout)
+
+
+class ConsoleStopper:
+    """What the console's ``q`` needs of the embedded worker (``runner.tui`` never
+    imports the worker): ``running()`` attempts, ``grace`` seconds, ``stop()`` (first
+    graceful, then abort) and ``stopped()``."""
+
+    def __init__(self, embedded: EmbeddedWorker, grace: float) -> None:
+        self.embedded = embedded
+        self.grace = grace
+
+    def running(self) -> int:
+        """Attempts the embedded worker runs now."""
+        worker = self.embedded.worker
+        return len(worker.running) if worker is not None else 0
+
+    def stop(self) -> None:
+        """Ask the worker to stop (graceful the first time, abort the second)."""
+        self.embedded.request_stop()
+
+    def stopped(self) -> bool:
+        """True once the worker thread has ended."""
+        return not self.embedded.alive()
 
 
 def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> None:
@@ -85,7 +125,10 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
         _log_to_file(Path(".flowrun") / "console.log")
         embedded = EmbeddedWorker(engine, registry, config)
         embedded.start()
-    app = FlowrunApp(engine, flows_dir=flows_dir, readonly=readonly, clock=time.time)
+    stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
+    app = FlowrunApp(
+        engine, flows_dir=flows_dir, readonly=readonly, clock=time.time, stopper=stopper
+    )
     try:
         app.run()
     finally:

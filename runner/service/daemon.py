@@ -2,61 +2,50 @@
 
 Signals follow huey's consumer and Stator's ``runstator``: the handlers only set flags.
 SIGINT or SIGTERM once → graceful stop (no new claims, running attempts get ``grace``
-seconds, locks released, exit 0); a second SIGINT → abort at once (handler process groups
-are killed; the leases expire and any worker recovers the instances as ``lost``).
+seconds, locks released, exit 0); a second SIGINT or SIGTERM → abort at once (handler
+process groups are killed; the leases expire and any worker recovers the instances as
+``lost``; exit 130 or 143). Every long-lived part runs under one supervisor
+(``runner.service.supervisor``): a part that cannot be kept alive stops the daemon with
+exit 70. Optional parts: Prometheus metrics, systemd notification, progress and status
+lines (``ServiceOptions``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
-import json
 import logging
 import signal
-import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from runner.engine.worker import Worker, WorkerConfig
-from runner.errors import FlowErrors
+from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
+from runner.service.logs import attempt_logger
+from runner.service.metrics import (
+    AttemptTally,
+    DaemonCollector,
+    MetricsServer,
+    counter,
+    registry_for,
+)
+from runner.service.progress import progress_loop, status_loop
+from runner.service.sdnotify import Notifier, notify_loop
+from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
+from runner.store.db import short_error
+from runner.store.notify import DueListener
 
 log = logging.getLogger("flowrun.daemon")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line: ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``msg``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        out = {
-            "ts": f"{ts}.{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(fmt: str = "text", level: int = logging.INFO) -> None:
-    """Log to stderr as ``text`` (human) or ``json`` (one object per line)."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-        )
-    root = logging.getLogger("flowrun")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
 
 
 def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
@@ -81,11 +70,58 @@ def remember_all(engine: Engine, registry: FlowRegistry) -> None:
             versions.remember(flow)
 
 
-def _report_hub_end(task: asyncio.Task) -> None:
-    """Say at once if the sensors stopped on an error (the worker carries on without them)."""
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        log.error("sensors and rules stopped: %s: %s", type(exc).__name__, exc, exc_info=exc)
+@dataclass
+class ServiceOptions:
+    """The optional parts of ``flowrun --daemon``.
+
+    Attributes:
+        metrics: ``(host, port)`` to serve Prometheus ``/metrics`` on, or ``None``.
+        progress: show progress until idle (``--exit-when-idle``): a rich bar when
+            ``tty`` (``None``: stderr is a terminal), else a line every 5 s.
+        status_every: seconds between status lines (counts by status, attempts/s).
+        log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
+        notifier: the systemd notifier (``None``: from the environment).
+    """
+
+    metrics: tuple[str, int] | None = None
+    progress: bool = False
+    tty: bool | None = None
+    status_every: float = 60.0
+    log_attempts: bool = False
+    notifier: Notifier | None = None
+
+
+@dataclass
+class Served:
+    """How a daemon ended: ``code`` is its exit code (0 clean stop or idle exit, 70 a part
+    could not be kept alive, 128 + signal number after an abort by a second signal);
+    ``worker`` (its ``stats``), the ``supervisor`` and the metrics port actually bound."""
+
+    worker: Worker
+    code: int
+    supervisor: Supervisor
+    metrics_port: int | None = None
+
+
+#: Seconds without a turn of the worker loop after which it counts as stuck (no watchdog).
+LOOP_STALE = 10.0
+
+EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
+
+
+def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], None] | None:
+    """One ``on_finished`` hook calling each given one (``None`` when none is given)."""
+    live = [h for h in hooks if h is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def both(claim: Any, result: Any) -> None:
+        for h in live:
+            h(claim, result)
+
+    return both
 
 
 async def serve(
@@ -96,12 +132,19 @@ async def serve(
     install_signals: bool = True,
     sensors: bool = True,
     worker_ready: asyncio.Future | None = None,
-) -> Worker:
-    """Run a worker (and, with ``sensors``, the sensor hub) until stopped or idle.
+    options: ServiceOptions | None = None,
+) -> Served:
+    """Run a worker (and, with ``sensors``, the sensor hub) until stopped or idle, every
+    part under one :class:`Supervisor`.
 
-    Returns the worker (its ``stats`` say what it did). ``worker_ready``, if given, gets
-    the worker as its result once it exists (the console uses it to stop the worker).
+    Returns a :class:`Served` (the worker's ``stats``, the exit code). ``worker_ready``, if
+    given, gets the worker as its result once it exists (the console uses it to stop the
+    worker).
+
+    Raises:
+        ConfigError: the metrics address cannot be bound.
     """
+    opts = options or ServiceOptions()
     hub = None
     if sensors and registry is not None:
         from runner.sensors.hub import SensorHub
@@ -113,47 +156,151 @@ async def serve(
             return False
         return not hub.ready.is_set() or hub.pending()
 
+    ticked: list[float] = []  # the worker loop's last turn (``WorkerConfig.on_tick``)
+    outer_tick = config.on_tick
+
+    def on_tick() -> None:
+        if outer_tick is not None:
+            outer_tick()
+        if ticked:
+            ticked[0] = time.monotonic()
+        else:
+            ticked.append(time.monotonic())
+
+    listen = engine.dialect.name == "postgresql"  # wake-ups through LISTEN/NOTIFY
+    config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
     if hub is not None:
         hub.on_work = worker.wake
-    if worker_ready is not None:
-        worker_ready.set_result(worker)
+    listener = None
+    if listen:
+        url = engine.url.render_as_string(hide_password=False)
+        listener = DueListener(url, worker.notify_due, hub.kick if hub is not None else None)
+        if hub is not None:
+            hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    aborted_by: list[int] = []
 
-    def on_signal(name: str) -> None:
+    def fatal(part: str) -> None:
+        worker.request_stop()
+        stop.set()
+
+    sup = Supervisor(on_fatal=fatal)
+    tally = AttemptTally() if opts.metrics else None
+    worker.attempts.on_finished = _hooks(
+        tally.finished if tally else None,
+        attempt_logger(config.worker_id) if opts.log_attempts else None,
+    )
+    server = collector = None
+    if opts.metrics is not None:
+        collector = DaemonCollector(engine, worker, tally, hub, sup)
+        server = MetricsServer(*opts.metrics, registry_for(collector))
+        try:
+            server.start()
+        except OSError as exc:
+            collector.close()
+            raise ConfigError(f"--metrics {opts.metrics[0]}:{opts.metrics[1]}: {exc}") from None
+        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
+    notifier = opts.notifier or Notifier()
+    if worker_ready is not None:
+        worker_ready.set_result(worker)
+
+    def on_signal(sig: signal.Signals) -> None:
         mode = worker.request_stop()
         stop.set()
         if mode == "graceful":
             log.warning(
                 "%s: stopping gracefully (up to %gs for running attempts); again to abort",
-                name,
+                sig.name,
                 config.grace,
             )
         else:
-            log.warning("%s again: aborting now; open attempts will be recovered as lost", name)
+            aborted_by.append(int(sig))
+            log.warning("%s again: aborting now; open attempts will be recovered as lost", sig.name)
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig.name)
+            loop.add_signal_handler(sig, on_signal, sig)
     # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
     # thousands of objects) lives as long as the process: move it out of the collector's
     # sight, so the collections the hot loop's short-lived objects trigger stay cheap
     # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
     gc.freeze()
-    hub_task = asyncio.ensure_future(hub.run(stop)) if hub is not None else None
-    if hub_task is not None:
-        hub_task.add_done_callback(_report_hub_end)
+    worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
+    side = []
+    if hub is not None:
+        side.append(asyncio.ensure_future(hub.run(stop, sup.keep)))
+    started = time.monotonic()
+
+    def ready() -> bool:
+        return hub is None or hub.ready.is_set() or time.monotonic() - started > 60
+
+    def healthy() -> bool:
+        """No part given up, the worker task alive and its loop turning (it turns at
+        least every second; before its first turn, start-up counts as healthy)."""
+        fresh = not ticked or time.monotonic() - ticked[0] < LOOP_STALE
+        return sup.healthy() and not worker_task.done() and fresh
+
+    def status() -> str:
+        return (
+            f"running {len(worker.running)}/{config.concurrency}, "
+            f"committed {counter(worker.stats, 'committed')}"
+            + (", stopping" if worker.stopping else "")
+        )
+
+    parts: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+    if listener is not None:
+        parts.append(("listener", lambda: listener.run(stop)))
+    if notifier.enabled:
+
+        def notify() -> Awaitable[None]:
+            return notify_loop(notifier, ready, healthy, status, stop)
+
+        parts.append(("systemd notify", notify))
+    if server is not None:
+        parts.append(("metrics server", lambda: server.watch(stop)))
+    if opts.status_every > 0:
+        parts.append(
+            (
+                "status line",
+                lambda: status_loop(
+                    engine, lambda: counter(worker.stats, "committed"), stop, opts.status_every
+                ),
+            )
+        )
+    if opts.progress and config.exit_when_idle:
+        parts.append(("progress", lambda: progress_loop(engine, stop, tty=opts.tty)))
+    for name, run in parts:
+        side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:
-        await worker.run()
+        await worker_task
     finally:
         stop.set()
-        if hub_task is not None:
-            try:
-                await asyncio.wait_for(hub_task, 10)
-            except (TimeoutError, asyncio.CancelledError):
-                hub_task.cancel()
+        if side:
+            done, pending = await asyncio.wait(side, timeout=10)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    if isinstance(exc, DBAPIError):  # an outage at stop is not a bug: one
+                        # line (leases expire; stored events wait for the next start)
+                        log.warning("stopping: database unavailable (%s)", short_error(exc))
+                        continue
+                    log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    return worker
+        if server is not None:
+            server.close()
+        if collector is not None:
+            collector.close()
+        notifier.close()
+    if sup.fatal is not None:
+        code = EXIT_FATAL
+    elif aborted_by:
+        code = 128 + aborted_by[0]
+    else:
+        code = 0
+    return Served(worker, code, sup, server.port if server else None)

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, update
 
 from runner.store.db import dialect_insert, ids_value, serial_writes
-from runner.store.rows import Claim, Outcome, attempt_row, hot_for
+from runner.store.notify import notify_due
+from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
 from runner.store.tables import attempts, instances
 
 
@@ -104,12 +105,23 @@ def commit_outcomes(
         )
     changed = hot.commit_instances.executemany(conn, released)
     changed += hot.commit_chained.executemany(conn, kept)
+    if released and conn.dialect.name == "postgresql":
+        _notify_released(conn, released)
     if optimistic and changed != len(good):
         raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
     hot.close_attempts.executemany(conn, finished)
     for o in lost:
         cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained
+
+
+def _notify_released(conn: Connection, released: list[dict]) -> None:
+    """Tell the listening daemons when the instances this commit released are due again
+    (a backoff, a try interval, a move another worker may take): one notification, the
+    earliest due time, sent when the transaction commits (``runner.store.notify``)."""
+    due = [r["due_at"] for r in released if r["status"] in CLAIMABLE and r["due_at"] is not None]
+    if due:
+        notify_due(conn, min(due))
 
 
 def _next_claim(o: Outcome, at: float) -> Claim:

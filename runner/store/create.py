@@ -13,6 +13,7 @@ from sqlalchemy import Connection, insert
 
 from runner.store.db import insert_ignore
 from runner.store.leases import now
+from runner.store.notify import notify_due
 from runner.store.tables import flow_versions, instances
 from runner.templating import render_label
 
@@ -87,6 +88,8 @@ def create_instance(
     """
     record_version(conn, flow)
     row = initial_row(flow, data, event_id=event_id, at=at if at is not None else now())
+    if row["due_at"] is not None:
+        notify_due(conn, row["due_at"])
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
 
 
@@ -97,4 +100,5 @@ def create_instances(conn: Connection, flow: Any, datas: Sequence[dict | None]) 
     rows = [initial_row(flow, d, event_id=None, at=at) for d in datas]
     if rows:
         conn.execute(insert(instances), rows)
+        notify_due(conn)
     return len(rows)

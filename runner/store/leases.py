@@ -224,3 +224,27 @@ def busy_count(conn: Connection, at: float | None = None) -> int:
         )
     )
     return conn.execute(q).scalar_one()
+
+
+def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]:
+    """When the next piece of work appears without anyone saying so (epoch seconds, UTC).
+
+    Returns ``(next_due, next_expiry)``: the earliest ``due_at`` after ``at`` of an
+    unlocked claimable instance (a backoff or try interval coming due), and the earliest
+    lease expiry of an attempt running anywhere (when ``recover_lost`` may find it lost);
+    ``None`` where there is none. Two index reads (``(status, due_at)`` and the locked
+    rows); a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier of them
+    instead of polling.
+    """
+    i = instances.c
+    due = conn.execute(
+        select(func.min(i.due_at)).where(
+            i.status.in_(CLAIMABLE), i.due_at > at, i.locked_by.is_(None)
+        )
+    ).scalar()
+    expiry = conn.execute(
+        select(func.min(i.locked_until)).where(
+            i.locked_by.is_not(None), i.running_attempt.is_not(None)
+        )
+    ).scalar()
+    return due, expiry

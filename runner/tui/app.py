@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 
+from runner.errors import database_failure
 from runner.tui.data import ConsoleData
 from runner.tui.palette import ConsoleCommands
 from runner.tui.screens.detail import DetailScreen
-from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen
+from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen, StoppingScreen
 from runner.tui.screens.instances import InstancesScreen
 from runner.tui.screens.views import EventsScreen, FlowsScreen, WorkersScreen
 
@@ -41,6 +43,9 @@ class FlowrunApp(App[None]):
         clock: seconds since the epoch; tests inject a fixed clock.
         refresh_interval: seconds between live refreshes (0 disables them).
         live: ``False`` is ``refresh_interval=0`` (benchmarks, snapshots).
+        stopper: the embedded worker's stop handle, or ``None`` (``--attach``); see
+            ``StoppingScreen``. With attempts running, ``q`` stops it gracefully and
+            shows what is left; ``q`` again aborts.
     """
 
     TITLE = "flowrun"
@@ -65,8 +70,10 @@ class FlowrunApp(App[None]):
         clock: Callable[[], float] = time.time,
         refresh_interval: float = 0.5,
         live: bool = True,
+        stopper: Any = None,
     ) -> None:
         super().__init__()
+        self.stopper = stopper
         self.engine = engine
         self.readonly = readonly
         self.clock = clock
@@ -86,6 +93,17 @@ class FlowrunApp(App[None]):
         self.data.close()
 
     # -- navigation ----------------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        """Quit; with an embedded worker still running attempts, stop it first and say
+        so (``StoppingScreen``) instead of showing a blank screen for the grace period."""
+        stopper = self.stopper
+        if stopper is None or stopper.stopped() or not stopper.running():
+            self.exit()
+            return
+        if not isinstance(self.screen, StoppingScreen):
+            stopper.stop()
+            self.push_screen(StoppingScreen(stopper, self.clock))
 
     def action_view(self, name: str) -> None:
         """Switch to one of the views (``VIEWS``)."""
@@ -192,6 +210,11 @@ class FlowrunApp(App[None]):
     def _submit_now(self, ids: list[int], command: str, event: str | None = None) -> None:
         try:
             results = self.data.submit(ids, command, event)
+        except DBAPIError as exc:  # a full disk, a lost connection: one line
+            self.call_from_thread(
+                self.notify, f"{command}: {database_failure(exc)}", severity="error"
+            )
+            return
         except Exception as exc:  # never crash the console on a command
             self.call_from_thread(self.notify, f"{command}: {exc}", severity="error")
             return

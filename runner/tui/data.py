@@ -220,6 +220,18 @@ class ConsoleData:
 
     # -- one instance ----------------------------------------------------------------
 
+    def explain(self, instance_id: int) -> str | None:
+        """The text of ``flowrun explain`` for one instance (``runner.ops.explain``), or
+        ``None`` when there is no such id."""
+        from runner.ops.explain import explain, render_text
+        from runner.ops.queries import instance_rows
+
+        rows = instance_rows(self.reader, instance_id)
+        if rows is None:
+            return None
+        now = self.clock()
+        return render_text(explain(rows, self.compiled, now), now)
+
     def detail(self, instance_id: int, *, history: int = 200) -> Detail | None:
         """One instance with its last ``history`` attempts and last 50 commands, or
         ``None`` when there is no such id. A flow version that cannot be compiled is
@@ -337,7 +349,34 @@ class ConsoleData:
                 fv.flow, fv.loaded_at.desc()
             )
             info.versions = [dict(r) for r in conn.execute(stmt).mappings()]
+        from runner.ops.migrate import instances_per_version
+
+        per_version = instances_per_version(self.reader)
+        for v in info.versions:
+            v["instances"] = per_version.get(v["version"], {})
         return info
+
+    def migrate_to_loaded(self, flow: str) -> list[Any]:
+        """Migrate every unfinished instance of ``flow`` to the version loaded from the
+        flows folder now (``runner.ops.migrate``, source ``tui``); returns one
+        ``Migration`` per instance considered.
+
+        Raises:
+            UserError: no flows folder, or ``flow`` is not loaded from it.
+        """
+        from runner.errors import UserError
+        from runner.flowspec.registry import FlowRegistry
+        from runner.ops.migrate import migrate
+        from runner.store.create import record_version
+
+        if self.flows_dir is None:
+            raise UserError("no flows folder: no latest version to migrate to", 2)
+        registry = FlowRegistry(self.flows_dir)
+        registry.load_all()
+        loaded = registry.get(flow)
+        with self.engine.begin() as conn:
+            record_version(conn, loaded)
+        return migrate(self.engine, flow, loaded.version, source="tui")
 
     # -- commands --------------------------------------------------------------------
 
@@ -356,11 +395,18 @@ class ConsoleData:
             common = evs if common is None else common & evs
         return sorted(common or ())
 
-    def submit(self, ids: Sequence[int], command: str, event: str | None = None) -> list[Any]:
-        """Apply ``command`` (pause, resume, kill, retry, send) to ``ids`` through
+    def submit(
+        self,
+        ids: Sequence[int],
+        command: str,
+        event: str | None = None,
+        *,
+        until: float | None = None,
+    ) -> list[Any]:
+        """Apply ``command`` (pause, resume, kill, retry, send, sleep, wake) to ``ids`` through
         ``runner.ops.commands.submit`` (source ``tui``) in one transaction; returns one
         ``CommandResult`` per distinct id (a refusal is a result, not an exception).
-        ``event`` is the event for ``send``.
+        ``event`` is the event for ``send``; ``until`` the wake time of ``sleep`` (epoch s).
 
         Raises:
             UserError: an unknown command, or ``send`` without an event.
@@ -368,4 +414,4 @@ class ConsoleData:
         """
         from runner.ops.commands import submit
 
-        return submit(self.engine, list(ids), command, event=event, source="tui")
+        return submit(self.engine, list(ids), command, event=event, source="tui", until=until)

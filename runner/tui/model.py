@@ -147,7 +147,8 @@ class FlowsInfo:
         loaded: one dict per loaded flow: ``name``, ``version``, ``states``, ``sensors``,
             ``rules`` (counts) and ``path``.
         errors: the flows folder's load errors, one line each (``file:line:col: message``).
-        versions: stored versions: ``version``, ``flow``, ``path``, ``loaded_at``.
+        versions: stored versions: ``version``, ``flow``, ``path``, ``loaded_at`` and
+            ``instances`` (``{status: count}`` of the instances on that version).
         note: why the loaded list is empty or partial, or ``None``.
     """
 

@@ -5,6 +5,7 @@ deadline instead of asserting on elapsed time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,17 @@ class Daemon:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def daemon_running(fr: Flowrun, name: str, *args: str, **kw: Any) -> Iterator[Daemon]:
+    """A ``flowrun --daemon`` of ``fr`` (worker id unique to ``name``; ``args``/``kw`` as
+    for :meth:`Flowrun.daemon`) once it logged its start; stopped with SIGINT after."""
+    daemon = fr.daemon(*args, worker_id=unique(name), **kw)
+    try:
+        poll(lambda: "started" in daemon.log(), 60, what="daemon start")
+        yield daemon
+        daemon.signal(signal.SIGINT)
+        daemon.wait(60)
+    finally:
+        daemon.stop()

@@ -53,7 +53,7 @@ async def run(
     return await run_exec(
         argv,
         cwd=cwd,
-        env=handler_env("f", "s", 7, 1, data, cwd),
+        env=handler_env("f", "s", 7, 1, cwd),
         data=data,
         limits=limits,
         cancel=cancel or Cancel(),
@@ -400,7 +400,7 @@ async def test_call_cancel() -> None:
 
 
 def test_handler_env_puts_runner_on_pythonpath(tmp_path: Path) -> None:
-    env = handler_env("f", "s", 1, 1, {}, tmp_path)
+    env = handler_env("f", "s", 1, 1, tmp_path)
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path)
     assert (Path(parts[1]) / "runner" / "control.py").exists()

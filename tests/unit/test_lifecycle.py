@@ -36,12 +36,13 @@ OPERATOR = {
     "retry": {"failed": "runnable"},
     # an `on:` event moves the instance; a paused one moves but stays paused
     "send": {"runnable": "runnable", "sleeping": "runnable", "paused": "paused"},
+    # Metafora's Sleep and Run (issue 17): a sleep may also move a sleeping one's wake time
+    "sleep": {"runnable": "sleeping", "paused": "sleeping", "sleeping": "sleeping"},
+    "wake": {"sleeping": "runnable"},
 }
 
 #: engine events -> {from: to} (design §2 and runner/lifecycle.py's comments).
 INTERNAL = {
-    "sleep": {"runnable": "sleeping", "paused": "sleeping"},
-    "wake": {"sleeping": "runnable"},
     "backoff": {"runnable": "sleeping"},
     "exhaust_fail": {"runnable": "failed"},
     "exhaust_pause": {"runnable": "paused"},
@@ -90,9 +91,11 @@ CASES = [(cmd, status) for cmd in OPERATOR for status in STATUSES]
 @pytest.mark.parametrize(("command", "status"), CASES, ids=[f"{c}-{s}" for c, s in CASES])
 def test_operator_command(world, command: str, status: str) -> None:
     engine, flow = world
-    iid = _at(engine, flow, status)
+    iid = _at(engine, flow, status, "work" if command == "sleep" else "wait")
     before = row(engine, iid)
-    [res] = commands.submit(engine, [iid], command, event="go" if command == "send" else None)
+    until = 500.0 if command == "sleep" else None
+    event = "go" if command == "send" else None
+    [res] = commands.submit(engine, [iid], command, event=event, until=until)
     after = row(engine, iid)
     expected = OPERATOR[command].get(status)
     if expected is None:
@@ -114,6 +117,11 @@ def test_operator_command(world, command: str, status: str) -> None:
         assert after["state_errors"] == [] and after["state_restarts"] == 0
     if command == "kill":
         assert after["due_at"] is None
+    if command == "sleep":
+        assert (after["state"], after["due_at"]) == ("work", 500.0)
+        assert after["state_errors"] == [1.0, 2.0] and after["state_restarts"] == 2
+    if command == "wake":
+        assert after["due_at"] > 123.0
 
 
 @pytest.mark.parametrize(

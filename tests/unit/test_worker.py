@@ -28,7 +28,8 @@ def _setup(tmp_path: Path, states: str, tasks: str):
 
 def _drain(engine, registry, **kw) -> Worker:
     cfg = WorkerConfig(exit_when_idle=True, worker_id="w1", **kw)
-    return asyncio.run(serve(engine, registry, cfg, install_signals=False, sensors=False))
+    served = asyncio.run(serve(engine, registry, cfg, install_signals=False, sensors=False))
+    return served.worker
 
 
 def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
@@ -54,6 +55,7 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
         ("committed", 1),
         ("cancelled", 0),
         ("lost_fence", 0),
+        ("recovered", 0),
     ], "the counters of the daemon's exit line"
 
 

@@ -131,6 +131,9 @@ class DetailScreen(Screen):
         Binding("k", "command('kill')", "Kill"),
         Binding("r", "command('retry')", "Retry"),
         Binding("s", "command('send')", "Send"),
+        Binding("e", "explain", "Explain", show=False),
+        Binding("z", "sleep", "Sleep", show=False),
+        Binding("w", "command('wake')", "Wake", show=False),
     ]
 
     def __init__(self, instance_id: int) -> None:
@@ -216,6 +219,18 @@ class DetailScreen(Screen):
             a["to_state"] or "",
             fmt.one_line(a["error"], 120),
         )
+
+    def action_sleep(self) -> None:
+        """Put this instance to sleep (asks how long)."""
+        from runner.tui.screens.sleep import request_sleep
+
+        request_sleep(self.app, [self.instance_id])
+
+    def action_explain(self) -> None:
+        """Explain this instance (``runner.tui.screens.explain``)."""
+        from runner.tui.screens.explain import ExplainScreen
+
+        self.app.push_screen(ExplainScreen(self.instance_id))
 
     def action_command(self, command: str) -> None:
         """Run ``command`` on this instance."""

@@ -77,7 +77,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("1", "instances"),
             ("2", "workers"),
             ("3", "sensors, events and commands"),
-            ("4", "flows and versions"),
+            ("4", "flows and versions (m: migrate a flow's instances to the loaded version)"),
             ("ctrl+p", "command palette (every action below)"),
             ("?", "this help"),
             ("q", "quit"),
@@ -90,6 +90,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("g / G  home end", "first / last row"),
             ("space", "mark / unmark (commands act on the marked set)"),
             ("enter", "detail of the instance"),
+            ("e", "explain: its timeline (waits and their causes) and what happens next"),
             ("/", "filter by text (id, flow, state, status, error, data)"),
             ("f", "filter by status"),
             ("F", "filter by flow"),
@@ -103,6 +104,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("p", "pause, or resume when paused"),
             ("k", "kill (asks first)"),
             ("r", "retry a failed instance"),
+            ("z / w", "sleep for a while (nothing spent) / wake a sleeping instance now"),
             ("s", "send an event its state accepts"),
         ],
     ),
@@ -130,3 +132,50 @@ class HelpScreen(ModalScreen[None]):
     def action_close(self) -> None:
         """Close the help."""
         self.dismiss(None)
+
+
+class StoppingScreen(ModalScreen[None]):
+    """Shown while the embedded worker stops: "stopping: N attempts running, up to G s
+    (q again to abort)", refreshed every 0.25 s; the app exits once the worker stopped.
+
+    ``stopper`` is duck-typed (the console never imports the worker): ``running()`` (int),
+    ``grace`` (seconds), ``stop()`` (first call graceful, second abort), ``stopped()``.
+    """
+
+    BINDINGS = [Binding("q,ctrl+c", "abort", "Abort")]
+
+    def __init__(self, stopper: object, clock: object) -> None:
+        super().__init__()
+        self.stopper = stopper
+        self.clock = clock
+        self.deadline = clock() + stopper.grace  # type: ignore[attr-defined,operator]
+        self.aborting = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label(self.text(), id="question")
+
+    def text(self) -> str:
+        """The line shown now."""
+        n = self.stopper.running()  # type: ignore[attr-defined]
+        if self.aborting:
+            return f"aborting: {n} attempts left for recovery as lost"
+        left = max(0.0, self.deadline - self.clock())  # type: ignore[operator]
+        return f"stopping: {n} attempts running, up to {left:.0f} s (q again to abort)"
+
+    def on_mount(self) -> None:
+        self.set_interval(0.25, self.tick)
+
+    def tick(self) -> None:
+        """Refresh the line; exit the app once the worker has stopped."""
+        if self.stopper.stopped():  # type: ignore[attr-defined]
+            self.app.exit()
+            return
+        self.query_one("#question", Label).update(self.text())
+
+    def action_abort(self) -> None:
+        """Second ``q``: abort now (running attempts are left to be recovered as lost)."""
+        if not self.aborting:
+            self.aborting = True
+            self.stopper.stop()  # type: ignore[attr-defined]
+            self.tick()

@@ -33,6 +33,9 @@ class InstancesScreen(Screen):
         Binding("r", "command('retry')", "Retry"),
         Binding("s", "command('send')", "Send"),
         Binding("enter", "detail", "Detail", show=False),
+        Binding("e", "explain", "Explain", show=False),
+        Binding("z", "sleep", "Sleep", show=False),
+        Binding("w", "command('wake')", "Wake", show=False),
         Binding("slash", "text_filter", "Filter"),
         Binding("f", "status_filter", "Status"),
         Binding("F", "flow_filter", "Flow", show=False),
@@ -155,6 +158,20 @@ class InstancesScreen(Screen):
     def action_command(self, command: str) -> None:
         """Run ``command`` on the marked rows, or on the row under the cursor."""
         self.app.request_command(command, self.table.selected_ids())
+
+    def action_sleep(self) -> None:
+        """Put the marked rows, or the row under the cursor, to sleep (asks how long)."""
+        from runner.tui.screens.sleep import request_sleep
+
+        request_sleep(self.app, self.table.selected_ids())
+
+    def action_explain(self) -> None:
+        """Explain the row under the cursor (``runner.tui.screens.explain``)."""
+        from runner.tui.screens.explain import ExplainScreen
+
+        row = self.table.cursor_row
+        if row is not None:
+            self.app.push_screen(ExplainScreen(row.id))
 
     def action_detail(self) -> None:
         """Open the detail of the row under the cursor."""

@@ -194,10 +194,13 @@ class FlowsScreen(TableView):
 
     TITLE_TEXT = "flows"
     REFRESH = 5.0
-    BINDINGS = [Binding("ctrl+r", "reload", "Reload")]
+    BINDINGS = [
+        Binding("ctrl+r", "reload", "Reload"),
+        Binding("m", "migrate", "Migrate to loaded", show=False),
+    ]
     TABLES = (
         ("flows", "loaded flows", ("flow", "version", "states", "sensors", "rules", "file")),
-        ("versions", "stored versions", ("flow", "version", "loaded", "file")),
+        ("versions", "stored versions", ("flow", "version", "loaded", "instances", "file")),
     )
 
     def extra_widgets(self) -> ComposeResult:
@@ -209,6 +212,44 @@ class FlowsScreen(TableView):
     def action_reload(self) -> None:
         """Load the flows folder again."""
         self.refresh_data()
+
+    def action_migrate(self) -> None:
+        """Migrate the unfinished instances of the loaded flow under the cursor to the
+        version loaded now (asks first; ``runner.ops.migrate``)."""
+        from runner.tui.screens.dialogs import ConfirmScreen
+
+        app = self.app
+        if app.readonly:
+            app.notify("read-only console: migrate refused", severity="warning")
+            return
+        table = self.query_one("#flows", DataTable)
+        if table.row_count == 0:
+            app.notify("no loaded flow", severity="warning")
+            return
+        name, version = (str(c) for c in table.get_row_at(table.cursor_row)[:2])
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._migrate(name)
+
+        question = f"Migrate unfinished {name} instances to version {version}?"
+        app.push_screen(ConfirmScreen(question, yes="Migrate"), confirmed)
+
+    @work(thread=True, group="commands")
+    def _migrate(self, name: str) -> None:
+        app = self.app
+        try:
+            results = app.data.migrate_to_loaded(name)
+        except Exception as exc:  # never crash the console on a command
+            app.call_from_thread(app.notify, f"migrate: {exc}", severity="error")
+            return
+        done = [r for r in results if r.ok]
+        refused = [r for r in results if not r.ok]
+        text = f"migrate {name}: {len(done)} migrated, {len(refused)} refused"
+        if refused:
+            text += f"\n{refused[0].message}"
+        app.call_from_thread(app.notify, text, severity="warning" if refused else "information")
+        app.call_from_thread(self.refresh_data)
 
     def _rel(self, path: str) -> str:
         """``path`` relative to the flows folder when inside it."""
@@ -252,8 +293,19 @@ class FlowsScreen(TableView):
                     v["flow"],
                     v["version"],
                     fmt.span(now - v["loaded_at"]) + " ago",
+                    _per_status(v.get("instances") or {}),
                     self._rel(v["path"]),
                 )
                 for v in result.versions
             ],
         )
+
+
+def _per_status(counts: dict[str, int]) -> str:
+    """``"3: runnable 2, completed 1"`` (statuses in lifecycle order), or ``"0"``."""
+    from runner.lifecycle import STATUSES
+
+    if not counts:
+        return "0"
+    parts = [f"{s} {counts[s]}" for s in STATUSES if counts.get(s)]
+    return f"{sum(counts.values())}: {', '.join(parts)}"

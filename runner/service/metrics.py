@@ -1,0 +1,316 @@
+"""Prometheus metrics of one daemon: ``flowrun --daemon --metrics [HOST:]PORT``.
+
+A custom collector (prometheus_client's "custom collectors" pattern) reads, at scrape
+time, the counters the worker, the sensor hub, the rules and the supervisor keep anyway,
+so the hot loop pays nothing for them. Only two things are gathered per attempt, by the
+worker's ``attempts.on_finished`` hook: attempts by (flow, state, outcome) and the attempt
+duration histogram, each a dictionary increment (:class:`AttemptTally`). Instance counts
+by flow and status, and the event → handler start latency, are read from the database by
+the scrape, at most every ``refresh`` seconds (a grouped count over an index, not a scan
+per scrape). The server is prometheus_client's own (a thread), kept alive by the
+supervisor.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, event, func, select
+
+from runner.store.db import reading
+from runner.store.tables import attempts, events, instances
+
+log = logging.getLogger("flowrun.metrics")
+
+#: Attempt duration buckets, seconds (handlers run from milliseconds to hours).
+DURATION_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30, 60, 300, 1800, 3600)
+#: Event → handler start latency buckets, seconds.
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+
+#: Worker counters exported as ``flowrun_<name>_total``: (stats key, metric, help).
+WORKER_COUNTERS = (
+    ("claimed", "claims", "Instances claimed from the table."),
+    ("chained", "chained_moves", "Moves continued without releasing the instance."),
+    ("committed", "committed_attempts", "Finished attempts committed."),
+    ("cancelled", "cancelled_attempts", "Attempts closed as cancelled."),
+    ("lost_fence", "fenced_out_commits", "Attempt outcomes refused: instance taken away."),
+    ("recovered", "lost_attempts", "Attempts of dead workers recorded as lost here."),
+)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"[HOST:]PORT"`` → ``(host, port)``; only a port means loopback ``127.0.0.1``.
+
+    Raises ``ValueError`` for a port that is not 0-65535."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port {number} out of range")
+    return host, number
+
+
+class AttemptTally:
+    """Per-attempt figures, gathered by the worker's ``on_finished(claim, result)`` hook
+    (plain dict and list operations on the event loop, about 1 us; ``Counter`` is twice
+    as slow) and read by the collector.
+
+    ``rows`` maps ``(flow, state)`` to ``[outcome counts (dict), bucket counts...,
+    seconds sum]``."""
+
+    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS) -> None:
+        self.buckets = buckets
+        self.rows: dict[tuple[str, str], list] = {}
+
+    def finished(self, claim: Any, result: Any) -> None:
+        """Count one finished attempt (``rows.Claim``, ``AttemptResult``)."""
+        spent = time.time() - claim.started_at
+        row = self.rows.get((claim.flow, claim.state))
+        if row is None:
+            row = self.rows[(claim.flow, claim.state)] = [{}] + [0.0] * (len(self.buckets) + 2)
+        counts = row[0]
+        counts[result.outcome] = counts.get(result.outcome, 0) + 1
+        row[1 + bisect.bisect_left(self.buckets, spent)] += 1
+        row[-1] += spent
+
+    def outcomes(self) -> dict[tuple[str, str, str], int]:
+        """``(flow, state, outcome)`` -> finished attempts (a copy)."""
+        return {
+            (flow, state, outcome): n
+            for (flow, state), row in list(self.rows.items())
+            for outcome, n in list(row[0].items())
+        }
+
+    def durations(self) -> dict[tuple[str, str], list[float]]:
+        """``(flow, state)`` -> bucket counts and the seconds sum (a copy)."""
+        return {key: list(row[1:]) for key, row in list(self.rows.items())}
+
+
+def counter(stats: Any, key: str) -> int:
+    """A worker counter by name (``stats`` a dict or a dataclass)."""
+    if isinstance(stats, dict):
+        return int(stats.get(key, 0))
+    return int(getattr(stats, key, 0))
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], rows: dict, buckets: tuple[float, ...]
+) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    for key, row in sorted(rows.items()):
+        cumulative, out = 0.0, []
+        for bound, n in zip((*buckets, float("inf")), row[:-1], strict=False):
+            cumulative += n
+            out.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
+        fam.add_metric(list(key), out, row[-1])
+    return fam
+
+
+class DaemonCollector(Collector):
+    """Everything ``/metrics`` shows, read at scrape time.
+
+    Args:
+        engine: the database (instance counts, latencies; database errors are counted by a
+            SQLAlchemy ``handle_error`` listener installed here).
+        worker: the ``Worker`` (``stats``, ``running``, ``config``, ``stopping``).
+        tally: the :class:`AttemptTally` fed by the worker.
+        hub: the ``SensorHub`` or ``None`` (``events_stored``, ``rules.actions``).
+        supervisor: the ``Supervisor`` (part states and restarts) or ``None``.
+        refresh: seconds a database read is reused.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker: Any,
+        tally: AttemptTally,
+        hub: Any = None,
+        supervisor: Any = None,
+        refresh: float = 5.0,
+    ) -> None:
+        self.engine, self.worker, self.tally = engine, worker, tally
+        self.hub, self.supervisor, self.refresh = hub, supervisor, refresh
+        self.db_errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._read_at = -1e9
+        self._instances: list[tuple[str, str, int]] = []
+        self._latency = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        self._latency_after = 0  # last attempts.id observed
+        # a pool event, not an engine one: engine events would put a dispatch check on
+        # every statement of the worker's hot path
+        event.listen(engine.pool, "invalidate", self._on_invalidate)
+
+    def close(self) -> None:
+        """Remove the database error listener."""
+        if event.contains(self.engine.pool, "invalidate", self._on_invalidate):
+            event.remove(self.engine.pool, "invalidate", self._on_invalidate)
+
+    def _on_invalidate(self, dbapi_conn: Any, record: Any, exc: BaseException | None) -> None:
+        self.db_errors["disconnect"] += 1
+
+    def _read_db(self) -> None:
+        """Refresh instance counts and latencies when older than ``refresh`` seconds."""
+        with self._lock:
+            if time.monotonic() - self._read_at < self.refresh:
+                return
+            self._read_at = time.monotonic()
+            try:
+                with reading(self.engine) as conn:
+                    counts = conn.execute(
+                        select(instances.c.flow, instances.c.status, func.count()).group_by(
+                            instances.c.flow, instances.c.status
+                        )
+                    ).all()
+                    lat = conn.execute(
+                        select(attempts.c.id, attempts.c.started_at - events.c.created_at)
+                        .join(instances, instances.c.id == attempts.c.instance_id)
+                        .join(events, events.c.id == instances.c.event_id)
+                        .where(
+                            attempts.c.id > self._latency_after,
+                            attempts.c.attempt == 1,
+                            attempts.c.worker == self.worker.config.worker_id,
+                        )
+                        .order_by(attempts.c.id)
+                        .limit(10_000)
+                    ).all()
+            except Exception as exc:  # noqa: BLE001 - a scrape during an outage shows old figures
+                log.debug("metrics: database read failed: %s", exc)
+                return
+            self._instances = [(f, s, int(n)) for f, s, n in counts]
+            for aid, seconds in lat:
+                self._latency_after = max(self._latency_after, aid)
+                seconds = max(0.0, float(seconds))
+                self._latency[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+                self._latency[-1] += seconds
+
+    def collect(self) -> Iterator[Any]:
+        """Yield every metric family (called by prometheus_client on each scrape)."""
+        self._read_db()
+        w = self.worker
+        for key, name, doc in WORKER_COUNTERS:
+            yield CounterMetricFamily(f"flowrun_{name}", doc, value=counter(w.stats, key))
+        fam = CounterMetricFamily(
+            "flowrun_attempts", "Finished attempts.", labels=["flow", "state", "outcome"]
+        )
+        for labels, n in sorted(self.tally.outcomes().items()):
+            fam.add_metric(list(labels), n)
+        yield fam
+        yield _histogram(
+            "flowrun_attempt_duration_seconds",
+            "Attempt run time, claim to end.",
+            ["flow", "state"],
+            self.tally.durations(),
+            self.tally.buckets,
+        )
+        running = len(w.running)
+        yield GaugeMetricFamily("flowrun_running_attempts", "Attempts running now.", running)
+        free = 0 if w.stopping else max(0, w.config.concurrency - running)
+        yield GaugeMetricFamily("flowrun_free_slots", "Attempts this worker could start.", free)
+        fam = GaugeMetricFamily(
+            "flowrun_instances", "Instances by flow and status.", labels=["flow", "status"]
+        )
+        for f, s, n in self._instances:
+            fam.add_metric([f, s], n)
+        yield fam
+        yield _histogram(
+            "flowrun_event_start_latency_seconds",
+            "Sensor event stored to first attempt started, for attempts of this worker.",
+            [],
+            {(): list(self._latency)},
+            LATENCY_BUCKETS,
+        )
+        yield CounterMetricFamily(
+            "flowrun_database_disconnects",
+            "Database connections found broken and dropped (outages).",
+            value=self.db_errors["disconnect"],
+        )
+        if self.hub is not None:
+            fam = CounterMetricFamily(
+                "flowrun_sensor_events", "Events stored by sensors here.", labels=["sensor"]
+            )
+            for name, n in sorted(self.hub.events_stored.copy().items()):
+                fam.add_metric([name], n)
+            yield fam
+            fam = CounterMetricFamily(
+                "flowrun_rule_actions", "Rule actions taken here.", labels=["sensor"]
+            )
+            for name, n in sorted(self.hub.rules.actions.copy().items()):
+                fam.add_metric([name], n)
+            yield fam
+        if self.supervisor is not None:
+            up = GaugeMetricFamily("flowrun_part_up", "1 while a part runs.", labels=["part"])
+            restarts = CounterMetricFamily(
+                "flowrun_part_restarts", "Restarts of a daemon part.", labels=["part"]
+            )
+            faults = CounterMetricFamily(
+                "flowrun_database_errors",
+                "Expected faults (database or file-system errors) that stopped a part.",
+                labels=["part"],
+            )
+            for name, part in sorted(self.supervisor.parts.copy().items()):
+                up.add_metric([name], 1 if part.state == "running" else 0)
+                restarts.add_metric([name], part.restarts)
+                faults.add_metric([name], part.expected_failures)
+            yield up
+            yield restarts
+            yield faults
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server (a thread) for one registry at ``host:port``.
+
+    ``start()`` binds (raises ``OSError`` when it cannot); :meth:`watch` is the supervised
+    part: it raises when the server thread died, so the supervisor starts it again."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+        self.host, self.port, self.registry = host, port, registry
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind and serve ``/metrics`` in a daemon thread."""
+        self._server, self._thread = start_http_server(self.port, self.host, registry=self.registry)
+        self.port = self._server.server_address[1]
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    async def watch(self, stop: Any) -> None:
+        """Keep serving until ``stop`` (an ``asyncio.Event``); raise if the thread died."""
+        import asyncio
+
+        if self._server is None:
+            self.start()
+        try:
+            while not stop.is_set():
+                if self._thread is not None and not self._thread.is_alive():
+                    self._server = None
+                    raise RuntimeError("metrics server thread ended")
+                try:
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            if stop.is_set():
+                self.close()
+
+
+def registry_for(collector: DaemonCollector) -> CollectorRegistry:
+    """A fresh registry holding only ``collector`` (no process/platform collectors, so two
+    daemons in one test process do not clash)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

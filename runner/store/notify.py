@@ -1,0 +1,172 @@
+"""Wake-ups through the database: PostgreSQL ``LISTEN``/``NOTIFY`` on one channel.
+
+Whatever makes work due (a new instance, a command, an outcome released with a due time)
+calls :func:`notify_due` inside the transaction that makes the change, so the notification
+is delivered exactly when (and only if) the change commits. Each daemon holds ONE extra
+connection that listens (:class:`DueListener`); a notification wakes its worker, which then
+looks for due work once. The payload is the earliest ``due_at`` the transaction made (float
+seconds since the epoch, UTC), or empty for "due now": a listener whose worker is idle sleeps
+until the earliest due time it knows instead of polling.
+
+A notification is lost when the listening connection drops. The listener therefore calls
+``on_wake(None)`` after every (re)connection: the worker looks once, then listens again.
+
+On SQLite nothing is sent: the daemons that share one SQLite file are on one host, and the
+worker and the sensors in one process wake each other directly (``Worker.wake``).
+
+The idea is pgqueuer's (``LISTEN/NOTIFY`` so idle consumers cost nothing); procrastinate
+does the same with a polling fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+
+from sqlalchemy import Connection, text
+
+log = logging.getLogger("flowrun.notify")
+
+#: Work is due (payload: the earliest due time, or empty for now): wakes the workers.
+CHANNEL = "flowrun_due"
+#: A sensor stored an event (no payload): wakes the rule engines.
+EVENTS_CHANNEL = "flowrun_events"
+
+#: How often (seconds) a listener waiting for notifications looks whether to stop.
+STOP_CHECK = 0.25
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+
+def notify_due(conn: Connection, due_at: float | None = None) -> None:
+    """Tell every listening daemon that work is due (``due_at`` None: now) once ``conn``'s
+    transaction commits. A no-op on SQLite.
+
+    Args:
+        conn: a connection inside the caller's transaction.
+        due_at: the earliest due time the transaction made, seconds since the epoch (UTC);
+            ``None`` or a time in the past means "due now".
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    payload = "" if due_at is None or not math.isfinite(due_at) else repr(float(due_at))
+    conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": payload})
+
+
+def notify_event(conn: Connection) -> None:
+    """Tell every listening daemon's rule engine that an event was stored, once ``conn``'s
+    transaction commits. A no-op on SQLite."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_NOTIFY, {"channel": EVENTS_CHANNEL, "payload": ""})
+
+
+def parse_payload(payload: str) -> float | None:
+    """The due time a notification carries (seconds since the epoch, UTC), None for now."""
+    try:
+        value = float(payload) if payload else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """``postgresql+psycopg://…`` (SQLAlchemy) → ``postgresql://…`` (libpq/psycopg)."""
+    scheme, sep, rest = sqlalchemy_url.partition("://")
+    return f"{scheme.split('+', 1)[0]}{sep}{rest}"
+
+
+class DueListener:
+    """One ``LISTEN`` connection that calls ``on_wake(due_at)`` for every notification on
+    :data:`CHANNEL` and ``on_event()`` for every one on :data:`EVENTS_CHANNEL`.
+
+    Args:
+        url: the database URL (SQLAlchemy form; the password, if any, is used as is).
+        on_wake: called on the event loop with the notification's due time (seconds since
+            the epoch, UTC) or ``None`` (due now, or "look once": after a (re)connection).
+        on_event: called on the event loop when an event was stored (and after a
+            (re)connection); ``None``: events are not listened to.
+        retry_max: the longest wait between reconnection attempts, in seconds.
+
+    ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are one
+    log line each and are retried with backoff (0.5 s doubling to ``retry_max``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        on_wake: Callable[[float | None], None],
+        on_event: Callable[[], None] | None = None,
+        *,
+        retry_max: float = 10.0,
+    ) -> None:
+        self.url = libpq_url(url)
+        self.on_wake = on_wake
+        self.on_event = on_event
+        self.retry_max = retry_max
+        self.connected = asyncio.Event()
+        self.received = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Listen until ``stop`` is set. Never raises for a database fault."""
+        import psycopg
+
+        failures = 0
+        while not stop.is_set():
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=5
+                )
+            except psycopg.Error as exc:
+                failures += 1
+                delay = min(self.retry_max, 0.5 * 2 ** (failures - 1))
+                log.warning("listener: cannot connect (%s); retrying in %.1fs", _first(exc), delay)
+                await _wait(stop, delay)
+                continue
+            try:
+                await conn.execute(f"LISTEN {CHANNEL}")
+                if self.on_event is not None:
+                    await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                if failures:
+                    log.warning("listener: connected again")
+                failures = 0
+                self.connected.set()
+                self.on_wake(None)  # anything sent while we were away: look once
+                if self.on_event is not None:
+                    self.on_event()
+                await self._drain(conn, stop)
+            except psycopg.Error as exc:
+                failures += 1
+                log.warning("listener: connection lost (%s); reconnecting", _first(exc))
+            finally:
+                self.connected.clear()
+                try:
+                    await conn.close()
+                except Exception:  # noqa: BLE001 - a dead connection may fail to close
+                    pass
+
+    async def _drain(self, conn, stop: asyncio.Event) -> None:
+        # ``notifies(timeout=…)`` returns after the timeout with nothing sent to the server,
+        # so looking at ``stop`` between waits costs the database nothing.
+        while not stop.is_set():
+            async for note in conn.notifies(timeout=STOP_CHECK):
+                self.received += 1
+                if note.channel == EVENTS_CHANNEL:
+                    if self.on_event is not None:
+                        self.on_event()
+                else:
+                    self.on_wake(parse_payload(note.payload))
+                if stop.is_set():
+                    return
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+def _first(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

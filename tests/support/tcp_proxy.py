@@ -1,0 +1,90 @@
+"""A TCP proxy a test can cut and restore: a database outage for one daemon only.
+
+The shared PostgreSQL server must stay up (other tests use it), so a test points its
+daemon at this proxy instead and "stops the server" by cutting the proxy: every open
+connection is closed and new ones are refused (the listening socket is closed, so a
+connect gets ECONNREFUSED exactly as from a stopped server). ``restore()`` listens again
+on the same port. Runs its own asyncio loop in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:<port>`` to ``target`` (``(host, port)``); see module doc."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = _free_port()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.restore()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, coro) -> object:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    def restore(self) -> None:
+        """Listen again (after :meth:`cut`)."""
+        self._call(self._listen())
+
+    def cut(self) -> None:
+        """Close every connection and stop listening (new connects are refused)."""
+        self._call(self._cut())
+
+    def close(self) -> None:
+        """Cut and stop the proxy's loop."""
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._pipe, "127.0.0.1", self.port, reuse_address=True
+            )
+
+    async def _cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_w))
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(copy(reader, up_w), copy(up_r, writer))
+        self._writers.difference_update((writer, up_w))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,161 @@
+"""``flowrun events replay`` and ``flowrun rules test`` against a real ``flowrun --daemon``
+with real files and tail sensors on a real SQLite file (issue 17, item 3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.fault import (
+    Daemon,
+    Flowrun,
+    daemon_running,
+    engine_at,
+    poll,
+    sql,
+    write_flow,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+FLOW = """\
+initial: hold
+states:
+  hold: {external: true, on: {go: done}}
+  done: {terminal: true}
+sensors:
+  inbox: {files: {path: inbox, glob: "*.csv", settle: 100ms}}
+  log: {tail: {path: app.log, match: '(?P<level>ERROR|INFO) (?P<msg>.*)'}}
+rules:
+  - when: inbox
+    start: ingest
+    data: {path: "{event.path}", origin: "{event.name}"}
+  - when: log
+    match: {level: ERROR}
+    pause: {state: hold}
+"""
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Daemon]]:
+    home = tmp_path_factory.mktemp("replay")
+    fr = Flowrun(home)
+    write_flow(fr.flows, "ingest", FLOW)
+    (fr.flows / "inbox").mkdir()
+    (fr.flows / "app.log").write_text("")
+    with daemon_running(fr, "replay") as daemon:
+        yield fr, daemon
+
+
+def _counts(fr: Flowrun) -> tuple:
+    db = engine_at(fr.home)
+    return tuple(
+        sql(db, f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("instances", "commands", "events")
+    )
+
+
+def _events(fr: Flowrun) -> list[dict]:
+    res = fr("events", "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_replay_is_idempotent_unless_forced(live) -> None:
+    fr, _ = live
+    db = engine_at(fr.home)
+    (fr.flows / "inbox" / "a.csv").write_text("x\n1\n")
+    poll(lambda: sql(db, "SELECT COUNT(*) FROM instances WHERE event_id IS NOT NULL")[0][0], 60)
+    [file_event] = [e for e in _events(fr) if e["sensor"] == "ingest.inbox"]
+    eid = str(file_event["id"])
+
+    res = fr("events", "replay", eid)
+    assert res.returncode == 0, res.stderr
+    assert "skipped (this event already started a ingest instance" in res.stdout
+    assert sql(db, "SELECT COUNT(*) FROM instances")[0][0] == 1
+
+    before = _counts(fr)
+    res = fr("events", "replay", eid, "--dry-run", "--force")
+    assert res.returncode == 0, res.stderr
+    assert "dry run: nothing written" in res.stdout
+    assert '"origin": "a.csv"' in res.stdout and "would start ingest" in res.stdout
+    assert _counts(fr) == before
+
+    res = fr("events", "replay", eid, "--force", "--json")
+    assert res.returncode == 0, res.stderr
+    [out] = json.loads(res.stdout)
+    assert out["rules"][0]["done"].startswith("started ingest instance")
+    rows = sql(db, "SELECT id, event_id FROM instances ORDER BY id")
+    assert [r[1] for r in rows] == [file_event["id"]] * 2
+    action = sql(db, "SELECT action FROM events WHERE id = :i", i=file_event["id"])[0][0]
+    assert "replayed at" in action and "started ingest instance" in action
+
+    # a command rule: the log line pauses every instance in `hold`
+    with (fr.flows / "app.log").open("a") as f:
+        f.write("ERROR disk full\n")
+    poll(
+        lambda: sql(db, "SELECT COUNT(*) FROM instances WHERE status = 'paused'")[0][0] == 2,
+        60,
+        what="paused by the rule",
+    )
+    [log_event] = [e for e in _events(fr) if e["sensor"] == "ingest.log"]
+    res = fr("resume", "--flow", "ingest")
+    assert res.returncode == 0, res.stderr
+    res = fr("events", "replay", str(log_event["id"]))
+    assert res.returncode == 0, res.stderr
+    assert "already applied for this event to instances 1, 2" in res.stdout
+    assert sql(db, "SELECT COUNT(*) FROM instances WHERE status = 'paused'")[0][0] == 0
+    res = fr("events", "replay", str(log_event["id"]), "--force")
+    assert res.returncode == 0, res.stderr
+    assert "did: pause: 2 of 2 ingest instances" in res.stdout
+    assert sql(db, "SELECT COUNT(*) FROM instances WHERE status = 'paused'")[0][0] == 2
+    sources = sql(db, "SELECT DISTINCT source FROM commands WHERE command = 'pause'")
+    assert sources == [("rule:ingest#2",)]
+
+    res = fr("events", "replay", "--since", "1h", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert f"event {file_event['id']} of ingest.inbox" in res.stdout
+    assert f"event {log_event['id']} of ingest.log" in res.stdout
+
+    res = fr("events", "replay", "424242")
+    assert res.returncode == 1 and res.stderr.strip() == "flowrun: no event 424242"
+    res = fr("events", "replay")
+    assert res.returncode == 2 and "give event ids or --since" in res.stderr
+    res = fr("events", "--limit", "1")  # the listing is still the group's default
+    assert res.returncode == 0 and "ingest.log" in res.stdout
+
+
+def test_rules_test_writes_nothing(live) -> None:
+    fr, _ = live
+    before = _counts(fr)
+    res = fr("rules", "test", "ingest", "--sensor", "log", "--line", "ERROR out of memory")
+    assert res.returncode == 0, res.stderr
+    assert "rule #1 (when inbox): no match: listens to 'inbox'" in res.stdout
+    assert "rule #2 (when log): would pause:" in res.stdout
+    assert '"msg": "out of memory"' in res.stdout
+    res = fr("rules", "test", "ingest", "--sensor", "log", "--line", "INFO all good", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert [r["matched"] for r in out["rules"]] == [False, False]
+    assert out["rules"][1]["why"] == "field 'level' ('INFO') does not match 'ERROR'"
+    res = fr("rules", "test", "ingest", "--sensor", "inbox", "--path", "inbox/b.csv")
+    assert res.returncode == 0, res.stderr
+    assert "would start ingest with data" in res.stdout and '"origin": "b.csv"' in res.stdout
+    res = fr("rules", "test", "ingest", "--sensor", "inbox", "--event", '{"name": "c.csv"}')
+    assert res.returncode == 0
+    assert "matches, but fails" in res.stdout and "event.path" in res.stdout
+    for args, message in (
+        (("--sensor", "log", "--line", "DEBUG x"), "would not record this line"),
+        (("--sensor", "inbox", "--path", "b.txt"), "does not match glob '*.csv'"),
+        (("--sensor", "nope", "--event", "{}"), "has no sensor 'nope' (sensors: inbox, log)"),
+        (("--sensor", "log", "--path", "b.csv"), "--path needs a files sensor"),
+        (("--sensor", "log"), "exactly one of --event, --line or --path"),
+        (("--sensor", "inbox", "--event", "[1]"), "--event must be a JSON object"),
+    ):
+        res = fr("rules", "test", "ingest", *args)
+        assert res.returncode == 2, (args, res.stdout)
+        assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = fr("rules", "test", "nosuchflow", "--sensor", "x", "--event", "{}")
+    assert res.returncode == 2
+    assert _counts(fr) == before

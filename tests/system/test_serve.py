@@ -1,0 +1,160 @@
+"""``flowrun serve``: the console in a real headless Chromium (selenium), a real
+``flowrun serve`` process and a real SQLite file (issue 17, item 5).
+
+The page draws the terminal on a canvas, so the test reads what the console sends: a
+script injected before the page loads records the websocket's frames (the terminal
+output), in which the instances table's header and rows appear. Keys go to xterm's input
+element; the pause is read back from the database. Skips, saying why, when Chromium,
+its driver or selenium is missing (``.ci/run`` installs Debian's ``chromium`` and
+``chromium-driver``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fault import Flowrun, engine_at, poll, row, write_flow
+
+pytestmark = pytest.mark.timeout(300)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+TOKEN = "t0ken-for-the-test"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+#: Records every websocket frame the page receives in ``window.__out``.
+HOOK = r"""
+window.__out = "";
+const Native = window.WebSocket;
+window.WebSocket = function (url, protocols) {
+  const ws = protocols === undefined ? new Native(url) : new Native(url, protocols);
+  ws.addEventListener("message", (ev) => {
+    const d = ev.data;
+    if (typeof d === "string") { window.__out += d; }
+    else if (d instanceof ArrayBuffer) { window.__out += new TextDecoder().decode(d); }
+    else if (d && d.arrayBuffer) {
+      d.arrayBuffer().then((b) => { window.__out += new TextDecoder().decode(b); });
+    }
+  });
+  return ws;
+};
+window.WebSocket.prototype = Native.prototype;
+Object.assign(window.WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
+"""
+
+FLOW = """\
+initial: wait
+states:
+  wait: {external: true, on: {go: done}}
+  done: {terminal: true}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Flowrun, str]]:
+    """Two instances of a flow that waits for an event, and `flowrun serve --attach`."""
+    fr = Flowrun(tmp_path)
+    write_flow(fr.flows, "web", FLOW)
+    for _ in range(2):
+        assert fr("start", "web").returncode == 0
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        fr.argv("serve", "--attach", "--port", str(port), "--token", TOKEN),
+        cwd=tmp_path,
+        env=fr.env,
+        stdout=log,
+        stderr=log,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        poll(lambda: _status(base + "/") == 401, 60, what="serve listening")
+        yield fr, base
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+
+
+def test_requests_without_the_token_are_refused(served) -> None:
+    _, base = served
+    assert _status(base + "/") == 401
+    assert _status(base + "/ws") == 401
+    assert _status(base + "/?token=wrong") == 401
+    assert _status(f"{base}/?token={TOKEN}") == 200
+
+
+def test_non_loopback_needs_a_token(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    write_flow(fr.flows, "web", FLOW)
+    res = fr("serve", "--host", "0.0.0.0", "--port", str(_free_port()))
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        "flowrun: serve: binding 0.0.0.0 (not loopback) needs a token: --token T or "
+        "FLOWRUN_SERVE_TOKEN"
+    )
+
+
+@pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="no chromium/chromedriver")
+def test_the_console_in_a_real_browser(served) -> None:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    fr, base = served
+    db = engine_at(fr.home)
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1400,800")
+    browser = webdriver.Chrome(service=Service(DRIVER), options=options)
+    try:
+        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOOK})
+        browser.get(f"{base}/?token={TOKEN}")
+
+        def drawn() -> bool:
+            out = browser.execute_script("return window.__out || ''")
+            return all(word in out for word in ("STATUS", "STATE", "instances", "web"))
+
+        poll(drawn, 120, every=0.5, what="the instances table in the page")
+        if os.environ.get("FLOWRUN_SCREENSHOT"):
+            browser.save_screenshot(str(DOCS / "console-in-browser.png"))
+        keys = browser.find_element("css selector", ".xterm-helper-textarea")
+        keys.send_keys("p")  # pause the instance under the cursor: the first row
+        poll(lambda: row(db, 1)["status"] == "paused", 60, what="paused from the browser")
+        assert row(db, 2)["status"] == "runnable"
+        commands = fr.show(1)["commands"]
+        assert [(c["command"], c["source"]) for c in commands] == [("pause", "tui")]
+    finally:
+        browser.quit()

@@ -1,0 +1,80 @@
+"""Service log lines: the fenced-out WARNING names the instances and their holder now;
+JSON lines carry the fields as keys; the status and progress figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from runner.engine import cycle
+from runner.handlers.attempt import AttemptResult
+from runner.service.logs import JsonFormatter
+from runner.service.progress import Progress, status_loop
+from runner.store import leases
+from tests.support.fault import engine_at, load, new_instance, sql, write_flow
+
+FLOW = """\
+initial: work
+states:
+  work: {exec: [python, -c, "pass"], next: done}
+  done: {terminal: true}
+"""
+
+
+def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) -> None:
+    flow = load(write_flow(tmp_path / "flows", "fence", FLOW))
+    engine = engine_at(tmp_path)
+    iid = new_instance(engine, flow)
+    with engine.begin() as conn:
+        (claim,) = leases.claim_batch(conn, "worker-a", 30.0, 10)
+    # another worker takes the instance over (its lease "expired"): fence bumped
+    sql(engine, "UPDATE instances SET locked_by='worker-b', fence=fence+1 WHERE id=:i", i=iid)
+    run = SimpleNamespace(claim=claim, durable=[claim.data])
+    request = cycle.decide_finished(
+        engine,
+        [(run, AttemptResult("moved", {}, to_state="done"))],
+        cycle.CycleRequest("worker-a", 30.0),
+        stopping=False,
+    )
+    with caplog.at_level(logging.WARNING, "flowrun.worker"):
+        lost = cycle.run_cycle(engine, request).lost
+    assert lost == [iid]
+    (record,) = [r for r in caplog.records if "fenced out" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert (
+        f"instances {iid}" in record.getMessage() and "held now by worker-b" in record.getMessage()
+    )
+    out = json.loads(JsonFormatter().format(record))
+    assert (out["instances"], out["worker"], out["holder"]) == ([iid], "worker-a", "worker-b")
+
+
+def test_progress_figures() -> None:
+    p = Progress({"completed": 5, "runnable": 10}, now=0.0)
+    p.update({"completed": 9, "failed": 1, "runnable": 5})
+    assert (p.done, p.total) == (5, 10)
+    assert p.rate(10.0) == 0.5 and p.eta(10.0) == 10.0
+    assert p.line(10.0) == "progress: 5/10 done, 0.5/s, ETA 10s"
+
+
+async def test_status_line(tmp_path: Path, caplog) -> None:
+    flow = load(write_flow(tmp_path / "flows", "status", FLOW))
+    engine = engine_at(tmp_path)
+    for _ in range(3):
+        new_instance(engine, flow)
+    committed = {"n": 0}
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, "flowrun.daemon"):
+        task = asyncio.ensure_future(status_loop(engine, lambda: committed["n"], stop, 0.2))
+        committed["n"] = 10
+        deadline = time.monotonic() + 30
+        while not any("status:" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    line = next(r.getMessage() for r in caplog.records if "status:" in r.getMessage())
+    assert line.startswith("status: runnable 3; ") and line.endswith("attempts/s")
