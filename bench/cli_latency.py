@@ -118,15 +118,26 @@ def measure(
     return times
 
 
-def populate_db(path: Path, n: int) -> None:
-    """A SQLite database with ``n`` instances (``bench/console.py``'s generator)."""
-    from console import populate
+POPULATE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from console import populate
+from runner.store.db import make_engine
+engine = make_engine("sqlite:///" + sys.argv[2])
+populate(engine, int(sys.argv[3]), attempts_per=0)  # its attempts break attempts_unique
+engine.dispose()
+"""
 
-    from runner.store.db import make_engine
 
-    engine = make_engine(f"sqlite:///{path}")
-    populate(engine, n, attempts_per=0)  # its attempts break attempts_unique (0002)
-    engine.dispose()
+def populate_db(flowrun: str, path: Path, n: int) -> None:
+    """A SQLite database with ``n`` instances (``bench/console.py``'s generator), made by
+    the install of ``flowrun`` (its own interpreter, checkout and schema revision: the
+    checkout is the folder holding ``.venv/bin/flowrun``)."""
+    python = str(Path(flowrun).parent / "python")
+    bench = Path(flowrun).resolve().parents[2] / "bench"
+    bench = bench if (bench / "console.py").exists() else HERE
+    argv = [python, "-c", POPULATE, str(bench), str(path), str(n)]
+    subprocess.run(argv, cwd=bench.parent, check=True)  # not this checkout's runner
 
 
 def daemon_first_claim(flowrun: str, tmp: Path, runs: int) -> list[float]:
@@ -217,16 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="flowrun-cli-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        db = tmp / "ls.db"
-        populate_db(db, args.instances)
-        url = ["--db", f"sqlite:///{db}"]
+        populate_db(flowrun, tmp / "ls.db", args.instances)
         full = not args.skip_full
         cases = {"python -c pass": [sys.executable, "-c", "pass"]}
-        cases.update(cases_for(flowrun, url, args.flows, full, ""))
+        cases.update(cases_for(flowrun, ["--db", f"sqlite:///{tmp}/ls.db"], args.flows, full, ""))
         if args.peer:
+            populate_db(args.peer, tmp / "peer.db", args.instances)
+            url = ["--db", f"sqlite:///{tmp}/peer.db"]
             peer_flows = args.peer_flows or args.flows
             cases.update(cases_for(args.peer, url, peer_flows, full, " [peer]"))
-        times = measure(cases, ROOT, args.runs, args.budget)
+        times = measure(cases, tmp, args.runs, args.budget)
         times["--daemon → first claim"] = daemon_first_claim(flowrun, tmp / "this", args.runs)
         if args.peer:
             key = "--daemon → first claim [peer]"

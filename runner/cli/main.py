@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import click
-from sqlalchemy.exc import DBAPIError
 
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
@@ -256,6 +255,13 @@ def _add_novel_commands() -> None:
 _add_novel_commands()
 
 
+def _database_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's ``DBAPIError`` once SQLAlchemy is loaded (nothing raises it before),
+    else nothing: ``flowrun --help`` and ``check`` need not import SQLAlchemy."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    return (exc.DBAPIError,) if exc is not None else ()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the CLI and turns user mistakes into one line.
 
@@ -281,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         click.echo(f"flowrun: {exc}", err=True)
         return exc.exit_code
-    except DBAPIError as exc:  # the database failed mid-command: its transaction rolled back
+    except _database_errors() as exc:  # failed mid-command: its transaction rolled back
         click.echo(f"flowrun: {database_failure(exc)}", err=True)
         return EXIT_DATABASE
     except SystemExit as exc:
