@@ -180,25 +180,28 @@ def textual(draw) -> bytes:
 def valid(draw) -> str:
     """Mutations that keep a flow valid: comments, data values, aliases inside data."""
     doc = _load(draw(st.sampled_from(BASES)))
+    # text a flow file may hold: no control characters (C0 but tab/newline, C1), no
+    # surrogates or non-characters, no Unicode line/paragraph separators
+    printable = st.characters(codec="utf-8", exclude_categories=["Cc", "Cs", "Cn", "Zl", "Zp"])
     scalars = st.one_of(
         st.none(),
         st.booleans(),
         st.integers(min_value=-(10**15), max_value=10**15),
         st.floats(allow_nan=False, allow_infinity=False),
-        st.text(max_size=20),
+        st.text(alphabet=printable, max_size=20),
     )
+    keys = st.text(alphabet=printable, max_size=8)
     values = st.recursive(
         scalars,
         lambda inner: st.one_of(
-            st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+            st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)
         ),
         max_leaves=10,
     )
     doc.setdefault("data", {})
-    doc["data"].update(draw(st.dictionaries(st.text(max_size=8), values, max_size=4)))
+    doc["data"].update(draw(st.dictionaries(keys, values, max_size=4)))
     text = _dump(doc)
     if draw(st.booleans()):
-        printable = st.characters(codec="utf-8", exclude_categories=["Cc", "Cs", "Cn", "Zl", "Zp"])
         text += "# " + draw(st.text(alphabet=printable, max_size=20)) + "\n"
     if draw(st.booleans()):
         text = text.replace("data:\n", "data:\n  shared_x: &shared [1, 2]\n  use_x: *shared\n", 1)
