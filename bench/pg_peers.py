@@ -387,40 +387,40 @@ def _wait_registered(url: str, daemons: int, timeout: float = 120.0) -> None:
     raise SystemExit(f"{daemons} daemons did not register within {timeout:.0f}s")
 
 
+@contextmanager
+def idle_daemons(flows: Path, url: str, daemons: int, prefix: str):
+    """``daemons`` flowrun daemons on ``url`` (libpq form), registered when this yields;
+    terminated (and waited for) at the end."""
+    argv = [*_flowrun_argv(), "--flows", str(flows), "--db", _sa(url), "--daemon"]
+    procs = [
+        subprocess.Popen(
+            [*argv, "--worker-id", f"{prefix}{k}"],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for k in range(daemons)
+    ]
+    try:
+        _wait_registered(url, daemons)
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
 def idle_cost(server: str, daemons: int, seconds: float, workdir: Path) -> float:
     """Transactions/s committed in a fresh database by ``daemons`` idle flowrun daemons."""
     with fresh_db(server) as url:
         db = url.rpartition("/")[2]
         flows = _flowrun_flows(workdir, "noop")
-        procs = [
-            subprocess.Popen(
-                [
-                    *_flowrun_argv(),
-                    "--flows",
-                    str(flows),
-                    "--db",
-                    _sa(url),
-                    "--daemon",
-                    "--worker-id",
-                    f"idle{k}",
-                ],
-                env=_env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for k in range(daemons)
-        ]
-        try:
-            _wait_registered(url, daemons)  # start-up is not idle time
-            time.sleep(2.0)
+        with idle_daemons(flows, url, daemons, "idle"):
+            time.sleep(2.0)  # start-up is not idle time
             before = _xact_commit(server, db)
             time.sleep(seconds)
             after = _xact_commit(server, db)
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
         return (after - before) / seconds
 
 
@@ -436,48 +436,27 @@ def start_latency(server: str, starts: int, workdir: Path) -> tuple[float, float
     with fresh_db(server) as url:
         flows = _flowrun_flows(workdir, "noop")
         engine = make_engine(_sa(url))
-        procs = [
-            subprocess.Popen(
-                [
-                    *_flowrun_argv(),
-                    "--flows",
-                    str(flows),
-                    "--db",
-                    _sa(url),
-                    "--daemon",
-                    "--worker-id",
-                    f"lat{k}",
-                ],
-                env=_env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for k in range(2)
-        ]
         try:
-            flow = load_flow(flows / "job.yaml")
-            _wait_registered(url, 2)
-            time.sleep(1.0)
-            committed: dict[int, float] = {}
-            for _ in range(starts):
-                with engine.begin() as conn:
-                    iid = create_instance(conn, flow, {})
-                committed[iid] = time.time()
-                time.sleep(0.02)
-            deadline = time.time() + 30
-            while time.time() < deadline:
-                with engine.connect() as conn:
-                    rows = conn.execute(select(attempts.c.instance_id, attempts.c.started_at)).all()
-                if len(rows) >= starts:
-                    break
-                time.sleep(0.2)
-            lat = sorted(started - committed[iid] for iid, started in rows if iid in committed)
-            return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            with idle_daemons(flows, url, 2, "lat"):
+                flow = load_flow(flows / "job.yaml")
+                time.sleep(1.0)
+                committed: dict[int, float] = {}
+                for _ in range(starts):
+                    with engine.begin() as conn:
+                        iid = create_instance(conn, flow, {})
+                    committed[iid] = time.time()
+                    time.sleep(0.02)
+                deadline = time.time() + 30
+                while time.time() < deadline:
+                    with engine.connect() as conn:
+                        query = select(attempts.c.instance_id, attempts.c.started_at)
+                        rows = conn.execute(query).all()
+                    if len(rows) >= starts:
+                        break
+                    time.sleep(0.2)
+                lat = sorted(started - committed[iid] for iid, started in rows if iid in committed)
+                return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
             engine.dispose()
 
 

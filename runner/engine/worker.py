@@ -373,7 +373,9 @@ class Worker:
         if self._inflight is not None:
             timeout = 1.0  # its done-callback wakes us
         elif not self._stopping and len(self.running) < cfg.concurrency:
-            next_at = min(self._probe.next_at, self._recover.next_at, self._wake_at)
+            next_at = min(
+                self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake_at
+            )
             timeout = max(0.0, next_at - time.monotonic())
         else:
             timeout = cfg.fence_poll

@@ -176,3 +176,22 @@ def test_server_restart_loses_nothing(tmp_path, pg_url):
     finally:
         daemon.stop()
         engine.dispose()
+
+
+def test_idle_daemon_keeps_its_heartbeat(tmp_path, pg_url):
+    """A worker asleep until a notification still beats: liveness must not call it dead."""
+    from runner.ops.liveness import HEARTBEAT, STALE_BEATS
+
+    fr = _setup(tmp_path, pg_url)
+    engine = make_engine(pg_url)
+    daemon = fr.daemon("--idle-poll", "0", worker_id="sleeper")
+    try:
+        _registered(engine, 1)
+        first = sql(engine, "SELECT heartbeat_at FROM workers WHERE id = 'sleeper'")[0][0]
+        time.sleep(STALE_BEATS * HEARTBEAT + 1.0)
+        beat = sql(engine, "SELECT heartbeat_at FROM workers WHERE id = 'sleeper'")[0][0]
+        assert beat > first
+        assert time.time() - beat < STALE_BEATS * HEARTBEAT
+    finally:
+        daemon.stop()
+        engine.dispose()
