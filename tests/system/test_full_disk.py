@@ -27,7 +27,7 @@ FLOW = """\
 initial: a
 defaults: {try_interval: 200ms}
 states:
-  a: {exec: [sleep, "2"], next: b}
+  a: {exec: [sleep, "5"], next: b}
   b: {exec: [python, -c, "pass"], next: done}
   done: {terminal: true}
 """
@@ -117,5 +117,7 @@ def test_full_disk_cli_and_daemon(tmp_path: Path, disk: Path) -> None:
 
 
 def _claimed(db: Path) -> bool:
+    """An attempt is running now (its row is written only when it ends)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return conn.execute("SELECT count(*) FROM attempts").fetchone()[0] > 0
+        query = "SELECT count(*) FROM instances WHERE running_attempt IS NOT NULL"
+        return conn.execute(query).fetchone()[0] > 0
