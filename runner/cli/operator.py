@@ -134,7 +134,12 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
             done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}
             click.echo(f"no instance of flow {flow!r} can be {done[command]}")
             return
-    results: list[CommandResult] = submit(c.engine, id_list, command, event=event, source="cli")
+    report(submit(c.engine, id_list, command, event=event, source="cli"))
+
+
+def report(results: list[CommandResult]) -> None:
+    """Print one line per command result (refusals on stderr); ``SystemExit(1)`` when any
+    instance refused the command or was unknown."""
     code = 0
     for r in results:
         if r.ok:

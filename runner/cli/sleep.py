@@ -10,20 +10,8 @@ from __future__ import annotations
 import click
 
 from runner.cli.context import Ctx, pass_ctx
+from runner.cli.operator import report
 from runner.errors import UserError
-
-
-def _report(results) -> None:
-    """One line per instance; ``SystemExit(1)`` when any was refused or unknown."""
-    code = 0
-    for r in results:
-        if r.ok:
-            click.echo(r.message)
-        else:
-            click.echo(f"flowrun: {r.message}", err=True)
-            code = 1
-    if code:
-        raise SystemExit(code)
 
 
 def wake_at(until: str | None, for_: str | None, now: float) -> float:
@@ -64,7 +52,7 @@ def sleep_cmd(c: Ctx, ids: tuple[int, ...], until: str | None, for_: str | None)
     from runner.ops.commands import submit
 
     at = wake_at(until, for_, time.time())
-    _report(submit(c.engine, ids, "sleep", until=at, source="cli"))
+    report(submit(c.engine, ids, "sleep", until=at, source="cli"))
 
 
 @click.command()
@@ -79,7 +67,7 @@ def wake(c: Ctx, ids: tuple[int, ...]):
     """
     from runner.ops.commands import submit
 
-    _report(submit(c.engine, ids, "wake", source="cli"))
+    report(submit(c.engine, ids, "wake", source="cli"))
 
 
 COMMANDS = (sleep_cmd, wake)
