@@ -197,8 +197,9 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     outcomes, cancels = request.outcomes, request.cancels
     limit = max(0, request.free - len(request.chain))
     if request.probe and not request.recover and not outcomes and not cancels:
-        if not _has_due(engine):
-            return _planned(engine, request, CycleResult())
+        idle = _idle_probe(engine, request.plan)
+        if idle is not None:
+            return idle
     try:
         result = _transaction(engine, request, limit, True)
     except commit.FenceMoved:  # rolled back: commit again, reading the fences first
@@ -207,14 +208,6 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
         log_fenced(engine, request.worker_id, result.lost)
     result.committed = len(outcomes) + len(cancels) - len(result.lost)
     result.cancelled = len(cancels)
-    return result
-
-
-def _planned(engine: Engine, request: CycleRequest, result: CycleResult) -> CycleResult:
-    """With ``request.plan``, fill in when work next appears by itself (a read)."""
-    if request.plan:
-        with reading(engine) as conn:
-            result.next_due, result.next_expiry = leases.next_times(conn, time.time())
     return result
 
 
@@ -286,10 +279,18 @@ def _transaction(
     return result
 
 
-def _has_due(engine: Engine) -> bool:
-    """Whether any instance is due now (a cheap read before an idle probe's transaction)."""
+def _idle_probe(engine: Engine, plan: bool) -> CycleResult | None:
+    """A cheap read before an idle probe's write transaction: ``None`` when something is
+    due now (claim it), else an empty :class:`CycleResult`, which with ``plan`` says when
+    work next appears by itself (``leases.next_times``), read in the same snapshot."""
     with reading(engine) as conn:
-        return leases.has_due(conn, time.time())
+        at = time.time()
+        if leases.has_due(conn, at):
+            return None
+        result = CycleResult()
+        if plan:
+            result.next_due, result.next_expiry = leases.next_times(conn, at)
+        return result
 
 
 def nothing_pending(engine: Engine) -> bool:
