@@ -84,13 +84,13 @@ def main() -> None:
     from rich.table import Table
 
     from runner.cli.render import instance_table, json_lines_array
-    from runner.ops import queries
+    from runner.ops import queries, views
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = build(Path(tmp) / "ls.db", args.n)
 
         def text_now() -> None:
-            instance_table(queries.read_instances(engine, keys=queries.TABLE_KEYS), width=80)
+            instance_table(queries.read_instances(engine, keys=views.TABLE_KEYS), width=80)
 
         def text_before() -> None:
             rows = queries.list_instances(engine)
@@ -98,12 +98,12 @@ def main() -> None:
             for col in ("id", "flow", "state", "status", "att", "err", "rst", "due", "lock"):
                 t.add_column(col, no_wrap=True, overflow="ellipsis")
             for r in rows:
-                t.add_row(*(str(r[k]) for k in queries.INSTANCE_KEYS[:9]))
+                t.add_row(*(str(r[k]) for k in views.INSTANCE_KEYS[:9]))
             Console(width=80).print(t)
 
         def json_now() -> None:
             rows = queries.read_instances(engine)
-            print(json_lines_array([queries.instance_json(r) for r in rows]))
+            print(json_lines_array([views.instance_json(r) for r in rows]))
 
         def json_before() -> None:
             print(json.dumps(queries.list_instances(engine), indent=2))

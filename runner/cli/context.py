@@ -58,6 +58,7 @@ class Ctx:
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None
+        self._reader = None
 
     @property
     def engine(self):
@@ -80,6 +81,31 @@ class Ctx:
                 )
             self._engine = make_engine(self.db)
         return self._engine
+
+    @property
+    def reader(self):
+        """The read side's ``runner.store.reader.Reader`` (opened on first use).
+
+        On a SQLite file already at this flowrun's schema revision: stdlib ``sqlite3``,
+        read-only, no SQLAlchemy (``runner.store.reader.open_sqlite``). Anything else
+        (PostgreSQL, a missing, older or unmigrated file, an engine already open) reads
+        through :attr:`engine`, which creates, upgrades or refuses the database as every
+        command does.
+
+        Raises:
+            ConfigError, UserError: as :attr:`engine`.
+        """
+        if self._reader is None:
+            if self._engine is None:
+                from runner.store.reader import open_sqlite
+                from runner.store.revision import latest_revision
+
+                self._reader = open_sqlite(self.db, latest_revision())
+            if self._reader is None:
+                from runner.store.reader import EngineReader
+
+                self._reader = EngineReader(self.engine)
+        return self._reader
 
     def registry(self, *, strict: bool = False) -> FlowRegistry:
         """The flows folder loaded (a ``FlowRegistry``); with ``strict``, any error aborts.
@@ -130,7 +156,7 @@ def flow_to_start(c: Ctx, name: str) -> Any:
             click.echo(f"  {e}", err=True)
     if stored is None:
         raise UserError(f"flow '{name}' has errors and no good version of it is stored", 2)
-    from runner.ops.queries import iso
+    from runner.ops.views import iso
 
     click.echo(
         f"flowrun: starting {name} from its last good version {stored['version']} "

@@ -1,7 +1,7 @@
 """``flowrun explain ID [--json]``: the timeline and forecast of one instance, as text.
 
 The facts and their text come from ``runner.ops.explain`` (pure, over
-``runner.ops.queries.instance_rows``), which the console's explain screen shows too (the
+``runner.ops.detail.instance_rows``), which the console's explain screen shows too (the
 console may not import the CLI).
 """
 
@@ -16,19 +16,19 @@ from runner.cli.context import Ctx, pass_ctx
 from runner.errors import UserError
 
 
-def build(engine, instance_id: int, now: float | None = None):
-    """The ``Explanation`` of ``instance_id`` read from ``engine``.
+def build(db, instance_id: int, now: float | None = None):
+    """The ``Explanation`` of ``instance_id`` read from ``db`` (a
+    ``runner.store.reader.Reader`` or an ``Engine``).
 
     Raises ``UserError(..., 1)`` for an unknown id.
     """
+    from runner.ops.detail import instance_rows, stored_flow
     from runner.ops.explain import explain
-    from runner.ops.queries import instance_rows
-    from runner.store.versions import compiled
 
-    rows = instance_rows(engine, instance_id)
+    rows = instance_rows(db, instance_id)
     if rows is None:
         raise UserError(f"no instance {instance_id}", 1)
-    return explain(rows, lambda v: compiled(engine, v), time.time() if now is None else now)
+    return explain(rows, lambda v: stored_flow(db, v), time.time() if now is None else now)
 
 
 @click.command()
@@ -48,10 +48,10 @@ def explain(c: Ctx, instance_id: int, as_json: bool):
         UserError: no such instance (exit 1).
         ConfigError: the database cannot be opened.
     """
-    from runner.ops.queries import iso
+    from runner.ops.views import iso
 
     now = time.time()
-    result = build(c.engine, instance_id, now)
+    result = build(c.reader, instance_id, now)
     if as_json:
         click.echo(json.dumps(result.as_json(iso), indent=2, default=str))
         return

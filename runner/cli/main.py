@@ -256,10 +256,13 @@ _add_novel_commands()
 
 
 def _database_errors() -> tuple[type[Exception], ...]:
-    """SQLAlchemy's ``DBAPIError`` once SQLAlchemy is loaded (nothing raises it before),
-    else nothing: ``flowrun --help`` and ``check`` need not import SQLAlchemy."""
+    """SQLAlchemy's ``DBAPIError`` once SQLAlchemy is loaded, and ``sqlite3.Error`` once
+    ``sqlite3`` is (the read side on a SQLite file, ``runner.store.reader``); nothing
+    raises them before, so ``flowrun --help`` and ``check`` import neither."""
     exc = sys.modules.get("sqlalchemy.exc")
-    return (exc.DBAPIError,) if exc is not None else ()
+    sqlite = sys.modules.get("sqlite3")
+    found = (exc.DBAPIError,) if exc is not None else ()
+    return found + ((sqlite.Error,) if sqlite is not None else ())
 
 
 def main(argv: list[str] | None = None) -> int:

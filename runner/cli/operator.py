@@ -67,11 +67,12 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     Raises:
         ConfigError: the database cannot be opened.
     """
-    from runner.ops import queries
+    from runner.ops.queries import read_instances
+    from runner.ops.views import JSON_KEYS, TABLE_KEYS, instance_json
 
-    keys = queries.JSON_KEYS if as_json else queries.TABLE_KEYS
-    rows = queries.read_instances(
-        c.engine,
+    keys = JSON_KEYS if as_json else TABLE_KEYS
+    rows = read_instances(
+        c.reader,
         keys=keys,
         flow=flow,
         status=status,
@@ -84,7 +85,7 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     if as_json:
         from runner.cli.render import json_lines_array
 
-        click.echo(json_lines_array([queries.instance_json(r) for r in rows]))
+        click.echo(json_lines_array([instance_json(r) for r in rows]))
         return
     from runner.cli.render import instance_table
 
@@ -103,9 +104,9 @@ def show(c: Ctx, instance_id: int, as_json: bool):
         UserError: no such instance (exit 1).
         ConfigError: the database cannot be opened.
     """
-    from runner.ops import queries
+    from runner.ops.detail import get_instance
 
-    item = queries.get_instance(c.engine, instance_id)
+    item = get_instance(c.reader, instance_id)
     if item is None:
         raise UserError(f"no instance {instance_id}", 1)
     if as_json:
@@ -228,9 +229,9 @@ def workers_cmd(c: Ctx, as_json: bool):
     Raises:
         ConfigError: the database cannot be opened.
     """
-    from runner.ops import queries
+    from runner.ops.liveness import list_workers
 
-    rows = queries.list_workers(c.engine)
+    rows = list_workers(c.reader)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

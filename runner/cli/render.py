@@ -269,7 +269,7 @@ def events_table(rows: list[dict]) -> None:
 
 
 def workers_table(rows: list[dict]) -> None:
-    """Print workers (``runner.ops.queries.list_workers``) with heartbeat age, running
+    """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
     attempts, valid leases and the liveness verdict (alive/late/dead/stopped)."""
     _out, Table = _rich()
     t = Table(box=None, header_style="bold")

@@ -154,7 +154,7 @@ def _sleep_plan(
     """``sleep``: sleeping until ``until`` in the same state, nothing spent (Metafora's
     Sleep); ``wake``: a sleeping instance due at once (Metafora's Run). A state without a
     handler (``external``) waits for an event, not a time: refused."""
-    from runner.ops.queries import iso
+    from runner.ops.views import iso
 
     iid, status = row["id"], row["status"]
     new_status = lifecycle.check(status, command, iid)

@@ -9,7 +9,7 @@ lease expiry, a command or a requested sleep. The forecast applies the same rule
 instance as it stands: when it is due and why, what the next error would do, what a
 missed keepalive would do.
 
-Pure: the rows come from ``runner.ops.queries.instance_rows`` and the compiled flows from
+Pure: the rows come from ``runner.ops.detail.instance_rows`` and the compiled flows from
 ``runner.store.versions.compiled`` (passed in as ``flow_of``). Times are float epoch
 seconds, UTC. Answers operators asking "why is this retrying / stuck" (temporal#6605,
 temporalio/ui#884), who otherwise get raw event lists.
@@ -54,7 +54,7 @@ class Explanation:
     forecast: list[Entry]
 
     def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
-        """A JSON-ready dict; ``iso`` turns epoch seconds into text (``queries.iso``)."""
+        """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
 
         def entry(e: Entry) -> dict:
             return {**asdict(e), "at": iso(e.at), "at_epoch": e.at}
@@ -141,7 +141,7 @@ def explain(
     """The timeline and forecast of one instance.
 
     Args:
-        rows: ``runner.ops.queries.instance_rows`` of the instance.
+        rows: ``runner.ops.detail.instance_rows`` of the instance.
         flow_of: ``version -> CompiledFlow`` (``versions.compiled``); may raise, then the
             policy of that version is unknown and the texts say so.
         now: epoch seconds, UTC.

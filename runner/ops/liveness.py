@@ -1,5 +1,6 @@
 """Is a worker alive? The one verdict shown by ``flowrun workers``, its ``--json`` and the
-console's workers view (all through ``runner.ops.queries.read_workers``).
+console's workers view (all through :func:`read_workers`, SQL text run through a
+``runner.store.reader.Reader``: stdlib ``sqlite3`` for the CLI on a SQLite file).
 
 A worker writes ``workers.heartbeat_at`` every ``heartbeat`` seconds (2 s, see
 ``runner.engine.worker``). A heartbeat can be late for innocent reasons: a long GC pause, a busy
@@ -18,7 +19,12 @@ work, if any, is recoverable by any worker), ``stopped`` (it said goodbye:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
+
+from runner.ops.views import iso
+from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
 
 #: Default heartbeat interval of ``runner.engine.worker.WorkerConfig`` (seconds).
 HEARTBEAT = 2.0
@@ -75,3 +81,71 @@ def judge(
     if valid:
         return Liveness("late", True, age, held, until)
     return Liveness("dead", False, age, 0, None)
+
+
+def read_workers(db: Any, *, now: float) -> list[dict]:
+    """Every worker row (times in epoch seconds), newest heartbeat first, with the one
+    liveness verdict of :func:`judge` at ``now`` (epoch seconds); ``db`` is a
+    ``runner.store.reader.Reader`` or an ``Engine``.
+
+    Each row adds ``verdict`` (alive/late/dead/stopped), ``alive`` (bool),
+    ``heartbeat_age`` (seconds), ``leases`` (valid instance and sensor leases it holds),
+    ``lease_until`` (when the last expires, or ``None``) and ``holding`` (the attempts it
+    runs now). A worker is dead only when its heartbeat is stale AND it holds no valid
+    lease. ``flowrun workers`` (text and ``--json``) and the console's workers view all
+    read this.
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    reader = reader_of(db)
+    held: dict[str, list] = {}
+    with reader.snapshot() as run:
+        found = run(f"SELECT {columns(WORKER_COLUMNS)} FROM workers ORDER BY heartbeat_at DESC", {})
+        for table in ("instances", "sensors"):
+            leases = run(
+                f"SELECT locked_by, count(*), max(locked_until) FROM {table}"
+                " WHERE locked_by IS NOT NULL AND locked_until > :now GROUP BY locked_by",
+                {"now": now},
+            )
+            for who, count, until in leases:
+                entry = held.setdefault(who, [0, None])
+                entry[0] += count
+                entry[1] = until if entry[1] is None else max(entry[1], until)
+        running = dict(
+            tuple(r)
+            for r in run(
+                "SELECT locked_by, count(*) FROM instances"
+                " WHERE locked_by IS NOT NULL AND running_attempt IS NOT NULL GROUP BY locked_by",
+                {},
+            )
+        )
+    rows = as_dicts(reader, WORKER_COLUMNS, found)
+    for r in rows:
+        count, until = held.get(r["id"], (0, None))
+        verdict = judge(r["heartbeat_at"], r["stopped_at"], now, leases=count, lease_until=until)
+        r.update(
+            alive=verdict.alive,
+            verdict=verdict.verdict,
+            heartbeat_age=verdict.heartbeat_age,
+            leases=verdict.leases,
+            lease_until=verdict.lease_until,
+            holding=int(running.get(r["id"], 0)),
+        )
+    return rows
+
+
+def list_workers(db: Any, *, now: float | None = None) -> list[dict]:
+    """:func:`read_workers` at ``now`` (default: the current time) with timestamps as ISO
+    8601 UTC and ``heartbeat_age`` rounded to milliseconds: ``flowrun workers --json``.
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    rows = read_workers(db, now=time.time() if now is None else now)
+    for r in rows:
+        r.update(
+            {k: iso(r[k]) for k in ("started_at", "heartbeat_at", "stopped_at", "lease_until")}
+        )
+        r["heartbeat_age"] = round(r["heartbeat_age"], 3)
+    return rows

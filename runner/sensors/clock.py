@@ -16,7 +16,7 @@ from typing import Any
 
 from croniter import croniter
 
-from runner.ops.queries import iso
+from runner.ops.views import iso
 from runner.sensors.base import Sensor
 from runner.sensors.events import load_cursor
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
-from runner.ops.queries import iso
+from runner.ops.views import iso
 from runner.store.db import insert_ignore, reading
 from runner.store.notify import notify_event
 from runner.store.tables import events, sensors

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 
 from runner.errors import UserError
-from runner.ops.queries import iso
+from runner.ops.views import iso
 from runner.sensors.rules import RULE_ERRORS, Planned, act, plan
 from runner.store.db import reading
 from runner.store.tables import commands, events, instances

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Integer, any_, bindparam, func, select
 
 from runner.errors import ConfigError
+from runner.store.json_codec import sqlite_json_adapter, sqlite_json_loader
 
 
 @dataclass(frozen=True)
@@ -98,51 +99,6 @@ def _pg_insert(table: Any) -> Any:
     return insert(table)
 
 
-def _sqlite_json_loader() -> Callable[[Any], Any]:
-    """SQLite hands back the stored text, decoded by the C scanner directly
-    (``json.loads`` costs four times as much in its Python layers; the claim decodes two
-    columns per instance). Anything the scanner does not consume whole (surrounding
-    whitespace) goes through ``json.loads``, which also raises the usual
-    ``JSONDecodeError`` for invalid text."""
-    scan = json.JSONDecoder().scan_once
-
-    def load(v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        try:
-            value, end = scan(v, 0)
-        except StopIteration:
-            return json.loads(v)
-        return value if end == len(v) else json.loads(v)
-
-    return load
-
-
-def _sqlite_json_adapter() -> Callable[[Any], Any]:
-    """A list of finite floats (an error budget's timestamps, written with every failed
-    or moved attempt) is spelled by ``repr`` directly, as the JSON encoder would spell it,
-    at a third of the encoder's cost."""
-    encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: dumps() with
-    # options builds a new encoder per call, which cost more than the encoding
-
-    def adapt(v: Any) -> Any:
-        if v is None:
-            return None
-        if type(v) is list:
-            if not v:
-                return "[]"
-            for x in v:
-                if type(x) is not float:
-                    break
-            else:
-                spelled = repr(v)
-                if "n" not in spelled:  # no inf or nan: those JSON spells differently
-                    return spelled.replace(" ", "")
-        return encode(v)
-
-    return adapt
-
-
 def _pg_json_loader() -> Callable[[Any], Any]:
     """psycopg decodes JSONB itself."""
     return lambda v: v
@@ -165,8 +121,8 @@ SQLITE = Dialect(
     notify=False,
     insert=_sqlite_insert,
     ids_value=lambda ids: json.dumps(list(ids)),
-    json_loader=_sqlite_json_loader,
-    json_adapter=_sqlite_json_adapter,
+    json_loader=sqlite_json_loader,
+    json_adapter=sqlite_json_adapter,
 )
 
 POSTGRESQL = Dialect(

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, inspect, text
 
-from runner.errors import ConfigError
 from runner.store.db import reading
 from runner.store.dialect import dialect_of
+from runner.store.revision import MIGRATIONS, MigrationError, latest_revision
 
 if TYPE_CHECKING:  # alembic is imported only when there is something to migrate
     from alembic.config import Config
@@ -38,15 +36,8 @@ if TYPE_CHECKING:  # alembic is imported only when there is something to migrate
 
 log = logging.getLogger("flowrun.migrate")
 
-#: The alembic script folder (``env.py``, ``versions/``).
-MIGRATIONS = Path(__file__).resolve().with_name("migrations")
-
 #: Key of the PostgreSQL advisory lock held while migrating ("flowrun" in ASCII).
 LOCK_KEY = int.from_bytes(b"flowrun", "big")
-
-
-class MigrationError(ConfigError):
-    """The schema cannot be brought to this flowrun's head revision (one clear line)."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -84,17 +75,6 @@ def current(conn: Connection) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
     return MigrationContext.configure(conn).get_current_revision()
-
-
-def latest_revision() -> str:
-    """The head revision read without alembic: the ``revision`` declared by the migration
-    file whose name sorts last (``versions/NNNN_*.py``; a unit test checks it equals
-    :func:`head`)."""
-    last = max(MIGRATIONS.joinpath("versions").glob("[0-9]*.py"))
-    found = re.search(r"^revision(?:: *str)? *= *[\"']([^\"']+)[\"']", last.read_text(), re.M)
-    if found is None:
-        raise MigrationError(f"{last}: no revision = '...' line")
-    return found.group(1)
 
 
 def stamped(engine: Engine) -> list[str]:

@@ -7,15 +7,14 @@ any host recompiles it from the stored source (once per process and version).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, select
-
 from runner.errors import FlowErrors, UserError
-from runner.store.db import reading
-from runner.store.tables import flow_versions
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # SQLAlchemy is imported where used: the CLI's SQLite reads need none
+    from sqlalchemy import Connection, Engine
+
     from runner.flowspec.compiled import CompiledFlow
 
 _cache: dict[str, Any] = {}
@@ -30,6 +29,11 @@ def remember(flow: CompiledFlow) -> None:
 def latest(bind: Engine, flow: str) -> dict[str, Any] | None:
     """The newest stored version of the flow called ``flow`` (by ``loaded_at``): a dict of
     ``version``, ``path`` and ``loaded_at`` (epoch seconds), or ``None`` when none is stored."""
+    from sqlalchemy import select
+
+    from runner.store.db import reading
+    from runner.store.tables import flow_versions
+
     q = (
         select(flow_versions.c.version, flow_versions.c.path, flow_versions.c.loaded_at)
         .where(flow_versions.c.flow == flow)
@@ -50,6 +54,37 @@ def compiled(bind: Engine | Connection, version: str) -> CompiledFlow:
     Raises ``UserError`` when the version is not stored or no longer compiles (for
     example, its ``call`` module was deleted); the message names the flow file.
     """
+    flow = _cache.get(version)  # the usual case (the worker asks per claim): no imports
+    if flow is not None:
+        return flow
+    from sqlalchemy import Connection, select
+
+    from runner.store.db import reading
+    from runner.store.tables import flow_versions
+
+    def source() -> tuple[str, str] | None:
+        q = select(flow_versions.c.source, flow_versions.c.path).where(
+            flow_versions.c.version == version
+        )
+        if isinstance(bind, Connection):
+            row = bind.execute(q).first()
+        else:
+            with reading(bind) as conn:
+                row = conn.execute(q).first()
+        return None if row is None else (row.source, row.path)
+
+    return compile_stored(version, source)
+
+
+def compile_stored(version: str, source: Callable[[], tuple[str, str] | None]) -> CompiledFlow:
+    """The ``CompiledFlow`` of ``version``, compiled once per process from what
+    ``source()`` reads: ``(source text, flow file path)``, or ``None`` when not stored
+    (called only on a cache miss; ``runner.ops.detail.stored_flow`` reads it with the
+    read side's SQL).
+
+    Raises ``UserError`` when the version is not stored or no longer compiles; the
+    message names the flow file.
+    """
     flow = _cache.get(version)
     if flow is not None:
         return flow
@@ -59,18 +94,11 @@ def compiled(bind: Engine | Connection, version: str) -> CompiledFlow:
             return flow
         from runner.flowspec.compiler import compile_source
 
-        q = select(flow_versions.c.source, flow_versions.c.path).where(
-            flow_versions.c.version == version
-        )
-        if isinstance(bind, Connection):
-            row = bind.execute(q).first()
-        else:
-            with reading(bind) as conn:
-                row = conn.execute(q).first()
+        row = source()
         if row is None:
             raise UserError(f"flow version {version} is not stored in the database", 2)
         try:
-            flow = compile_source(row.source, row.path)
+            flow = compile_source(*row)
         except FlowErrors as exc:
             first = exc.errors[0] if exc.errors else "unknown error"
             raise UserError(

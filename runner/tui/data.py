@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select
 
-from runner.ops.queries import count_by_status, read_instance, read_workers
+from runner.ops.detail import read_instance
+from runner.ops.liveness import read_workers
+from runner.ops.queries import count_by_status
 from runner.store.db import read_engine
 from runner.store.tables import (
     attempts,
@@ -194,8 +196,8 @@ class ConsoleData:
     def explain(self, instance_id: int) -> str | None:
         """The text of ``flowrun explain`` for one instance (``runner.ops.explain``), or
         ``None`` when there is no such id."""
+        from runner.ops.detail import instance_rows
         from runner.ops.explain import explain, render_text
-        from runner.ops.queries import instance_rows
 
         rows = instance_rows(self.reader, instance_id)
         if rows is None:
@@ -205,7 +207,7 @@ class ConsoleData:
 
     def detail(self, instance_id: int, *, history: int = 200) -> Detail | None:
         """One instance with its last ``history`` attempts and last 50 commands (newest
-        first; ``runner.ops.queries.read_instance``, as ``flowrun show``), or ``None``
+        first; ``runner.ops.detail.read_instance``, as ``flowrun show``), or ``None``
         when there is no such id. A flow version that cannot be compiled is reported in
         ``Detail.flow_error``, never raised."""
         rec = read_instance(self.reader, instance_id, history=history, commands_limit=50)
@@ -225,7 +227,7 @@ class ConsoleData:
     def workers(self) -> list[dict[str, Any]]:
         """Workers (their ``workers`` rows, newest heartbeat first) with the liveness
         verdict at the console's clock and ``holding`` (the attempts each runs now):
-        ``runner.ops.queries.read_workers``, the same as ``flowrun workers``."""
+        ``runner.ops.liveness.read_workers``, the same as ``flowrun workers``."""
         return read_workers(self.reader, now=self.clock())
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import insert, update
 
-from runner.ops import queries
+from runner.ops import detail, liveness, queries
 from runner.store.tables import instances, workers
 from runner.tui.data import ConsoleData
 from runner.tui.screens.views import VERDICT_STYLES
@@ -40,7 +40,7 @@ def test_workers_carry_the_one_verdict(tmp_path: Path) -> None:
     data = ConsoleData(engine, clock=lambda: NOW)
     try:
         console = {w["id"]: w for w in data.workers()}
-        cli = {w["id"]: w for w in queries.list_workers(engine, now=NOW)}
+        cli = {w["id"]: w for w in liveness.list_workers(engine, now=NOW)}
         assert {k: w["verdict"] for k, w in console.items()} == {
             "w1": "alive",
             "w2": "stopped",
@@ -64,7 +64,7 @@ def test_counts_and_detail_are_the_cli_s(tmp_path: Path) -> None:
         assert data.count_by_status("orders") == queries.count_by_status(engine, "orders")
         assert sum(queries.count_by_status(engine).values()) == 12
         d = data.detail(1)
-        shown = queries.get_instance(engine, 1)
+        shown = detail.get_instance(engine, 1)
         assert [a["attempt"] for a in d.attempts] == [
             h["attempt"] for h in reversed(shown["history"])
         ]

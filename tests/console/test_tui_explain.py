@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runner.ops.detail import instance_rows
 from runner.ops.explain import explain, render_text
-from runner.ops.queries import instance_rows
 from runner.store.versions import compiled
 from runner.tui.app import FlowrunApp
 from runner.tui.screens.detail import DetailScreen

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from runner.flowspec.registry import FlowRegistry
 from runner.ops.commands import submit
+from runner.ops.detail import instance_rows
 from runner.ops.explain import explain
 from runner.ops.migrate import migrate
-from runner.ops.queries import instance_rows
 from runner.sensors.events import record_events
 from runner.sensors.replay import replay
 from runner.sensors.rules import RuleEngine

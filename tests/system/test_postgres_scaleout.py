@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import func, select
 
 from runner.flowspec.compiler import load_flow
-from runner.ops.queries import list_workers
+from runner.ops.liveness import list_workers
 from runner.store.create import create_instances
 from runner.store.db import make_engine
 from runner.store.tables import attempts, instances

@@ -1,4 +1,4 @@
-"""Worker liveness: ``runner.ops.liveness.judge`` and ``queries.list_workers`` (on PostgreSQL).
+"""Worker liveness: ``runner.ops.liveness.judge`` and ``liveness.list_workers`` (on PostgreSQL).
 
 A worker is declared dead only when its heartbeat is stale (older than 3 heartbeat
 intervals) AND it holds no lease that is still valid; a stale worker that still holds a
@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import insert
 
-from runner.ops.liveness import HEARTBEAT, STALE_BEATS, judge
-from runner.ops.queries import list_workers
+from runner.ops.liveness import HEARTBEAT, STALE_BEATS, judge, list_workers
 from runner.store.db import make_engine
 from runner.store.tables import instances, sensors, workers
 

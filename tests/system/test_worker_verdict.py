@@ -1,6 +1,6 @@
 """One liveness verdict for a worker killed with SIGKILL: ``flowrun workers`` (text),
 ``flowrun workers --json`` and the console's data layer (``ConsoleData.workers``) all
-read ``runner.ops.queries.read_workers`` and say the same word once its heartbeat is
+read ``runner.ops.liveness.read_workers`` and say the same word once its heartbeat is
 overdue: a real daemon, a real kill -9, a real SQLite file."""
 
 from __future__ import annotations

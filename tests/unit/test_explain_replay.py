@@ -1,5 +1,5 @@
 """``runner.ops.explain.explain`` is pure: a compiled flow and hand-written rows (as
-``queries.instance_rows`` returns them) give a timeline whose waits have their causes."""
+``detail.instance_rows`` returns them) give a timeline whose waits have their causes."""
 
 from __future__ import annotations
 

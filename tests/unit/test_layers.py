@@ -391,6 +391,7 @@ import json, sys
 from runner.cli.main import main
 code = main(sys.argv[1:])
 print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)
+sys.exit(code)
 """
 
 
@@ -428,11 +429,19 @@ def test_check_loads_no_store(tmp_path):
 
 def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
     url = f"sqlite:///{tmp_path / 'flowrun.db'}"
-    run_cli(["--db", url, "ls"], tmp_path)  # creates the schema (alembic)
-    loaded = tops(run_cli(["--db", url, "ls"], tmp_path))
-    # the tables are SQLModel classes (so sqlmodel and pydantic load); nothing else heavy
-    assert loaded & {"alembic", "textual", "psycopg"} == set()
-    assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors", "tui")]
+    from runner.store.db import make_engine
+
+    make_engine(url).dispose()  # creates the schema (alembic)
+    heavy = {"alembic", "textual", "psycopg", "sqlalchemy", "sqlmodel", "pydantic"}
+    for args in (["ls"], ["ls", "--json", "--limit", "5"], ["workers", "--json"]):
+        loaded = tops(run_cli(["--db", url, *args], tmp_path))
+        # a SQLite file at this revision is read by stdlib sqlite3 (runner.store.reader)
+        assert "sqlite3" in loaded, args
+        assert loaded & heavy == set(), args
+        # of the console only its plain formatters (the ls table's due and lock words)
+        console = {m for m in loaded if layer(m) == "tui"} - {"runner.tui", "runner.tui.fmt"}
+        assert console == set(), args
+        assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors")]
 
 
 def test_the_cli_default_database_is_the_stores():

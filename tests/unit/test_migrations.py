@@ -24,6 +24,7 @@ from sqlalchemy import Index, MetaData, func, insert, inspect, select, text
 from runner.errors import ConfigError
 from runner.store import migrate
 from runner.store.db import make_engine
+from runner.store.revision import latest_revision
 from runner.store.tables import attempts, instances, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,7 +249,7 @@ def test_concurrent_upgrades_all_succeed(db_url, legacy):
 
 
 def test_latest_revision_read_without_alembic_is_alembics_head():
-    assert migrate.latest_revision() == migrate.head()
+    assert latest_revision() == migrate.head()
 
 
 UP_TO_DATE = """

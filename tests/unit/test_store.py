@@ -398,7 +398,7 @@ def test_a_driver_error_in_a_hot_statement_is_a_dbapi_error(world) -> None:
 def test_show_names_the_running_attempt_from_the_instance_row(world) -> None:
     """No attempt row exists while an attempt runs: ``show`` builds it from the instance
     (number, state, worker, start); a checkpointed attempt's early row is not doubled."""
-    from runner.ops.queries import get_instance
+    from runner.ops.detail import get_instance
 
     engine, flow = world
     iid = new_instance(engine, flow, {"v": 1})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.engine.cycle import MAX_CHAIN, CycleRequest
 from runner.engine.worker import Worker, WorkerConfig
-from runner.ops import queries
+from runner.ops import detail
 from runner.service.daemon import load_registry, serve
 from runner.store.create import create_instance
 from runner.store.db import make_engine
@@ -46,7 +46,7 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
     worker = _drain(engine, reg)
     assert worker._wal is not None, "on a SQLite file the worker runs a WAL checkpointer"
     assert not any(t.name == "flowrun-wal" for t in threading.enumerate()), "and stops it"
-    item = queries.get_instance(engine, iid)
+    item = detail.get_instance(engine, iid)
     assert item["status"] == "completed"
     assert item["data"] == {"summary": {"rows": 42}, "tags": ["seen"]}
     assert worker.stats.items() == [
@@ -76,7 +76,7 @@ def test_chained_moves_are_separate_attempts(tmp_path: Path) -> None:
     with engine.begin() as conn:
         iid = create_instance(conn, reg.get("w"), {})
     _drain(engine, reg, concurrency=4)
-    item = queries.get_instance(engine, iid)
+    item = detail.get_instance(engine, iid)
     assert item["status"] == "completed" and item["attempts"] == moves
     history = item["history"]
     assert [h["attempt"] for h in history] == list(range(1, moves + 1))
@@ -119,5 +119,5 @@ def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path
     asyncio.run(main())
     other.close()
     _drain(engine, reg)  # w0 "died" holding its claim: the lease (0.2 s) runs out first
-    item = queries.get_instance(engine, iid)
+    item = detail.get_instance(engine, iid)
     assert (item["status"], item["restarts"]) == ("completed", 1)

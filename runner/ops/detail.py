@@ -1,0 +1,217 @@
+"""One instance as stored, shared by the CLI and the console: ``flowrun show`` (text and
+``--json``), the console's detail screen and ``flowrun explain``'s rows.
+
+Each query is SQL text run through a ``runner.store.reader.Reader`` (stdlib ``sqlite3``
+for the CLI on a SQLite file, SQLAlchemy otherwise); every function takes a ``Reader`` or
+an ``Engine``, and reads one instance in one snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runner.ops.views import attempt_json, instance_json, iso
+from runner.store.reader import (
+    ATTEMPT_COLUMNS,
+    COMMAND_COLUMNS,
+    EVENT_COLUMNS,
+    INSTANCE_COLUMNS,
+    Reader,
+    as_dicts,
+    columns,
+    reader_of,
+)
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+
+
+def with_running(row: Any, history: list[Any]) -> list[dict]:
+    """``history`` (attempt rows, newest first) with the attempt running now in front.
+
+    An attempt's row is written when it ends (or at its first checkpoint); until then the
+    instance row names it: ``running_attempt``, its worker ``locked_by`` and its start
+    ``state_attempted``. Returns plain dicts, newest first; the running attempt has
+    ``outcome`` ``None``.
+    """
+    out = [dict(a) for a in history]
+    number = row["running_attempt"]
+    if number is not None and not any(a["attempt"] == number for a in out):
+        out.insert(
+            0,
+            {
+                "id": None,
+                "instance_id": row["id"],
+                "attempt": number,
+                "state": row["state"],
+                "worker": row["locked_by"],
+                "fence": row["fence"],
+                "started_at": row["state_attempted"],
+                "finished_at": None,
+                "outcome": None,
+                "to_state": None,
+                "error": None,
+                "checkpoint": None,
+            },
+        )
+    return out
+
+
+@dataclass
+class InstanceRecord:
+    """One instance as stored: what ``flowrun show`` and the console's detail screen read.
+
+    Attributes:
+        row: its ``instances`` row (column name to value; times in epoch seconds).
+        attempts: its newest attempt rows, newest first, the running attempt in front
+            (:func:`with_running`).
+        commands: its newest command rows, newest first.
+    """
+
+    row: dict[str, Any]
+    attempts: list[dict[str, Any]]
+    commands: list[dict[str, Any]]
+
+
+def read_instance(
+    db: Any,
+    instance_id: int,
+    *,
+    history: int | None = 500,
+    commands_limit: int | None = None,
+) -> InstanceRecord | None:
+    """One instance with its last ``history`` attempts and its last ``commands_limit``
+    commands (all when ``None``), read in one snapshot; ``None`` when unknown. ``db`` is a
+    ``Reader`` or an ``Engine``.
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    reader = reader_of(db)
+    params: dict[str, Any] = {"id": instance_id}
+    att_sql = (
+        f"SELECT {columns(ATTEMPT_COLUMNS)} FROM attempts WHERE instance_id = :id"
+        " ORDER BY attempt DESC"
+    )
+    if history is not None:
+        att_sql += " LIMIT :history"
+        params["history"] = history
+    cmd_sql = f"SELECT {columns(COMMAND_COLUMNS)} FROM commands WHERE instance_id = :id"
+    cmd_sql += " ORDER BY id DESC"
+    if commands_limit is not None:
+        cmd_sql += " LIMIT :commands"
+        params["commands"] = commands_limit
+    with reader.snapshot() as run:
+        found = run(f"SELECT {columns(INSTANCE_COLUMNS)} FROM instances WHERE id = :id", params)
+        if not found:
+            return None
+        att = run(att_sql, params)
+        cmds = run(cmd_sql, params)
+    row = as_dicts(reader, INSTANCE_COLUMNS, found)[0]
+    history_rows = with_running(row, as_dicts(reader, ATTEMPT_COLUMNS, att))
+    return InstanceRecord(row, history_rows[:history], as_dicts(reader, COMMAND_COLUMNS, cmds))
+
+
+def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict | None:
+    """One instance (``instance_json``) with ``history`` (its attempts, oldest first,
+    the last ``history_limit``), ``checkpoints``, ``commands`` (oldest first) and
+    ``budget`` (the error budget of its current state, ``None`` in a terminal state or
+    when its flow version no longer compiles); ``None`` when unknown. ``db`` is a
+    ``Reader`` or an ``Engine``: ``flowrun show --json``.
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    reader = reader_of(db)
+    rec = read_instance(reader, instance_id, history=history_limit)
+    if rec is None:
+        return None
+    row, att = rec.row, rec.attempts
+    out = instance_json(row)
+    out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
+    out["budget"] = _budget(reader, row)
+    out["history"] = [attempt_json(a) for a in reversed(att)]
+    out["checkpoints"] = [
+        {"attempt": a["attempt"], "state": a["state"], "checkpoint": a["checkpoint"]}
+        for a in reversed(att)
+        if a["checkpoint"] is not None
+    ]
+    out["commands"] = [
+        {
+            "command": c["command"],
+            "args": c["args"],
+            "source": c["source"],
+            "at": iso(c["created_at"]),
+            "status": c["status"],
+            "result": c["result"],
+        }
+        for c in reversed(rec.commands)
+    ]
+    return out
+
+
+def stored_flow(db: Any, version: str) -> CompiledFlow:
+    """The ``CompiledFlow`` of a stored ``version`` (``runner.store.versions``' cache),
+    its source read through the read side; ``db`` a ``Reader`` or an ``Engine``.
+
+    Raises:
+        UserError: the version is not stored or no longer compiles (exit 2).
+    """
+    from runner.store.versions import compile_stored
+
+    reader = reader_of(db)
+
+    def source() -> tuple[str, str] | None:
+        with reader.snapshot() as run:
+            rows = run("SELECT source, path FROM flow_versions WHERE version = :v", {"v": version})
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    return compile_stored(version, source)
+
+
+def _budget(reader: Reader, row: Any) -> dict | None:
+    """The error budget of the instance's current state, from the stored error
+    timestamps; ``None`` in a terminal state (nothing runs there, so it has no budget to
+    spend) and when its flow version no longer compiles."""
+    from runner import lifecycle
+    from runner.errors import UserError
+
+    try:
+        state = stored_flow(reader, row["version"]).states[row["state"]]
+    except (UserError, KeyError):
+        return None
+    if state.kind == "terminal":
+        return None
+    return lifecycle.budget(row["state_errors"], time.time(), state.policy, row["state_restarts"])
+
+
+def instance_rows(db: Any, instance_id: int) -> dict | None:
+    """The raw rows behind one instance, for reasoning over its history (``runner.ops.explain``).
+
+    Returns ``None`` for an unknown id, else ``{"instance": {...}, "attempts": [...],
+    "commands": [...], "event": {...} | None}``: plain dicts of the table columns with
+    float epoch seconds (no ISO conversion), attempts oldest first with the attempt
+    running now (from the instance row, ``outcome`` ``None``) last, commands in the order
+    they were written, and the sensor event that started the instance, if any. ``db`` is
+    a ``Reader`` or an ``Engine``.
+    """
+    reader = reader_of(db)
+    rec = read_instance(reader, instance_id, history=None)
+    if rec is None:
+        return None
+    event = None
+    if rec.row["event_id"] is not None:
+        with reader.snapshot() as run:
+            found = run(
+                f"SELECT {columns(EVENT_COLUMNS)} FROM events WHERE id = :id",
+                {"id": rec.row["event_id"]},
+            )
+        event = as_dicts(reader, EVENT_COLUMNS, found)[0] if found else None
+    return {
+        "instance": rec.row,
+        "attempts": [dict(a) for a in reversed(rec.attempts)],
+        "commands": list(reversed(rec.commands)),
+        "event": event,
+    }

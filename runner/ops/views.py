@@ -1,0 +1,86 @@
+"""What the read side hands to people and to ``--json``: ISO 8601 times and the JSON
+shapes of an instance and an attempt.
+
+Timestamps leave here as ISO 8601 UTC strings via :func:`iso`; the database keeps float
+epoch seconds. Pure: no database.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+INSTANCE_KEYS = (
+    "id",
+    "flow",
+    "label",
+    "state",
+    "status",
+    "data",
+    "attempts",
+    "errors",
+    "restarts",
+    "due_at",
+    "locked_by",
+    "locked_until",
+    "created_at",
+    "updated_at",
+)
+_TIME_KEYS = ("due_at", "locked_until", "created_at", "updated_at", "state_changed")
+#: The columns :func:`instance_json` reads.
+JSON_KEYS = (
+    *INSTANCE_KEYS,
+    "version",
+    "state_restarts",
+    "state_errors",
+    "last_error",
+    "state_changed",
+    "running_attempt",
+)
+#: The columns ``flowrun ls`` shows (its table needs no data and no error times).
+TABLE_KEYS = (
+    *(k for k in INSTANCE_KEYS if k not in ("data", "created_at", "updated_at")),
+    "last_error",
+    "running_attempt",
+)
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds → ISO 8601 UTC with milliseconds and a ``Z`` (``None`` stays ``None``)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def instance_json(row: Any) -> dict:
+    """The ``--json`` object of one instance row (a mapping of ``instances`` columns)."""
+    out = {k: row[k] for k in INSTANCE_KEYS}
+    out.update(
+        version=row["version"],
+        state_restarts=row["state_restarts"],
+        state_errors=len(row["state_errors"] or []),
+        last_error=row["last_error"],
+        state_changed=row["state_changed"],
+        running_attempt=row["running_attempt"],
+    )
+    for k in _TIME_KEYS:
+        out[k] = iso(out[k])
+    return out
+
+
+def attempt_json(row: Any) -> dict:
+    """The ``history`` entry of one attempt row."""
+    return {
+        "attempt": row["attempt"],
+        "state": row["state"],
+        "worker": row["worker"],
+        "started_at": iso(row["started_at"]),
+        "finished_at": iso(row["finished_at"]),
+        "duration": (
+            round(row["finished_at"] - row["started_at"], 6) if row["finished_at"] else None
+        ),
+        "outcome": row["outcome"],
+        "to_state": row["to_state"],
+        "error": row["error"],
+        "checkpoint": row["checkpoint"],
+    }
