@@ -1,8 +1,8 @@
 """``flowrun explain ID [--json]``: the timeline and forecast of one instance, as text.
 
-The facts and their text come from ``runner.ops.explain`` (pure, over
-``runner.ops.detail.instance_rows``), which the console's explain screen shows too (the
-console may not import the CLI).
+The facts and their text come from ``runner.ops.explain`` and ``runner.ops.explanation``
+(pure, over ``runner.ops.detail.instance_rows``), which the console's explain screen
+shows too (the console may not import the CLI).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def explain(c: Ctx, instance_id: int, as_json: bool):
     if as_json:
         click.echo(json.dumps(result.as_json(iso), indent=2, default=str))
         return
-    from runner.ops.explain import render_text
+    from runner.ops.explanation import render_text
 
     click.echo(render_text(result, now))
 

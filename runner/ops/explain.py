@@ -9,7 +9,9 @@ lease expiry, a command or a requested sleep. The forecast applies the same rule
 instance as it stands: when it is due and why, what the next error would do, what a
 missed keepalive would do.
 
-Pure: the rows come from ``runner.ops.detail.instance_rows`` and the compiled flows from
+The forecast is ``runner.ops.forecast``; the values and the text
+``runner.ops.explanation``. Pure: the rows come from ``runner.ops.detail.instance_rows``
+and the compiled flows from ``runner.ops.detail.stored_flow`` or
 ``runner.store.versions.compiled`` (passed in as ``flow_of``). Times are float epoch
 seconds, UTC. Answers operators asking "why is this retrying / stuck" (temporal#6605,
 temporalio/ui#884), who otherwise get raw event lists.
@@ -18,121 +20,21 @@ temporalio/ui#884), who otherwise get raw event lists.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from runner import lifecycle
-from runner.flowspec.policy import Backoff, Policy
-
-
-@dataclass
-class Entry:
-    """One line of the timeline or the forecast.
-
-    Attributes:
-        at: epoch seconds (UTC) the entry is about (``None`` for a forecast without a time).
-        kind: ``created``, ``attempt``, ``wait``, ``budget``, ``restart``, ``command``,
-            ``rule``, ``version``, ``sleep``, ``running`` (timeline) or ``due``,
-            ``next_error``, ``next_restart`` (forecast).
-        text: the sentence an operator reads.
-        data: the same facts as fields, for ``--json``.
-    """
-
-    at: float | None
-    kind: str
-    text: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Explanation:
-    """What :func:`explain` returns: the instance's summary, timeline and forecast."""
-
-    instance: dict[str, Any]
-    timeline: list[Entry]
-    forecast: list[Entry]
-
-    def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
-        """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
-
-        def entry(e: Entry) -> dict:
-            return {**asdict(e), "at": iso(e.at), "at_epoch": e.at}
-
-        return {
-            "instance": self.instance,
-            "timeline": [entry(e) for e in self.timeline],
-            "forecast": [entry(e) for e in self.forecast],
-        }
-
-
-def secs(value: float | None) -> str:
-    """A duration for people: ``250ms``, ``4.2s``, ``5m``, ``1h 30m``, ``2d 3h``."""
-    if value is None:
-        return "none"
-    v = max(0.0, float(value))
-    if v < 1:
-        return f"{v * 1000:.0f}ms"
-    if v < 60:
-        return f"{v:.3g}s" if v < 10 else f"{v:.0f}s"
-    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
-        if v >= size:
-            whole, rest = divmod(v, size)
-            rest_units = int(rest // subsize)
-            return f"{int(whole)}{unit}" + (f" {rest_units}{sub}" if rest_units else "")
-    whole, rest = divmod(v, 60)
-    return f"{int(whole)}m" + (f" {int(rest)}s" if int(rest) else "")
-
-
-def first_line(text: str | None, limit: int = 160) -> str:
-    """The first non-empty line of ``text``, cut to ``limit`` characters."""
-    for line in (text or "").splitlines():
-        if line.strip():
-            line = line.strip()
-            return line if len(line) <= limit else line[: limit - 1] + "…"
-    return ""
-
-
-def backoff_range(backoff: Backoff, n: int) -> tuple[float, float, float]:
-    """``(base, low, high)``: backoff ``n``'s base delay and the range its jittered delay is
-    drawn from (seconds), exactly as ``Backoff.delay`` draws it."""
-    base = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
-    if backoff.jitter == "full":
-        return base, 0.0, base
-    if backoff.jitter == "equal":
-        return base, base / 2, base
-    return base, base, base
-
-
-def describe_backoff(backoff: Backoff, n: int) -> str:
-    """``"backoff 2: 10s, full jitter: a delay drawn from 0s to 10s"``."""
-    base, low, high = backoff_range(backoff, n)
-    if backoff.jitter == "none":
-        return f"backoff {n}: {secs(base)} (no jitter)"
-    drawn = f"a delay drawn from {secs(low)} to {secs(high)}"
-    return f"backoff {n}: {secs(base)}, {backoff.jitter} jitter: {drawn}"
-
-
-def exhausted_target(policy: Policy) -> str:
-    """What ``on_exhausted`` does, in words."""
-    target = policy.on_exhausted
-    if target in ("failed", "paused"):
-        return f"the instance becomes {target} (on_exhausted: {target})"
-    return f"the instance moves to state {target!r} (on_exhausted: {target})"
-
-
-@dataclass
-class _Track:
-    """What the replay knows at a point in time (mirrors the instance's counters)."""
-
-    state: str
-    version: str
-    errors: list[float] = field(default_factory=list)
-    restarts: int = 0
-    wait_cause: str | None = None
-    wait_from: float | None = None
-    wait_data: dict[str, Any] = field(default_factory=dict)
-    interrupts: list[str] = field(default_factory=list)
+from runner.flowspec.policy import Policy
+from runner.ops.explanation import (
+    Entry,
+    Explanation,
+    Track,
+    backoff_range,
+    describe_backoff,
+    exhausted_target,
+    first_line,
+    secs,
+)
+from runner.ops.forecast import forecast
 
 
 def explain(
@@ -154,7 +56,7 @@ def explain(
     migrations = [c for c in cmds if c["command"] == "migrate" and c["status"] == "applied"]
     first_version = (migrations[0]["args"].get("from") if migrations else None) or inst["version"]
     first_state = _first_state(rows, flow_of, first_version)
-    t = _Track(state=first_state, version=first_version)
+    t = Track(state=first_state, version=first_version)
     out: list[Entry] = [_created(inst, rows.get("event"), first_state, first_version)]
     _wait(t, inst["created_at"], "created due at once", kind="created", high=0.0)
 
@@ -265,7 +167,7 @@ def _running(a: dict, inst: dict, now: float) -> Entry:
     )
 
 
-def _close_wait(out: list[Entry], t: _Track, at: float, a: dict) -> None:
+def _close_wait(out: list[Entry], t: Track, at: float, a: dict) -> None:
     if t.wait_from is None:
         return
     waited = at - t.wait_from
@@ -282,15 +184,15 @@ def _close_wait(out: list[Entry], t: _Track, at: float, a: dict) -> None:
     t.wait_from, t.wait_cause, t.wait_data, t.interrupts = None, None, {}, []
 
 
-def _wait(t: _Track, at: float, cause: str, **data: Any) -> None:
+def _wait(t: Track, at: float, cause: str, **data: Any) -> None:
     t.wait_from, t.wait_cause, t.wait_data, t.interrupts = at, cause, {"cause": data}, []
 
 
-def _enter(t: _Track, state: str) -> None:
+def _enter(t: Track, state: str) -> None:
     t.state, t.errors, t.restarts = state, [], 0
 
 
-def _ended(out: list[Entry], t: _Track, a: dict, pol: Policy | None, flow_of) -> None:
+def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> None:
     at = a["finished_at"] or a["started_at"]
     took = secs(at - a["started_at"]) if a["started_at"] is not None else "?"
     outcome, head = a["outcome"], f"attempt {a['attempt']} in {a['state']!r} on {a['worker']}"
@@ -394,7 +296,7 @@ def _ended(out: list[Entry], t: _Track, a: dict, pol: Policy | None, flow_of) ->
     out.append(Entry(a["started_at"], "attempt", f"{head}: {outcome}", data))
 
 
-def _spend(out: list[Entry], t: _Track, at: float, pol: Policy | None, flow_of) -> None:
+def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -> None:
     if pol is None:
         out.append(
             Entry(
@@ -446,7 +348,7 @@ def _spend(out: list[Entry], t: _Track, at: float, pol: Policy | None, flow_of) 
         )
 
 
-def _command(out: list[Entry], t: _Track, c: dict, flow_of) -> None:
+def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
     source = c["source"] or "cli"
     who = f"rule {source[5:]}" if source.startswith("rule:") else source
     kind = "rule" if source.startswith("rule:") else "command"
@@ -484,150 +386,3 @@ def _command(out: list[Entry], t: _Track, c: dict, flow_of) -> None:
         _wait(t, c["created_at"], f"{name} by {who}", kind="command", command=name)
     elif name == "sleep":
         _wait(t, c["created_at"], f"put to sleep by {who} (nothing spent)", kind="sleep")
-
-
-def forecast(inst: dict, flow: Any, now: float, t: _Track | None = None) -> list[Entry]:
-    """What happens next to ``inst`` (an ``instances`` row as a dict) under ``flow`` (its
-    ``CompiledFlow``, or ``None`` when its version no longer compiles) at ``now``.
-
-    Returns entries ``due`` (when and why), ``next_error`` (the backoff range, the budget
-    left, ``on_exhausted``'s target) and ``next_restart`` (what a timeout, a missed
-    keepalive or a lost attempt would do: restarts left).
-    """
-    out = [_due(inst, flow, now, t)]
-    st = flow.states.get(inst["state"]) if flow is not None else None
-    if (
-        st is None
-        or st.kind in ("terminal", "external")
-        or inst["status"] in ("completed", "killed")
-    ):
-        return out
-    pol = st.policy
-    after = ""
-    if inst["status"] == "failed":  # a retry starts the state's counters afresh
-        inst = {**inst, "state_errors": [], "state_restarts": 0}
-        after = "after a retry, "
-    errs = lifecycle.in_window(inst["state_errors"], now, pol.window)
-    n = len(errs) + 1
-    if n < pol.max_errors:
-        base, low, high = backoff_range(pol.backoff, n)
-        text = (
-            f"{after}the next error would be error {n} of {pol.max_errors} in {secs(pol.window)}: "
-            f"{describe_backoff(pol.backoff, n)}; {pol.max_errors - n} more before on_exhausted "
-            f"({exhausted_target(pol)})"
-        )
-        data = {"n": n, "base": base, "low": low, "high": high, "left": pol.max_errors - len(errs)}
-    else:
-        text = (
-            f"{after}the next error would be error {n} of {pol.max_errors} in {secs(pol.window)}: "
-            f"the budget would be spent, so {exhausted_target(pol)}"
-        )
-        data = {"n": n, "left": pol.max_errors - len(errs), "on_exhausted": pol.on_exhausted}
-    if errs:
-        text += (
-            f"; the oldest counted error leaves the window in {secs(errs[0] + pol.window - now)}"
-        )
-        data["refill_at"] = errs[0] + pol.window
-    out.append(Entry(None, "next_error", text, data))
-    used = inst["state_restarts"]
-    limits = [f"timeout {secs(pol.timeout)}" if pol.timeout else "no timeout"]
-    limits.append(f"keepalive {secs(pol.keepalive)}" if pol.keepalive else "no keepalive")
-    if used + 1 > pol.max_restarts:
-        then = f"restarts are spent ({used} of {pol.max_restarts}): the instance would fail"
-    else:
-        then = (
-            f"restart {used + 1} of {pol.max_restarts}: it runs again at once from its last "
-            f"checkpoint, no error budget spent ({pol.max_restarts - used - 1} restarts left after)"
-        )
-    out.append(
-        Entry(
-            None,
-            "next_restart",
-            f"{after}a missed keepalive, a timeout or a lost attempt ({', '.join(limits)}) "
-            f"would be {then}",
-            {
-                "restarts": used,
-                "max_restarts": pol.max_restarts,
-                "timeout": pol.timeout,
-                "keepalive": pol.keepalive,
-            },
-        )
-    )
-    return out
-
-
-def _due(inst: dict, flow: Any, now: float, t: _Track | None) -> Entry:
-    iid, status, due = inst["id"], inst["status"], inst["due_at"]
-    why = t.wait_cause if t is not None and t.wait_cause else None
-    data: dict[str, Any] = {"status": status, "due_at": due, "why": why}
-    st = flow.states.get(inst["state"]) if flow is not None else None
-    if inst.get("running_attempt") is not None:
-        text = (
-            f"attempt {inst['running_attempt']} is running on {inst['locked_by']}; its "
-            "outcome decides what is next"
-        )
-    elif status == "completed":
-        text = f"nothing: completed in terminal state {inst['state']!r}"
-    elif status == "killed":
-        text = "nothing: killed by a command"
-    elif status == "failed":
-        text = (
-            f"nothing until an operator acts: failed ({first_line(inst['last_error'])}); "
-            f"`flowrun retry {iid}` runs {inst['state']!r} again with a fresh error budget"
-        )
-    elif status == "paused":
-        text = f"nothing until `flowrun resume {iid}`: paused (then due at once)"
-        if inst.get("last_error") and inst["last_error"].startswith("error budget spent"):
-            why_paused = first_line(inst["last_error"])
-            text = f"nothing until `flowrun resume {iid}`: paused because {why_paused}"
-    elif due is None and st is not None and st.kind == "external":
-        events = ", ".join(f"`flowrun send {iid} {e}` (→ {s})" for e, s in st.on.items())
-        text = f"waits in {inst['state']!r} for an event: {events or 'none accepted'}"
-    elif due is None:
-        text = "not scheduled"
-    elif due <= now:
-        text = f"due now (since {secs(now - due)}): the next free worker claims it"
-        if why:
-            text += f"; it waited for: {why}"
-    else:
-        word = "sleeping" if status == "sleeping" else "due"
-        text = f"{word} until {_clock(due)} (in {secs(due - now)})"
-        if why:
-            text += f": {why}"
-    return Entry(due, "due", text, data)
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def render_text(explanation: Explanation, now: float) -> str:
-    """The text of ``explanation`` (a ``runner.ops.explain.Explanation``) at ``now``
-    (epoch seconds): what ``flowrun explain`` prints and the console shows. A header,
-    the timeline (UTC clock time and seconds since the instance
-    was created), and what happens next."""
-    inst = explanation.instance
-    lines = [
-        f"instance {inst['id']} of flow {inst['flow']}: state {inst['state']!r}, "
-        f"status {inst['status']} (flow version {inst['version']})",
-        f"{inst['attempts']} attempts, {inst['errors']} errors, {inst['restarts']} restarts "
-        "in its life",
-        "",
-        "What happened (times UTC; +time since it was created):",
-    ]
-    start = explanation.timeline[0].at if explanation.timeline else now
-    day = None
-    for e in explanation.timeline:
-        at = datetime.fromtimestamp(e.at or start, UTC)
-        if at.date() != day:
-            day = at.date()
-            lines.append(f"  {day.isoformat()}")
-        stamp = at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
-        offset = "+" + secs((e.at or start) - start)
-        mark = "  ·" if e.kind in ("wait", "budget", "restart") else "  -"
-        lines.append(f"{mark} {stamp} {offset:>8}  {e.text}")
-    lines += ["", f"What happens next (now {datetime.fromtimestamp(now, UTC):%H:%M:%S} UTC):"]
-    titles = {"due": "next", "next_error": "on error", "next_restart": "if stuck"}
-    for e in explanation.forecast:
-        lines.append(f"  {titles.get(e.kind, e.kind):>8}: {e.text}")
-    return "\n".join(lines)

@@ -197,7 +197,8 @@ class ConsoleData:
         """The text of ``flowrun explain`` for one instance (``runner.ops.explain``), or
         ``None`` when there is no such id."""
         from runner.ops.detail import instance_rows
-        from runner.ops.explain import explain, render_text
+        from runner.ops.explain import explain
+        from runner.ops.explanation import render_text
 
         rows = instance_rows(self.reader, instance_id)
         if rows is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from runner.ops.detail import instance_rows
-from runner.ops.explain import explain, render_text
+from runner.ops.explain import explain
+from runner.ops.explanation import render_text
 from runner.store.versions import compiled
 from runner.tui.app import FlowrunApp
 from runner.tui.screens.detail import DetailScreen

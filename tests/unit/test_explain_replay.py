@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.ops.explain import explain, render_text
+from runner.ops.explain import explain
+from runner.ops.explanation import render_text
 from tests.support.fault import load, write_flow
 
 T0 = 1_800_000_000.0

@@ -1,5 +1,5 @@
 """The console's explain screen (``e`` on an instance): the same text as ``flowrun explain``
-(``runner.ops.explain.render_text``), refreshed every few seconds."""
+(``runner.ops.explanation.render_text``), refreshed every few seconds."""
 
 from __future__ import annotations
 

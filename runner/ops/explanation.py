@@ -1,0 +1,164 @@
+"""What ``flowrun explain`` says, as values and as text: the :class:`Entry` lines of a
+timeline and a forecast, the :class:`Explanation` holding them, the replay's
+:class:`Track`, the wording of durations and backoffs, and :func:`render_text`.
+
+Pure: ``runner.ops.explain`` builds the timeline, ``runner.ops.forecast`` what comes next.
+Times are float epoch seconds, UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from runner.flowspec.policy import Backoff, Policy
+
+
+@dataclass
+class Entry:
+    """One line of the timeline or the forecast.
+
+    Attributes:
+        at: epoch seconds (UTC) the entry is about (``None`` for a forecast without a time).
+        kind: ``created``, ``attempt``, ``wait``, ``budget``, ``restart``, ``command``,
+            ``rule``, ``version``, ``sleep``, ``running`` (timeline) or ``due``,
+            ``next_error``, ``next_restart`` (forecast).
+        text: the sentence an operator reads.
+        data: the same facts as fields, for ``--json``.
+    """
+
+    at: float | None
+    kind: str
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Explanation:
+    """What ``runner.ops.explain.explain`` returns: the instance's summary, timeline and
+    forecast."""
+
+    instance: dict[str, Any]
+    timeline: list[Entry]
+    forecast: list[Entry]
+
+    def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
+        """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
+
+        def entry(e: Entry) -> dict:
+            return {**asdict(e), "at": iso(e.at), "at_epoch": e.at}
+
+        return {
+            "instance": self.instance,
+            "timeline": [entry(e) for e in self.timeline],
+            "forecast": [entry(e) for e in self.forecast],
+        }
+
+
+def secs(value: float | None) -> str:
+    """A duration for people: ``250ms``, ``4.2s``, ``5m``, ``1h 30m``, ``2d 3h``."""
+    if value is None:
+        return "none"
+    v = max(0.0, float(value))
+    if v < 1:
+        return f"{v * 1000:.0f}ms"
+    if v < 60:
+        return f"{v:.3g}s" if v < 10 else f"{v:.0f}s"
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if v >= size:
+            whole, rest = divmod(v, size)
+            rest_units = int(rest // subsize)
+            return f"{int(whole)}{unit}" + (f" {rest_units}{sub}" if rest_units else "")
+    whole, rest = divmod(v, 60)
+    return f"{int(whole)}m" + (f" {int(rest)}s" if int(rest) else "")
+
+
+def first_line(text: str | None, limit: int = 160) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters."""
+    for line in (text or "").splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def backoff_range(backoff: Backoff, n: int) -> tuple[float, float, float]:
+    """``(base, low, high)``: backoff ``n``'s base delay and the range its jittered delay is
+    drawn from (seconds), exactly as ``Backoff.delay`` draws it."""
+    base = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
+    if backoff.jitter == "full":
+        return base, 0.0, base
+    if backoff.jitter == "equal":
+        return base, base / 2, base
+    return base, base, base
+
+
+def describe_backoff(backoff: Backoff, n: int) -> str:
+    """``"backoff 2: 10s, full jitter: a delay drawn from 0s to 10s"``."""
+    base, low, high = backoff_range(backoff, n)
+    if backoff.jitter == "none":
+        return f"backoff {n}: {secs(base)} (no jitter)"
+    drawn = f"a delay drawn from {secs(low)} to {secs(high)}"
+    return f"backoff {n}: {secs(base)}, {backoff.jitter} jitter: {drawn}"
+
+
+def exhausted_target(policy: Policy) -> str:
+    """What ``on_exhausted`` does, in words."""
+    target = policy.on_exhausted
+    if target in ("failed", "paused"):
+        return f"the instance becomes {target} (on_exhausted: {target})"
+    return f"the instance moves to state {target!r} (on_exhausted: {target})"
+
+
+@dataclass
+class Track:
+    """What the replay (``runner.ops.explain``) knows at a point in time: it mirrors the
+    instance's counters; the forecast (``runner.ops.forecast``) reads why it waits."""
+
+    state: str
+    version: str
+    errors: list[float] = field(default_factory=list)
+    restarts: int = 0
+    wait_cause: str | None = None
+    wait_from: float | None = None
+    wait_data: dict[str, Any] = field(default_factory=dict)
+    interrupts: list[str] = field(default_factory=list)
+
+
+def clock(ts: float) -> str:
+    """Epoch seconds as ``YYYY-MM-DD HH:MM:SS UTC``."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_text(explanation: Explanation, now: float) -> str:
+    """The text of ``explanation`` (an :class:`Explanation`) at ``now``
+    (epoch seconds): what ``flowrun explain`` prints and the console shows. A header,
+    the timeline (UTC clock time and seconds since the instance
+    was created), and what happens next."""
+    inst = explanation.instance
+    lines = [
+        f"instance {inst['id']} of flow {inst['flow']}: state {inst['state']!r}, "
+        f"status {inst['status']} (flow version {inst['version']})",
+        f"{inst['attempts']} attempts, {inst['errors']} errors, {inst['restarts']} restarts "
+        "in its life",
+        "",
+        "What happened (times UTC; +time since it was created):",
+    ]
+    start = explanation.timeline[0].at if explanation.timeline else now
+    day = None
+    for e in explanation.timeline:
+        at = datetime.fromtimestamp(e.at or start, UTC)
+        if at.date() != day:
+            day = at.date()
+            lines.append(f"  {day.isoformat()}")
+        stamp = at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
+        offset = "+" + secs((e.at or start) - start)
+        mark = "  ·" if e.kind in ("wait", "budget", "restart") else "  -"
+        lines.append(f"{mark} {stamp} {offset:>8}  {e.text}")
+    lines += ["", f"What happens next (now {datetime.fromtimestamp(now, UTC):%H:%M:%S} UTC):"]
+    titles = {"due": "next", "next_error": "on error", "next_restart": "if stuck"}
+    for e in explanation.forecast:
+        lines.append(f"  {titles.get(e.kind, e.kind):>8}: {e.text}")
+    return "\n".join(lines)

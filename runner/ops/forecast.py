@@ -1,0 +1,134 @@
+"""What happens next to an instance, the forecast of ``flowrun explain``: when it is due
+and why, what the next error would do (the backoff range, the budget left,
+``on_exhausted``) and what a timeout, a missed keepalive or a lost attempt would do.
+
+Pure: applies the fault model the worker applies (``runner.engine.outcomes``) to the
+instance as it stands. Times are float epoch seconds, UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner import lifecycle
+from runner.ops.explanation import (
+    Entry,
+    Track,
+    backoff_range,
+    clock,
+    describe_backoff,
+    exhausted_target,
+    first_line,
+    secs,
+)
+
+
+def forecast(inst: dict, flow: Any, now: float, t: Track | None = None) -> list[Entry]:
+    """What happens next to ``inst`` (an ``instances`` row as a dict) under ``flow`` (its
+    ``CompiledFlow``, or ``None`` when its version no longer compiles) at ``now``.
+
+    Returns entries ``due`` (when and why), ``next_error`` (the backoff range, the budget
+    left, ``on_exhausted``'s target) and ``next_restart`` (what a timeout, a missed
+    keepalive or a lost attempt would do: restarts left).
+    """
+    out = [_due(inst, flow, now, t)]
+    st = flow.states.get(inst["state"]) if flow is not None else None
+    if (
+        st is None
+        or st.kind in ("terminal", "external")
+        or inst["status"] in ("completed", "killed")
+    ):
+        return out
+    pol = st.policy
+    after = ""
+    if inst["status"] == "failed":  # a retry starts the state's counters afresh
+        inst = {**inst, "state_errors": [], "state_restarts": 0}
+        after = "after a retry, "
+    errs = lifecycle.in_window(inst["state_errors"], now, pol.window)
+    n = len(errs) + 1
+    if n < pol.max_errors:
+        base, low, high = backoff_range(pol.backoff, n)
+        text = (
+            f"{after}the next error would be error {n} of {pol.max_errors} in {secs(pol.window)}: "
+            f"{describe_backoff(pol.backoff, n)}; {pol.max_errors - n} more before on_exhausted "
+            f"({exhausted_target(pol)})"
+        )
+        data = {"n": n, "base": base, "low": low, "high": high, "left": pol.max_errors - len(errs)}
+    else:
+        text = (
+            f"{after}the next error would be error {n} of {pol.max_errors} in {secs(pol.window)}: "
+            f"the budget would be spent, so {exhausted_target(pol)}"
+        )
+        data = {"n": n, "left": pol.max_errors - len(errs), "on_exhausted": pol.on_exhausted}
+    if errs:
+        text += (
+            f"; the oldest counted error leaves the window in {secs(errs[0] + pol.window - now)}"
+        )
+        data["refill_at"] = errs[0] + pol.window
+    out.append(Entry(None, "next_error", text, data))
+    used = inst["state_restarts"]
+    limits = [f"timeout {secs(pol.timeout)}" if pol.timeout else "no timeout"]
+    limits.append(f"keepalive {secs(pol.keepalive)}" if pol.keepalive else "no keepalive")
+    if used + 1 > pol.max_restarts:
+        then = f"restarts are spent ({used} of {pol.max_restarts}): the instance would fail"
+    else:
+        then = (
+            f"restart {used + 1} of {pol.max_restarts}: it runs again at once from its last "
+            f"checkpoint, no error budget spent ({pol.max_restarts - used - 1} restarts left after)"
+        )
+    out.append(
+        Entry(
+            None,
+            "next_restart",
+            f"{after}a missed keepalive, a timeout or a lost attempt ({', '.join(limits)}) "
+            f"would be {then}",
+            {
+                "restarts": used,
+                "max_restarts": pol.max_restarts,
+                "timeout": pol.timeout,
+                "keepalive": pol.keepalive,
+            },
+        )
+    )
+    return out
+
+
+def _due(inst: dict, flow: Any, now: float, t: Track | None) -> Entry:
+    iid, status, due = inst["id"], inst["status"], inst["due_at"]
+    why = t.wait_cause if t is not None and t.wait_cause else None
+    data: dict[str, Any] = {"status": status, "due_at": due, "why": why}
+    st = flow.states.get(inst["state"]) if flow is not None else None
+    if inst.get("running_attempt") is not None:
+        text = (
+            f"attempt {inst['running_attempt']} is running on {inst['locked_by']}; its "
+            "outcome decides what is next"
+        )
+    elif status == "completed":
+        text = f"nothing: completed in terminal state {inst['state']!r}"
+    elif status == "killed":
+        text = "nothing: killed by a command"
+    elif status == "failed":
+        text = (
+            f"nothing until an operator acts: failed ({first_line(inst['last_error'])}); "
+            f"`flowrun retry {iid}` runs {inst['state']!r} again with a fresh error budget"
+        )
+    elif status == "paused":
+        text = f"nothing until `flowrun resume {iid}`: paused (then due at once)"
+        if inst.get("last_error") and inst["last_error"].startswith("error budget spent"):
+            why_paused = first_line(inst["last_error"])
+            text = f"nothing until `flowrun resume {iid}`: paused because {why_paused}"
+    elif due is None and st is not None and st.kind == "external":
+        events = ", ".join(f"`flowrun send {iid} {e}` (→ {s})" for e, s in st.on.items())
+        text = f"waits in {inst['state']!r} for an event: {events or 'none accepted'}"
+    elif due is None:
+        text = "not scheduled"
+    elif due <= now:
+        text = f"due now (since {secs(now - due)}): the next free worker claims it"
+        if why:
+            text += f"; it waited for: {why}"
+    else:
+        word = "sleeping" if status == "sleeping" else "due"
+        text = f"{word} until {clock(due)} (in {secs(due - now)})"
+        if why:
+            text += f": {why}"
+    return Entry(due, "due", text, data)
