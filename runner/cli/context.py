@@ -12,7 +12,7 @@ import click
 from runner.errors import ConfigError, FlowErrors, UserError
 
 if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
-    from runner.engine.worker import WorkerConfig
+    from runner.engine.config import WorkerConfig
     from runner.flowspec.registry import FlowRegistry
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
@@ -173,7 +173,7 @@ pass_ctx = click.make_pass_decorator(Ctx)
 def worker_config(c: Ctx) -> WorkerConfig:
     """The ``WorkerConfig`` the global options in ``c`` describe (lease and grace in
     seconds); raises ``KeyError`` if ``c.worker_options`` was never set."""
-    from runner.engine.worker import WorkerConfig
+    from runner.engine.config import WorkerConfig
 
     o = c.worker_options
     cfg = WorkerConfig(

@@ -18,9 +18,12 @@ Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one tu
 named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
 below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
 ``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
-a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``); the attempts in
-progress are a ``running.RunningAttempts``; blocking calls go to a
-``db_thread.DatabaseThread``. :meth:`Worker.run_single_cycle` runs one cycle for tests.
+a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
+``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when the loop
+decides, which waits a moment for a batch while the worker is nearly full
+(``batching.Hold``); the attempts in progress are a ``running.RunningAttempts``; blocking
+calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``.
+:meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
 from __future__ import annotations
@@ -28,56 +31,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from runner.engine import cycle
+from runner.engine import batching, cycle
+from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
+from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.handlers import reaper
 from runner.store import heartbeat
-from runner.store.db import no_wait_engine, short_error
-from runner.store.wal import WalCheckpointer
+from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.worker")
-
-
-@dataclass
-class WorkerConfig:
-    """Options of one worker; every duration is in seconds.
-
-    ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
-    creating an instance, cuts it short). With ``listen`` (set by the daemon on
-    PostgreSQL, which then feeds :meth:`Worker.notify_due` from a ``LISTEN`` connection,
-    ``runner.store.notify``) the worker sleeps until the earliest due time or lease expiry
-    it knows, looking anyway every ``idle_poll`` seconds (``None``: half the lease; ``0``:
-    never). ``fence_poll`` how often running attempts are
-    checked for commands; ``grace`` how long a graceful stop waits for running attempts.
-    ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
-    while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
-    and must not raise.
-    """
-
-    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    lease: float = 60.0
-    concurrency: int = 8
-    poll: float = 0.05
-    fence_poll: float = 0.25
-    grace: float = 30.0
-    kill_grace: float = 5.0
-    heartbeat: float = 2.0
-    exit_when_idle: bool = False
-    on_tick: Callable[[], None] | None = None
-    listen: bool = False
-    idle_poll: float | None = None
 
 
 class Worker:
@@ -115,11 +86,10 @@ class Worker:
         self._poke = False
         self._down_at_stop = False  # stopping, and the database down when the grace ran out
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._no_wait = no_wait_engine(engine)
-        self._wal: WalCheckpointer | None = None
-        # the database cycle in flight (at most one), and the finished attempts it commits
-        self._inflight: asyncio.Future | None = None
-        self._sent: list = []
+        #: the database cycles (at most one in flight) and the finished attempts they commit
+        self.cycles = CycleRunner(engine, self.attempts, self._db)
+        self.cycles.on_done = self._cycle_ended
+        self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
         self._grace_deadline: float | None = None
         self._outage = OutageBackoff()
@@ -178,15 +148,9 @@ class Worker:
     async def run(self) -> None:
         """Run until stopped (or idle, with ``exit_when_idle``).
 
-        At most one database cycle is in flight at a time. On PostgreSQL it runs on the
-        worker's database thread while handlers keep running on the loop (its statements
-        are network round trips). On SQLite it runs on the loop itself, through a sibling
-        engine that never waits for the write lock (``db.no_wait_engine``): a cycle takes
-        about 1.5 ms for 64 attempts, and handing it to a thread and back cost more than
-        the handlers lost by waiting (measured: +15-20% attempts/s); when another
-        process holds the lock, that cycle goes to the database thread, which may wait.
-        A cycle that fails because the database went away is retried with backoff, with
-        its finished attempts kept: nothing is lost.
+        At most one database cycle is in flight at a time, on the loop or the database
+        thread (``cycle_runner``). A cycle that fails because the database went away is
+        retried with backoff, with its finished attempts kept: nothing is lost.
         """
         await self._open()
         reaper.start()  # exec handlers' escaped descendants are ended with their attempt
@@ -213,7 +177,7 @@ class Worker:
         now = time.monotonic()
         if self._stopping and self._stop_done(now):
             return False
-        if self._inflight is not None and self._inflight.done():
+        if self.cycles.done():
             await self._collect()
             if self._down_at_stop:
                 return False
@@ -223,7 +187,7 @@ class Worker:
             self._recover.next_at = now
         if self._poke:
             self._poke, self._want_claim = False, True
-        if self._inflight is None and self._start_cycle(now):
+        if self.cycles.inflight is None and self._start_cycle(now):
             return True
         await self._chores(now)
         if self.config.exit_when_idle and await self._idle_exit(now):
@@ -243,14 +207,7 @@ class Worker:
         if self._wake is None:
             self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
             self.attempts.ended = self._wake
-        request = self._take_finished(self._free(), recover=True)
-        try:
-            result = await self._db.call(cycle.run_cycle, self.engine, request)
-        except DBAPIError:
-            self.attempts.put_back(self._sent)
-            self._sent = []
-            raise
-        self._sent = []
+        result = await self.cycles.run_now(self._request(self._free(), recover=True))
         self._took(result)
         return result
 
@@ -280,8 +237,7 @@ class Worker:
             cfg.concurrency,
             cfg.lease,
         )
-        if self._no_wait is not None:
-            self._wal = WalCheckpointer(self._no_wait.url.database or "").start()
+        self.cycles.start_wal()
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits or is in flight; past the grace
@@ -291,7 +247,7 @@ class Worker:
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
-        if not self.running and not self.attempts.finished and self._inflight is None:
+        if not self.running and not self.attempts.finished and self.cycles.inflight is None:
             return True
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
@@ -300,12 +256,9 @@ class Worker:
     async def _collect(self) -> None:
         """Take the result of the cycle that ended: count it and start what it claimed. On
         a database error its finished attempts go back for the next cycle, after a backoff."""
-        done, sent = self._inflight, self._sent
-        self._inflight, self._sent = None, []
         try:
-            result = done.result()  # type: ignore[union-attr]
-        except DBAPIError as exc:
-            self.attempts.put_back(sent)  # commit them with the next cycle
+            result = self.cycles.collect()
+        except DBAPIError as exc:  # its attempts are back: committed with the next cycle
             if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
                 self._down_at_stop = True  # stopping, down past the grace: _close tries once
                 return
@@ -335,7 +288,9 @@ class Worker:
         recover = not self._stopping and self._recover.due(now)
         if not (self.attempts.finished or recover or (free > 0 and (self._want_claim or probe))):
             return False
-        self._inflight = self._submit(self._take_finished(free, probe, recover))
+        if not recover and self._hold.wait(now, 0 if self._stopping else len(self.running)):
+            return False  # nearly full: more attempts end soon, commit them together
+        self.cycles.submit(self._request(free, probe, recover))
         self._want_claim = False
         if probe:
             self._probe.restart(now)
@@ -358,7 +313,7 @@ class Worker:
     async def _idle_exit(self, now: float) -> bool:
         """``--exit-when-idle``: True when nothing is in flight, running, finished,
         pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if self._inflight is not None or self.running or self.attempts.finished:
+        if self.cycles.inflight is not None or self.running or self.attempts.finished:
             return False
         if not self._idle_check.check(now):
             return False
@@ -370,7 +325,7 @@ class Worker:
     def _timeout(self) -> float:
         """How long the loop may wait (seconds) before its next step is due."""
         cfg = self.config
-        if self._inflight is not None:
+        if self.cycles.inflight is not None:
             timeout = 1.0  # its done-callback wakes us
         elif not self._stopping and len(self.running) < cfg.concurrency:
             next_at = min(
@@ -380,7 +335,7 @@ class Worker:
         else:
             timeout = cfg.fence_poll
         if self.running:
-            timeout = min(timeout, cfg.fence_poll)
+            timeout = min(timeout, cfg.fence_poll, self._hold.left(time.monotonic()))
         return timeout
 
     # -- cycles ------------------------------------------------------------------------
@@ -389,28 +344,14 @@ class Worker:
         """Free slots for new attempts (none while stopping)."""
         return 0 if self._stopping else self.config.concurrency - len(self.running)
 
-    def _take_finished(self, free: int, probe: bool = False, recover: bool = False):
-        """The next cycle's :class:`CycleRequest`: every attempt finished so far (moved to
-        ``_sent`` until the cycle is done), with ``free`` slots."""
+    def _request(self, free: int, probe: bool = False, recover: bool = False) -> CycleRequest:
+        """The next cycle's :class:`CycleRequest`: every attempt finished so far, with
+        ``free`` slots."""
         cfg = self.config
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
-        self._sent = self.attempts.take()
-        return cycle.decide_finished(self.engine, self._sent, request, stopping=self._stopping)
+        return self.cycles.request(request, stopping=self._stopping)
 
-    def _submit(self, request: CycleRequest) -> asyncio.Future:
-        """Run one cycle: right here on the loop through the no-wait engine (SQLite), or,
-        on PostgreSQL or while another process holds the SQLite write lock, on the
-        database thread. The future's end wakes the loop."""
-        loop = self._loop or asyncio.get_running_loop()
-        fut = None
-        if self._no_wait is not None:
-            fut = cycle.run_inline(loop, self._no_wait, request)
-        if fut is None:
-            fut = self._db.submit(cycle.run_cycle, self.engine, request)
-        fut.add_done_callback(self._cycle_ended)
-        return fut
-
-    def _cycle_ended(self, _fut: asyncio.Future) -> None:
+    def _cycle_ended(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
@@ -449,12 +390,9 @@ class Worker:
     async def _close(self) -> None:
         """Wait for the cycle still in flight (keeping its attempts if it failed); then
         abort, or commit what finished (retrying a few times); then sign off."""
-        if self._inflight is not None:
-            try:
-                self.stats.add(await self._inflight)
-            except DBAPIError:
-                self.attempts.put_back(self._sent)
-            self._inflight, self._sent = None, []
+        settled = await self.cycles.settle()
+        if settled is not None:
+            self.stats.add(settled)
         if self._abort:
             self.attempts.abort()
             log.warning(
@@ -466,14 +404,11 @@ class Worker:
             for _ in range(1 if self._down_at_stop else 5):
                 if not self.attempts.finished:
                     break
-                request = self._take_finished(0)
                 try:
-                    self.stats.add(await self._db.call(cycle.run_cycle, self.engine, request))
+                    self.stats.add(await self.cycles.run_now(self._request(0)))
                 except DBAPIError as exc:
-                    self.attempts.put_back(self._sent)
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
                     await asyncio.sleep(1.0)
-                self._sent = []
 
         try:
             await self._db.guard(
@@ -484,10 +419,7 @@ class Worker:
                 not self._abort,
             )
         finally:
-            if self._wal is not None:
-                self._wal.stop()
-            if self._no_wait is not None:
-                self._no_wait.dispose()
+            self.cycles.close()
             self._db.shutdown()
             self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)

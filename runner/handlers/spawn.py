@@ -1,13 +1,18 @@
 """Starting one ``exec`` handler's process, cheaply: pipes, environment, data, the spawn.
 
-The process is started by ``subprocess.Popen`` with no ``preexec_fn``, so CPython 3.11
-takes its ``vfork`` path (``start_new_session``, ``cwd`` and ``pass_fds`` are done in the
-child between ``vfork`` and ``exec``; ``posix_spawn`` would refuse ``cwd`` and
-``start_new_session``). The spawn blocks its thread until the child has exec'd, so it runs
-in a small pool of threads (:func:`spawn`) while the event loop goes on committing and
-reading other handlers' pipes. The pipes are plain descriptors: the read ends are
-non-blocking and read by the loop itself (``runner.handlers.exec_handler``), with no
-asyncio transport or stream per process.
+The process is started the way ``subprocess.Popen`` starts one with no ``preexec_fn``:
+CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new session, ``cwd``, the
+descriptors and the closing of all others are done in the child between ``vfork`` and
+``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL while it spawns). It is
+called directly (:func:`_fork_exec`), not through ``Popen``: Popen's own Python code,
+re-encoding the whole environment and opening ``/dev/null`` on every call, cost as much
+of the parent's CPU as the spawn itself (``docs/performance.md``, issue 13). Should that
+private function not take the arguments it takes in CPython 3.11-3.13, ``Popen`` is
+used instead. The spawn blocks its thread until the child has exec'd, so it runs in a
+small pool of threads (:func:`spawn`) while the event loop goes on; the started children
+reach the loop in batches, one wake-up for all those started meanwhile. The pipes are
+plain descriptors: the read ends are non-blocking and read by the loop itself
+(``runner.handlers.exec_handler``), with no asyncio transport or stream per process.
 
 Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
 :data:`DATA_INLINE_MAX` bytes. Larger data (an environment string is capped at 128 kB by
@@ -18,6 +23,7 @@ named by ``FLOWRUN_DATA_FILE`` instead, removed when the attempt ends.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import subprocess
@@ -29,6 +35,12 @@ from dataclasses import dataclass
 
 from runner import control
 from runner.handlers import exits, reaper
+from runner.handlers.handoff import Handoff
+
+try:
+    from _posixsubprocess import fork_exec as _posix_fork_exec
+except ImportError:  # not POSIX CPython
+    _posix_fork_exec = None
 
 #: Largest JSON (bytes) passed inline in ``FLOWRUN_DATA``; larger goes to a file.
 DATA_INLINE_MAX = 64 * 1024
@@ -42,6 +54,43 @@ SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_devnull: int | None = None  # /dev/null, opened once: every handler's stdin
+#: ``(key, value) -> b"key=value"`` for the environment variables that rarely change
+_encoded: dict[tuple[str, str], bytes] = {}
+
+
+class Proc:
+    """A started handler process: ``pid`` and, once collected, ``returncode`` (as
+    ``Popen.returncode``: the exit status, or ``-signal``)."""
+
+    __slots__ = ("pid", "returncode")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Collect the exit status if the process has exited; ``returncode``."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # collected elsewhere: never expected
+                self.returncode = 255
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        """Wait for the process to exit; ``returncode``."""
+        while self.poll() is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                self.returncode = 255
+            else:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 @dataclass
@@ -52,7 +101,7 @@ class Child:
     closes them); ``data_file`` the path of the data file, if one was written.
     """
 
-    proc: subprocess.Popen
+    proc: Proc | subprocess.Popen
     out: int
     err: int
     control: int
@@ -112,16 +161,7 @@ def _start(
     env[reaper.TOKEN_ENV] = token
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                pass_fds=(ctl_w,),
-            )
+            proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w)
             reaper.add_leader(proc.pid)
     except BaseException:
         for fd in (out_r, err_r, ctl_r):
@@ -135,6 +175,131 @@ def _start(
     child = Child(proc, out_r, err_r, ctl_r, token=token)
     child.exit_watched = exits.watch(proc, loop, child.exited)
     return child
+
+
+def _spawn(
+    argv: list[str], cwd: str, env: dict[str, str], out: int, err: int, ctl: int
+) -> Proc | subprocess.Popen:
+    """Start ``argv`` in a new session, stdin ``/dev/null``, stdout ``out``, stderr
+    ``err``, ``ctl`` kept open, every other descriptor closed. Raises ``OSError``."""
+    global _posix_fork_exec, _devnull
+    if _posix_fork_exec is not None and min(out, err, ctl) > 2:
+        if _devnull is None:
+            _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _fork_exec(argv, cwd, env, _devnull, out, err, ctl)
+        except TypeError:  # not the signature of CPython 3.11-3.13: Popen from now on
+            _posix_fork_exec = None
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        start_new_session=True,
+        pass_fds=(ctl,),
+    )
+
+
+def _fork_exec(
+    argv: list[str], cwd: str, env: dict[str, str], stdin: int, out: int, err: int, ctl: int
+) -> Proc:
+    """``subprocess.Popen._execute_child`` without its overheads (same arguments to
+    ``_posixsubprocess.fork_exec``, same errors: ``OSError`` with the child's errno when
+    ``cwd`` or the program cannot be used)."""
+    executable = os.fsencode(argv[0])
+    if os.path.dirname(executable):
+        executables: tuple[bytes, ...] = (executable,)
+    else:  # as Popen (os._execvpe): the PATH of the handler's environment
+        executables = tuple(os.path.join(os.fsencode(d), executable) for d in os.get_exec_path(env))
+    errpipe_read, errpipe_write = os.pipe()
+    try:
+        try:
+            pid = _posix_fork_exec(  # type: ignore[misc]
+                argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd,
+                _encode_env(env),
+                stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
+                True, True, -1, None, None, None, -1, None, True,
+            )  # fmt: skip
+        finally:
+            os.close(errpipe_write)
+        failure = os.read(errpipe_read, 50000)  # EOF at the exec; else why it failed
+    finally:
+        os.close(errpipe_read)
+    if failure:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        raise _child_error(failure, cwd, argv[0])
+    return Proc(pid)
+
+
+def _encode_env(env: dict[str, str]) -> list[bytes]:
+    """``env`` as ``b"key=value"`` items; those of the base environment are encoded once.
+    Raises ``ValueError`` for a key with ``=``."""
+    items = []
+    for item in env.items():
+        encoded = _encoded.get(item)
+        if encoded is None:
+            key, value = item
+            if "=" in key:
+                raise ValueError("illegal environment variable name")
+            encoded = os.fsencode(key) + b"=" + os.fsencode(value)
+            if not key.startswith("FLOWRUN_") and len(_encoded) < 4096:
+                _encoded[item] = encoded
+        items.append(encoded)
+    return items
+
+
+def _child_error(data: bytes, cwd: str, program: str) -> Exception:
+    """The exception a child reported on the error pipe (``_posixsubprocess``'s format,
+    ``ExceptionName:hex errno:message``, read as ``subprocess`` reads it)."""
+    try:
+        name, hex_errno, raw = data.split(b":", 2)
+        message = raw.decode()
+    except ValueError:
+        return subprocess.SubprocessError(f"bad exception data from child: {data!r}")
+    kind = getattr(builtins, name.decode("ascii", "replace"), subprocess.SubprocessError)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        kind = subprocess.SubprocessError
+    if issubclass(kind, OSError) and hex_errno:
+        errno = int(hex_errno, 16)
+        if message == "noexec":  # it failed before its exec: as Popen says, at the chdir
+            message, filename = "", cwd
+        else:
+            filename = program
+        return kind(errno, os.strerror(errno) if errno else message, filename)
+    return kind(message)
+
+
+def _orphan(child: Child) -> None:
+    """A child started for an attempt that was cancelled meanwhile (a worker abort):
+    close its pipes; its group is ended with the others (``reaper.kill_all``)."""
+    for fd in (child.out, child.err, child.control):
+        os.close(fd)
+    reaper.ended(child.token)
+
+
+_started = Handoff(_orphan)  # started children, handed to the loop in batches
+
+
+def _start_and_hand_over(
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    token: str,
+    loop: asyncio.AbstractEventLoop,
+    fut: asyncio.Future,
+) -> None:
+    """:func:`_start` on a spawn thread; its child (or error) reaches ``fut`` on ``loop``."""
+    try:
+        child = _start(argv, cwd, env, token, loop)
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        _started.put(loop, fut, None, exc)
+    else:
+        _started.put(loop, fut, child, None)
 
 
 async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> Child:
@@ -152,8 +317,10 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
             if _pool is None:
                 _pool = ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="flowrun-spawn")
     loop = asyncio.get_running_loop()
+    fut = loop.create_future()
     try:
-        child = await loop.run_in_executor(_pool, _start, argv, cwd, env, reaper.new_token(), loop)
+        _pool.submit(_start_and_hand_over, argv, cwd, env, reaper.new_token(), loop, fut)
+        child = await fut
     except BaseException:
         remove_data_file(path)
         raise

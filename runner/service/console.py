@@ -108,7 +108,7 @@ class ConsoleStopper:
 def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> None:
     """Open the console for the CLI context ``c`` (``runner.cli.context.Ctx``); unless
     ``attach``, with an embedded worker run with ``config`` (a
-    ``runner.engine.worker.WorkerConfig``, required then)."""
+    ``runner.engine.config.WorkerConfig``, required then)."""
     from runner.tui.app import FlowrunApp
 
     engine = c.engine

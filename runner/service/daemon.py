@@ -26,7 +26,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from runner.engine.worker import Worker, WorkerConfig
+from runner.engine.config import WorkerConfig
+from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
 from runner.service.logs import attempt_logger

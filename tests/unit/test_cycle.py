@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from runner.engine.config import WorkerConfig
 from runner.engine.cycle import (
     MAX_CHAIN,
     CycleRequest,
@@ -28,7 +29,7 @@ from runner.engine.cycle import (
 )
 from runner.engine.running import Running
 from runner.engine.timers import LoopingTimer, OutageBackoff
-from runner.engine.worker import Worker, WorkerConfig
+from runner.engine.worker import Worker
 from runner.flowspec.compiled import CompiledFlow
 from runner.handlers.attempt import AttemptResult, Cancel
 from runner.store import leases

@@ -231,7 +231,7 @@ def test_the_checks_see_the_real_imports():
     found = {(i.importer, i.target, i.eager) for i in imports_of(ROOT)}
     assert ("runner.engine.worker", "runner.store.heartbeat", True) in found  # from x import mod
     assert ("runner.cli.operator", "runner.ops.queries", False) in found  # in a body
-    assert ("runner.cli.context", "runner.engine.worker", False) in found  # TYPE_CHECKING
+    assert ("runner.cli.context", "runner.engine.config", False) in found  # TYPE_CHECKING
     assert ("runner.handlers.exec_handler", "runner.control", True) in found  # from runner
 
 

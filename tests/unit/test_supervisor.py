@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from runner.engine.worker import WorkerConfig
+from runner.engine.config import WorkerConfig
 from runner.flowspec.registry import FlowRegistry
 from runner.sensors import hub as hub_module
 from runner.sensors.clock import ClockSensor

@@ -8,8 +8,9 @@ import threading
 import uuid
 from pathlib import Path
 
+from runner.engine.config import WorkerConfig
 from runner.engine.cycle import MAX_CHAIN, CycleRequest
-from runner.engine.worker import Worker, WorkerConfig
+from runner.engine.worker import Worker
 from runner.ops import detail
 from runner.service.daemon import load_registry, serve
 from runner.store.create import create_instance
@@ -44,7 +45,7 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
     with engine.begin() as conn:
         iid = create_instance(conn, reg.get("w"), {"summary": {"rows": 0}, "tags": []})
     worker = _drain(engine, reg)
-    assert worker._wal is not None, "on a SQLite file the worker runs a WAL checkpointer"
+    assert worker.cycles.wal is not None, "on a SQLite file the worker runs a WAL checkpointer"
     assert not any(t.name == "flowrun-wal" for t in threading.enumerate()), "and stops it"
     item = detail.get_instance(engine, iid)
     assert item["status"] == "completed"
@@ -105,15 +106,15 @@ def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path
 
     async def main() -> None:
         worker = Worker(engine, WorkerConfig(worker_id="w0", lease=0.2))
-        busy = worker._submit(CycleRequest("w0", 0.2, free=8))
+        busy = worker.cycles.submit(CycleRequest("w0", 0.2, free=8))
         await asyncio.sleep(0.2)
         assert not busy.done(), "busy: the cycle waits on the database thread, not the loop"
         other.execute("COMMIT")
         assert [c.id for c in (await busy).claims] == [iid]
-        free = worker._submit(CycleRequest("w0", 0.2, free=8))
+        free = worker.cycles.submit(CycleRequest("w0", 0.2, free=8))
         assert free.done(), "the lock is free: the cycle ran right here on the loop"
         assert (await free).claims == []
-        worker._no_wait.dispose()
+        worker.cycles.close()
         worker._db.shutdown()
 
     asyncio.run(main())

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from runner.engine.worker import Worker, WorkerConfig
+from runner.engine.config import WorkerConfig
+from runner.engine.worker import Worker
 from runner.store.db import make_engine
 from tests.support.disk import fill, small_disk
 

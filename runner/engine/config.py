@@ -1,0 +1,38 @@
+"""The options of one worker (``runner.engine.worker.Worker``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerConfig:
+    """Options of one worker; every duration is in seconds.
+
+    ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
+    creating an instance, cuts it short). With ``listen`` (set by the daemon on
+    PostgreSQL, which then feeds :meth:`Worker.notify_due` from a ``LISTEN`` connection,
+    ``runner.store.notify``) the worker sleeps until the earliest due time or lease expiry
+    it knows, looking anyway every ``idle_poll`` seconds (``None``: half the lease; ``0``:
+    never). ``fence_poll`` how often running attempts are
+    checked for commands; ``grace`` how long a graceful stop waits for running attempts.
+    ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
+    while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
+    and must not raise.
+    """
+
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    lease: float = 60.0
+    concurrency: int = 8
+    poll: float = 0.05
+    fence_poll: float = 0.25
+    grace: float = 30.0
+    kill_grace: float = 5.0
+    heartbeat: float = 2.0
+    exit_when_idle: bool = False
+    on_tick: Callable[[], None] | None = None
+    listen: bool = False
+    idle_poll: float | None = None

@@ -1,0 +1,163 @@
+"""Starting ``exec`` handlers (``runner.handlers.spawn``), handing results from threads
+to the loop in batches (``runner.handlers.handoff``), and finished attempts waiting for a
+batch (``runner.engine.batching``): issue 13. Real processes; no timing assertions."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import stat
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from runner.engine.batching import HOLD_MAX, Hold
+from runner.handlers import spawn
+from runner.handlers.handoff import Handoff
+from tests.support.fault import poll
+from tests.unit.test_executor import run
+
+
+@pytest.fixture(params=["fork_exec", "Popen"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each start test twice: through ``_posixsubprocess.fork_exec`` directly, and through
+    ``subprocess.Popen`` (the fallback): both must behave the same."""
+    if request.param == "Popen":
+        monkeypatch.setattr(spawn, "_posix_fork_exec", None)
+    return request.param
+
+
+def _start(argv: list[str], cwd: Path | str, env: dict[str, str]) -> spawn.Child:
+    """One handler started as the worker starts it; the caller closes its pipes."""
+
+    async def main() -> spawn.Child:
+        return await spawn.spawn(argv, str(cwd), dict(env), {"a": 1})
+
+    return asyncio.run(main())
+
+
+def _close(child: spawn.Child) -> None:
+    for fd in (child.out, child.err, child.control):
+        os.close(fd)
+
+
+def _exit_code(child: spawn.Child) -> int:
+    """The exit status, once the exits thread has collected it."""
+    poll(lambda: child.proc.returncode is not None, what="the exit collected")
+    return child.proc.returncode  # type: ignore[return-value]
+
+
+def test_started_in_its_own_session_in_its_folder_with_its_pipes(tmp_path: Path, way: str) -> None:
+    """The handler is a session leader (its pid is its group), runs in ``cwd`` with
+    /dev/null as stdin and only the control descriptor passed besides 0-2; its output
+    reaches the parent's pipes and its exit status is collected."""
+    script = (
+        "import json, os, sys; json.dump([os.getsid(0) == os.getpid() == os.getpgid(0),"
+        " os.getcwd(), sys.stdin.read(), sorted(int(f) for f in os.listdir('/proc/self/fd')),"
+        " os.environ['FLOWRUN_CONTROL_FD']], sys.stdout); print('err', file=sys.stderr);"
+        " sys.exit(3)"
+    )
+    child = _start([sys.executable, "-c", script], tmp_path, {**os.environ})
+    try:
+        assert _exit_code(child) == 3
+        os.set_blocking(child.out, True)
+        leader, cwd, stdin, fds, ctl = json.loads(os.read(child.out, 65536))
+        assert leader and cwd == str(tmp_path) and stdin == ""
+        assert fds[:3] == [0, 1, 2] and int(ctl) in fds and len(fds) <= 5  # + listdir's
+        os.set_blocking(child.err, True)
+        assert os.read(child.err, 100) == b"err\n"
+    finally:
+        _close(child)
+
+
+def test_program_is_looked_up_on_the_handlers_path(tmp_path: Path, way: str) -> None:
+    """A bare name is looked up on the ``PATH`` of the handler's environment (as
+    ``subprocess`` does), not on the daemon's."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "only-here"
+    tool.write_text("#!/bin/sh\nexit 7\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    child = _start(["only-here"], tmp_path, {**os.environ, "PATH": str(bin_dir)})
+    try:
+        assert _exit_code(child) == 7
+    finally:
+        _close(child)
+
+
+@pytest.mark.parametrize(
+    ("argv", "cwd", "code", "filename"),
+    [
+        (["/no/such/program"], None, errno.ENOENT, "/no/such/program"),
+        (["no-such-program-anywhere"], None, errno.ENOENT, "no-such-program-anywhere"),
+        (["/bin/true"], "/no/such/folder", errno.ENOENT, "/no/such/folder"),
+        (["./not-executable"], None, errno.EACCES, "./not-executable"),
+    ],
+)
+def test_what_cannot_start_raises_the_childs_error(
+    tmp_path: Path, way: str, argv: list[str], cwd: str | None, code: int, filename: str
+) -> None:
+    """A program or folder the child cannot use raises ``OSError`` with the child's errno
+    and the name at fault; no process or descriptor is left behind."""
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as info:
+        _start(argv, cwd or tmp_path, {**os.environ})
+    assert info.value.errno == code and info.value.filename == filename
+    assert len(os.listdir("/proc/self/fd")) <= before + 1  # /dev/null, opened once
+
+
+async def test_a_program_that_cannot_start_is_an_attempt_error(tmp_path: Path) -> None:
+    res = await run(["/bin/true"], tmp_path / "gone")
+    assert res.outcome == "error" and "cannot start '/bin/true'" in res.error
+
+
+def test_an_illegal_variable_name_is_refused(tmp_path: Path, way: str) -> None:
+    with pytest.raises(ValueError, match="illegal environment variable name"):
+        _start(["/bin/true"], tmp_path, {**os.environ, "A=B": "c"})
+
+
+async def test_handoff_delivers_every_result_and_discards_the_unwanted() -> None:
+    """Results put from many threads all reach their futures (exceptions too); a result
+    whose future was cancelled meanwhile goes to ``discard``."""
+    discarded: list[int] = []
+    handoff = Handoff(discarded.append)
+    loop = asyncio.get_running_loop()
+    futs = [loop.create_future() for _ in range(200)]
+    futs[5].cancel()
+    boom = ValueError("boom")
+
+    def put(i: int) -> None:
+        handoff.put(loop, futs[i], i, boom if i == 7 else None)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = await asyncio.gather(*futs, return_exceptions=True)
+    assert done[7] is boom and isinstance(done[5], asyncio.CancelledError)
+    assert [d for i, d in enumerate(done) if i not in (5, 7)] == [
+        i for i in range(200) if i not in (5, 7)
+    ]
+    assert discarded == [5]
+
+
+def test_hold_waits_for_a_batch_only_while_nearly_full() -> None:
+    """A worker with room to spare (or nothing running) starts its cycle at once; a
+    nearly full one waits, at most ``HOLD_MAX`` seconds from the first wait."""
+    hold = Hold(64)
+    assert hold.batch == 8
+    assert hold.wait(10.0, 0) == 0.0, "nothing running: no wait"
+    assert hold.wait(10.0, 56) == 0.0, "8 free slots: a batch already"
+    assert hold.wait(10.0, 60) == pytest.approx(HOLD_MAX)
+    assert hold.wait(10.0 + HOLD_MAX / 2, 61) == pytest.approx(HOLD_MAX / 2)
+    assert hold.left(10.0 + HOLD_MAX / 2) == pytest.approx(HOLD_MAX / 2)
+    assert hold.wait(10.0 + HOLD_MAX, 61) == 0.0, "waited long enough"
+    assert hold.since is None and hold.left(11.0) == float("inf")
+    assert hold.wait(12.0, 63) > 0 and hold.wait(12.0, 50) == 0.0, "room again: at once"
+    assert Hold(1).wait(0.0, 1) > 0 and Hold(1).wait(0.0, 0) == 0.0
