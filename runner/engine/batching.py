@@ -13,20 +13,20 @@ spare (little due work, or idle) never waits: it adds no latency there.
 from __future__ import annotations
 
 #: The longest the first finished attempt of a batch waits for others (seconds).
-HOLD_MAX = 0.004
+HOLD_MAX = 0.008
 
 
 class Hold:
     """When the next cycle of a worker of ``concurrency`` slots may start.
 
     ``batch`` is the number of free slots from which a cycle starts at once
-    (an eighth of the slots, at least one); ``since`` is when the current wait began
+    (a quarter of the slots, at least one); ``since`` is when the current wait began
     (monotonic seconds; ``None``: nothing is held).
     """
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
-        self.batch = max(1, concurrency // 8)
+        self.batch = max(1, concurrency // 4)
         self.since: float | None = None
 
     def wait(self, now: float, running: int) -> float:
@@ -43,6 +43,10 @@ class Hold:
             self.since = None
             return 0.0
         return left
+
+    def reset(self) -> None:
+        """Nothing is held any more (a cycle started, or none is wanted)."""
+        self.since = None
 
     def left(self, now: float) -> float:
         """Seconds until a wait begun at :attr:`since` is over (``inf`` if none)."""

@@ -44,8 +44,9 @@ class RunningAttempts:
     ``running`` maps instance ids to :class:`Running`; ``finished`` holds ``(run,
     AttemptResult)`` pairs in the order the attempts ended, until the loop takes them
     (:meth:`take`). ``ended`` (the loop's wake-up event, once it has one) is set whenever
-    an attempt ends. ``in_db(fn, *args)`` runs ``fn`` on the worker's database thread;
-    sync ``call`` handlers run on a pool of ``max(4, concurrency)`` threads;
+    an attempt ends (unless :attr:`quiet_above` says to wait). ``in_db(fn, *args)`` runs
+    ``fn`` on the worker's database thread; sync ``call`` handlers run on a pool of
+    ``max(4, concurrency)`` threads;
     ``kill_grace`` is the seconds between SIGTERM and SIGKILL of an ``exec`` handler.
     """
 
@@ -65,6 +66,9 @@ class RunningAttempts:
         self.running: dict[int, Running] = {}
         self.finished: list[tuple[Running, AttemptResult]] = []
         self.ended: asyncio.Event | None = None
+        #: while not ``None``, an attempt's end sets ``ended`` only once at most this many
+        #: attempts still run (the loop is waiting for a batch: ``batching.Hold``)
+        self.quiet_above: int | None = None
         #: Called with ``(claim, result)`` for every finished attempt (metrics, attempt log).
         self.on_finished: Callable[[rows.Claim, AttemptResult], None] | None = None
         self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
@@ -165,5 +169,7 @@ class RunningAttempts:
             self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
-        if self.ended is not None:
+        if self.ended is not None and (
+            self.quiet_above is None or len(self.running) <= self.quiet_above
+        ):
             self.ended.set()

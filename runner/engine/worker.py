@@ -283,13 +283,20 @@ class Worker:
     def _start_cycle(self, now: float) -> bool:
         """Start the next database cycle when there are finished attempts to commit, lost
         attempts to look for, or free slots and reason to claim; True if one started."""
+        self.attempts.quiet_above = None
         free = self._free()
         probe = free > 0 and not self._want_claim and self._probe.due(now)
         recover = not self._stopping and self._recover.due(now)
         if not (self.attempts.finished or recover or (free > 0 and (self._want_claim or probe))):
+            self._hold.reset()
             return False
-        if not recover and self._hold.wait(now, 0 if self._stopping else len(self.running)):
-            return False  # nearly full: more attempts end soon, commit them together
+        if recover:
+            self._hold.reset()
+        elif self._hold.wait(now, 0 if self._stopping else len(self.running)):
+            # nearly full: more attempts end soon, commit them together (their ends wake
+            # the loop only once there are enough; the hold's timer wakes it anyway)
+            self.attempts.quiet_above = self.config.concurrency - self._hold.batch
+            return False
         self.cycles.submit(self._request(free, probe, recover))
         self._want_claim = False
         if probe:
@@ -325,6 +332,8 @@ class Worker:
     def _timeout(self) -> float:
         """How long the loop may wait (seconds) before its next step is due."""
         cfg = self.config
+        if self._hold.since is not None:  # waiting for a batch: only its end is due
+            return self._hold.left(time.monotonic())
         if self.cycles.inflight is not None:
             timeout = 1.0  # its done-callback wakes us
         elif not self._stopping and len(self.running) < cfg.concurrency:
@@ -335,7 +344,7 @@ class Worker:
         else:
             timeout = cfg.fence_poll
         if self.running:
-            timeout = min(timeout, cfg.fence_poll, self._hold.left(time.monotonic()))
+            timeout = min(timeout, cfg.fence_poll)
         return timeout
 
     # -- cycles ------------------------------------------------------------------------
@@ -371,12 +380,17 @@ class Worker:
                 self._wake_at = min(self._wake_at, mono + max(0.0, at - now) + 0.01)
 
     async def _wait(self, timeout: float) -> None:
-        assert self._wake is not None
-        if not self._wake.is_set() and timeout > 0:
+        """Wait until woken or ``timeout`` seconds passed (a timer sets the wake-up:
+        ``asyncio.wait_for`` made a task per wait, and a busy ``exec`` worker waits once
+        per attempt or more)."""
+        wake = self._wake
+        assert wake is not None and self._loop is not None
+        if not wake.is_set() and timeout > 0:
+            timer = self._loop.call_later(timeout, wake.set)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+                await wake.wait()
+            finally:
+                timer.cancel()
         else:
             await asyncio.sleep(0)  # always let the handlers run
         self._wake.clear()

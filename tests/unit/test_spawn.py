@@ -151,13 +151,16 @@ def test_hold_waits_for_a_batch_only_while_nearly_full() -> None:
     """A worker with room to spare (or nothing running) starts its cycle at once; a
     nearly full one waits, at most ``HOLD_MAX`` seconds from the first wait."""
     hold = Hold(64)
-    assert hold.batch == 8
+    assert hold.batch == 16
     assert hold.wait(10.0, 0) == 0.0, "nothing running: no wait"
-    assert hold.wait(10.0, 56) == 0.0, "8 free slots: a batch already"
+    assert hold.wait(10.0, 48) == 0.0, "16 free slots: a batch already"
     assert hold.wait(10.0, 60) == pytest.approx(HOLD_MAX)
     assert hold.wait(10.0 + HOLD_MAX / 2, 61) == pytest.approx(HOLD_MAX / 2)
     assert hold.left(10.0 + HOLD_MAX / 2) == pytest.approx(HOLD_MAX / 2)
     assert hold.wait(10.0 + HOLD_MAX, 61) == 0.0, "waited long enough"
     assert hold.since is None and hold.left(11.0) == float("inf")
-    assert hold.wait(12.0, 63) > 0 and hold.wait(12.0, 50) == 0.0, "room again: at once"
+    assert hold.wait(12.0, 63) > 0 and hold.wait(12.0, 48) == 0.0, "room again: at once"
+    hold.wait(13.0, 63)
+    hold.reset()
+    assert hold.since is None and hold.wait(13.001, 63) == pytest.approx(HOLD_MAX)
     assert Hold(1).wait(0.0, 1) > 0 and Hold(1).wait(0.0, 0) == 0.0
