@@ -2,10 +2,11 @@
 
 Each handler's pidfd (Linux ≥ 5.3, ``os.pidfd_open``) goes into one ``epoll`` set, from
 the spawn thread that started it; a thread waits on that set, collects each exit status
-at once (``Popen.poll``: no zombie is left, and the leader is no longer counted by
-``runner.handlers.reaper``) and hands a whole batch of exits to the event loop with one
-wake-up. The loop itself makes no system call per handler for its exit. (A pidfd watches
-the handler alone: its output pipes may stay open in a child it left behind.)
+at once (``poll()`` of its ``spawn.Proc`` or ``Popen``: no zombie is left, and the leader
+is no longer counted by ``runner.handlers.reaper``) and hands a whole batch of exits to
+the event loop with one wake-up. The loop itself makes no system call per handler for its
+exit. (A pidfd watches the handler alone: its output pipes may stay open in a child it
+left behind.)
 """
 
 from __future__ import annotations
@@ -14,22 +15,21 @@ import asyncio
 import contextlib
 import os
 import select
-import subprocess
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from runner.handlers import reaper
 
 #: ``pidfd -> (process, loop, callback(returncode))`` of handlers still running.
-_waiting: dict[int, tuple[subprocess.Popen, asyncio.AbstractEventLoop, Callable]] = {}
+_waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
 _lock = threading.Lock()
 _epoll: select.epoll | None = None
 
 
-def watch(
-    proc: subprocess.Popen, loop: asyncio.AbstractEventLoop, callback: Callable[[int], None]
-) -> bool:
-    """Call ``callback(returncode)`` on ``loop`` once ``proc`` exits (thread-safe).
+def watch(proc: Any, loop: asyncio.AbstractEventLoop, callback: Callable[[int], None]) -> bool:
+    """Call ``callback(returncode)`` on ``loop`` once ``proc`` exits (thread-safe);
+    ``proc`` has ``pid``, ``poll()`` and ``wait()`` (``spawn.Proc``, ``subprocess.Popen``).
 
     False when pidfds are not available (not Linux ≥ 5.3): the caller polls instead.
     """
@@ -57,6 +57,8 @@ def _run(ep: select.epoll) -> None:
         for fd, _ in events:
             with _lock:
                 entry = _waiting.pop(fd, None)
+            # unregistered before it is closed: a child between its vfork and its exec
+            # still holds the pidfd, and a closed fd would stay in the set until then
             with contextlib.suppress(OSError):
                 ep.unregister(fd)
             os.close(fd)
