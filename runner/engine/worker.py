@@ -22,7 +22,8 @@ a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
 ``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when the loop
 decides, which waits a moment for a batch while the worker is nearly full
 (``batching.Hold``); the attempts in progress are a ``running.RunningAttempts``; blocking
-calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``.
+calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``;
+the loop sleeps until a ``wakeup.WakeUp``.
 :meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
@@ -44,6 +45,7 @@ from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
+from runner.engine.wakeup import WakeUp
 from runner.handlers import reaper
 from runner.store import heartbeat
 from runner.store.db import short_error
@@ -80,24 +82,21 @@ class Worker:
         )
         self.running = self.attempts.running  # by instance id (the same dict, never replaced)
         self.stats = WorkerStats()
-        self._wake: asyncio.Event | None = None
+        self._wake = WakeUp()
         self._stopping = False
         self._abort = False
-        self._poke = False
         self._down_at_stop = False  # stopping, and the database down when the grace ran out
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: the database cycles (at most one in flight) and the finished attempts they commit
         self.cycles = CycleRunner(engine, self.attempts, self._db)
-        self.cycles.on_done = self._cycle_ended
+        self.cycles.on_done = self._wake.set
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
         self._grace_deadline: float | None = None
         self._outage = OutageBackoff()
         # the loop's chores, each due at once, then every interval (seconds)
         # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
-        # loop sleeps until the next due time or lease expiry it knows (``_wake_at``)
+        # loop sleeps until the next due time or lease expiry it knows (``_wake.at``)
         self._notified = cfg.listen
-        self._wake_at = math.inf  # monotonic seconds
         fallback = cfg.lease / 2 if cfg.idle_poll is None else cfg.idle_poll or math.inf
         #: seconds between idle looks for due work when woken by notifications (inf: never)
         self.idle_poll = fallback
@@ -113,20 +112,12 @@ class Worker:
 
     def wake(self) -> None:
         """Look for due work now (thread-safe): the next loop turn claims at once."""
-        self._poke = True
-        if self._loop and self._wake:
-            self._loop.call_soon_threadsafe(self._wake.set)
+        self._wake.poke()
 
     def notify_due(self, due_at: float | None) -> None:
         """Work is due at ``due_at`` (epoch seconds, UTC; ``None``: now), as a notification
         said; call on the worker's loop. Used with ``WorkerConfig.listen``."""
-        delay = 0.0 if due_at is None else due_at - time.time()
-        if delay <= 0:
-            self.wake()
-        else:
-            self._wake_at = min(self._wake_at, time.monotonic() + delay)
-            if self._wake is not None:
-                self._wake.set()  # recompute the wait
+        self._wake.due(due_at)
 
     def request_stop(self) -> str:
         """First call: graceful stop; second: abort. Returns "graceful" or "abort"."""
@@ -181,18 +172,16 @@ class Worker:
             await self._collect()
             if self._down_at_stop:
                 return False
-        if now >= self._wake_at:  # a due time or lease expiry we were told of
-            self._wake_at = math.inf
-            self._poke = True
+        if now >= self._wake.at:  # a due time or lease expiry we were told of
             self._recover.next_at = now
-        if self._poke:
-            self._poke, self._want_claim = False, True
+        if self._wake.take(now):
+            self._want_claim = True
         if self.cycles.inflight is None and self._start_cycle(now):
             return True
         await self._chores(now)
         if self.config.exit_when_idle and await self._idle_exit(now):
             return False
-        await self._wait(self._timeout())
+        await self._wake.wait(self._timeout())
         return True
 
     async def run_single_cycle(self) -> CycleResult:
@@ -204,9 +193,7 @@ class Worker:
         the calling loop (``worker.running`` empties as they end). On a database error
         (``DBAPIError``, raised) the finished attempts are kept for the next cycle.
         """
-        if self._wake is None:
-            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
-            self.attempts.ended = self._wake
+        self.attempts.ended = self._wake.bind()
         result = await self.cycles.run_now(self._request(self._free(), recover=True))
         self._took(result)
         return result
@@ -217,8 +204,7 @@ class Worker:
         """Register this worker (retrying while the database is away); start the WAL
         checkpointer of the no-wait engine (its commits leave checkpoints to that thread)."""
         cfg = self.config
-        self._loop = asyncio.get_running_loop()
-        self._wake = self.attempts.ended = asyncio.Event()
+        self.attempts.ended = self._wake.bind()
         try:
             await self._db.retrying(
                 heartbeat.register,
@@ -338,7 +324,7 @@ class Worker:
             timeout = 1.0  # its done-callback wakes us
         elif not self._stopping and len(self.running) < cfg.concurrency:
             next_at = min(
-                self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake_at
+                self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake.at
             )
             timeout = max(0.0, next_at - time.monotonic())
         else:
@@ -360,40 +346,13 @@ class Worker:
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
         return self.cycles.request(request, stopping=self._stopping)
 
-    def _cycle_ended(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
         if self._notified:
-            self._plan(result)
+            self._wake.plan(result.next_due, result.next_expiry)
         self.attempts.start(result.chained + result.claims)
-
-    def _plan(self, result: CycleResult) -> None:
-        """Sleep no longer than until the next due time and lease expiry the cycle saw."""
-        now, mono = time.time(), time.monotonic()
-        for at in (result.next_due, result.next_expiry):
-            if at is not None:
-                self._wake_at = min(self._wake_at, mono + max(0.0, at - now) + 0.01)
-
-    async def _wait(self, timeout: float) -> None:
-        """Wait until woken or ``timeout`` seconds passed (a timer sets the wake-up:
-        ``asyncio.wait_for`` made a task per wait, and a busy ``exec`` worker waits once
-        per attempt or more)."""
-        wake = self._wake
-        assert wake is not None and self._loop is not None
-        if not wake.is_set() and timeout > 0:
-            timer = self._loop.call_later(timeout, wake.set)
-            try:
-                await wake.wait()
-            finally:
-                timer.cancel()
-        else:
-            await asyncio.sleep(0)  # always let the handlers run
-        self._wake.clear()
 
     def _nothing_left(self) -> bool:
         hint = self.idle_hint
