@@ -26,7 +26,7 @@ from typing import Any
 from runner.ops.views import iso
 from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
 
-#: Default heartbeat interval of ``runner.engine.worker.WorkerConfig`` (seconds).
+#: Default heartbeat interval of ``runner.engine.config.WorkerConfig`` (seconds).
 HEARTBEAT = 2.0
 #: A heartbeat older than this many intervals is stale.
 STALE_BEATS = 3
