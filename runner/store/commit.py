@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
+from runner.store.arrays import arrays_for
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
@@ -43,6 +44,10 @@ def commit_outcomes(
     ``chain``: its instance stays locked by this worker (lease renewed) and names the next
     attempt in ``running_attempt``. Each finished attempt's row is written here, once.
 
+    Where a batch is one statement of arrays (``Dialect.array_batches``: PostgreSQL)
+    the fenced update itself says which claims were still held (``RETURNING``), so no
+    fence is read first (``runner.store.arrays``).
+
     ``optimistic`` (used only where the database serialises writers, ``Dialect.serial_writes``:
     SQLite) skips reading the fences first and counts the rows the fenced updates
     changed instead; when one claim was no longer held it raises :class:`FenceMoved`
@@ -54,7 +59,8 @@ def commit_outcomes(
     at = time.time() if at is None else at
     hot = hot_for(conn)
     optimistic = optimistic and hot.dialect.serial_writes
-    if optimistic:
+    arrays = arrays_for(conn) if hot.dialect.array_batches else None
+    if optimistic or arrays is not None:  # (arrays: the fenced update says which held)
         good, lost = outcomes, []
     else:
         ids = hot.dialect.ids_value([o.instance_id for o in outcomes])
@@ -103,8 +109,16 @@ def commit_outcomes(
                 None if checkpoint is None else js(checkpoint),
             )
         )
-    changed = hot.commit_instances.executemany(conn, released)
-    changed += hot.commit_chained.executemany(conn, kept)
+    if arrays is not None:  # one statement: fenced updates and the attempt rows
+        held = arrays.commit(conn, worker_id, at, at + lease, (released, kept, finished))
+        if len(held) != len(good):  # taken away: their attempt rows were not written
+            lost = [o for o in good if o.instance_id not in held]
+            released = [r for r in released if r["b_id"] in held]
+            chained = [c for c in chained if c.id in held]
+        finished, changed = [], len(held)
+    else:
+        changed = hot.commit_instances.executemany(conn, released)
+        changed += hot.commit_chained.executemany(conn, kept)
     if released and hot.dialect.notify:
         _notify_released(conn, released)
     if optimistic and changed != len(good):

@@ -22,12 +22,14 @@ from sqlalchemy import (
     Float,
     Integer,
     and_,
+    any_,
     bindparam,
     func,
     literal_column,
     null,
     or_,
     select,
+    union_all,
     update,
 )
 
@@ -56,13 +58,14 @@ CLAIM_COLS = (
 )
 
 
-def due_clause(at):
-    """Due and unlocked at ``at`` (epoch seconds, or a bind parameter): what a claim takes.
+def due_clause(at, statuses: tuple[str, ...] = CLAIMABLE):
+    """Due and unlocked at ``at`` (epoch seconds, or a bind parameter): what a claim takes
+    (of ``statuses``, by default every claimable one).
 
     The statuses are literals, so the clause compiles to one fixed SQL string.
     """
     return and_(
-        instances.c.status.in_([literal_column(f"'{s}'") for s in CLAIMABLE]),
+        instances.c.status.in_([literal_column(f"'{s}'") for s in statuses]),
         instances.c.due_at <= at,
         or_(instances.c.locked_until.is_(None), instances.c.locked_until < at),
         # an attempt a dead worker left running is recorded ``lost`` first
@@ -150,33 +153,8 @@ class Hot:
         self.json = d.json_adapter()
         self.load_json = d.json_loader()
         at = bindparam("at", type_=Float())
-        inner = (
-            select(instances.c.id)
-            .where(due_clause(at))
-            .order_by(instances.c.due_at)
-            .limit(bindparam("n", type_=Integer()))
-        )
-        if d.skip_locked:
-            inner = inner.with_for_update(skip_locked=True)
         #: claim up to ``n`` due instances (params: at, n, w, until)
-        self.claim = Prepared(
-            engine,
-            update(instances)
-            .where(instances.c.id.in_(inner.scalar_subquery()))
-            .values(
-                # no ``status``: naming an indexed column rewrites its index entries even
-                # when the value stays (measured on SQLite: 3.4 us a row against 0.9); the
-                # few ``sleeping`` rows claimed are woken by ``wake`` below
-                locked_by=bindparam("w"),
-                locked_until=bindparam("until", type_=Float()),
-                fence=instances.c.fence + 1,
-                attempts=instances.c.attempts + 1,
-                running_attempt=instances.c.attempts + 1,
-                state_attempted=at,
-                updated_at=at,
-            )
-            .returning(*CLAIM_COLS),
-        )
+        self.claim = Prepared(engine, claim_statement(engine, at))
         #: a claimed ``sleeping`` instance runs: it is ``runnable`` again (param: ids)
         self.wake = Prepared(
             engine,
@@ -245,6 +223,56 @@ class Hot:
         )
         #: record finished attempts, one row each (params: see :func:`attempt_row`)
         self.close_attempts = Prepared(engine, close_attempts(engine))
+
+
+def claim_statement(engine: Engine, at):
+    """The claim: ``UPDATE`` up to ``n`` due instances, oldest due first, naming the
+    attempt each starts (``at``: the bind parameter of the current time; params at, n, w,
+    until), ``RETURNING`` :data:`CLAIM_COLS`.
+
+    SQLite (one writer at a time) picks the rows with ``id IN (SELECT ... ORDER BY due_at
+    LIMIT n)``. PostgreSQL locks them ``FOR UPDATE SKIP LOCKED``, once per claimable
+    status: with both statuses in one ``IN`` list the ``(status, due_at)`` index cannot
+    give the ``due_at`` order, so PostgreSQL read and sorted every due row on each claim
+    (measured: 5 ms a claim with 10,000 queued, against 0.05 ms for an ordered index
+    scan per status; at most ``n`` rows more are locked, the few due sleeping ones). The
+    chosen ids are handed over as an array (``= ANY(ARRAY(...))``): the planner then
+    looks each up by primary key, where a join to them may scan the whole table.
+    """
+    n = bindparam("n", type_=Integer())
+    if dialect_of(engine).skip_locked:
+        ordered = [
+            select(instances.c.id, instances.c.due_at)
+            .where(due_clause(at, (status,)))
+            .order_by(instances.c.due_at)
+            .limit(n)
+            .with_for_update(skip_locked=True)
+            .cte(f"due_{status}")
+            for status in CLAIMABLE
+        ]
+        both = union_all(*(select(c.c.id, c.c.due_at) for c in ordered)).subquery("due")
+        pick = select(both.c.id).order_by(both.c.due_at).limit(n).cte("pick")
+        chosen = instances.c.id == any_(func.array(select(pick.c.id).scalar_subquery()))
+    else:
+        inner = select(instances.c.id).where(due_clause(at)).order_by(instances.c.due_at)
+        chosen = instances.c.id.in_(inner.limit(n).scalar_subquery())
+    return (
+        update(instances)
+        .where(chosen)
+        .values(
+            # no ``status``: naming an indexed column rewrites its index entries even
+            # when the value stays (measured on SQLite: 3.4 us a row against 0.9); the
+            # few ``sleeping`` rows claimed are woken by ``Hot.wake``
+            locked_by=bindparam("w"),
+            locked_until=bindparam("until", type_=Float()),
+            fence=instances.c.fence + 1,
+            attempts=instances.c.attempts + 1,
+            running_attempt=instances.c.attempts + 1,
+            state_attempted=at,
+            updated_at=at,
+        )
+        .returning(*CLAIM_COLS)
+    )
 
 
 def close_attempts(engine: Engine):

@@ -1,4 +1,6 @@
-"""Claim, lease and fencing (design §3) on a real SQLite file.
+"""Claim, lease and fencing (design §3) on a real SQLite file, and the fenced commit on
+the real PostgreSQL server too (``any_world``: its batches are one statement of arrays,
+``runner.store.arrays``).
 
 Two workers are two engines on one file, claiming from two threads; leases expire by
 passing an explicit ``at`` to the store (the claim query compares stored times), so no
@@ -8,6 +10,7 @@ test sleeps or depends on timing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from runner.flowspec.compiled import CompiledFlow
 from runner.handlers.attempt import AttemptResult
 from runner.ops import commands
 from runner.store import commit, create, leases
+from runner.store.db import make_engine
 from tests.support.fault import (
     attempts_of,
     engine_at,
@@ -44,6 +48,19 @@ LEASE = 30.0
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[Engine, CompiledFlow]:
     return flow_world(tmp_path, "st", FLOW)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_world(request, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow]]:
+    """``world`` on SQLite, then on a fresh PostgreSQL database (``pg_url``)."""
+    if request.param == "sqlite":
+        engine = engine_at(tmp_path)
+    else:
+        engine = make_engine(request.getfixturevalue("pg_url"))
+    try:
+        yield engine, load(write_flow(tmp_path / "flows", "st", FLOW))
+    finally:
+        engine.dispose()
 
 
 def _claim(engine: Engine, worker: str, at: float, limit: int = 10, flow=None):
@@ -109,8 +126,8 @@ def test_two_workers_never_claim_the_same_instance(tmp_path: Path, world) -> Non
     assert sql(engine, "SELECT count(*) FROM attempts") == [(0,)], "rows are written at the end"
 
 
-def test_held_lease_is_not_claimed_again_until_it_expires(world) -> None:
-    engine, flow = world
+def test_held_lease_is_not_claimed_again_until_it_expires(any_world) -> None:
+    engine, flow = any_world
     iid = new_instance(engine, flow)
     t0 = leases.now()
     [c], _ = _claim(engine, "a", t0)
@@ -120,8 +137,8 @@ def test_held_lease_is_not_claimed_again_until_it_expires(world) -> None:
     assert lost == [leases.Lost(iid, c.attempt, "a", failed=False)]
 
 
-def test_commit_after_a_command_bumped_the_fence_writes_nothing(world) -> None:
-    engine, flow = world
+def test_commit_after_a_command_bumped_the_fence_writes_nothing(any_world) -> None:
+    engine, flow = any_world
     iid = new_instance(engine, flow, {"v": 1})
     t0 = leases.now()
     [c], _ = _claim(engine, "a", t0)
@@ -137,8 +154,8 @@ def test_commit_after_a_command_bumped_the_fence_writes_nothing(world) -> None:
     assert att["outcome"] == "cancelled" and att["to_state"] is None
 
 
-def test_commit_after_another_worker_took_over_writes_nothing(world) -> None:
-    engine, flow = world
+def test_commit_after_another_worker_took_over_writes_nothing(any_world) -> None:
+    engine, flow = any_world
     iid = new_instance(engine, flow, {"v": 1})
     t0 = leases.now()
     [ca], _ = _claim(engine, "a", t0)
@@ -163,8 +180,8 @@ def test_commit_after_another_worker_took_over_writes_nothing(world) -> None:
     assert (second["started_at"], second["finished_at"]) == (t0 + LEASE + 1, t0 + LEASE + 3)
 
 
-def test_checkpoint_is_fenced_and_the_restart_starts_from_it(world) -> None:
-    engine, flow = world
+def test_checkpoint_is_fenced_and_the_restart_starts_from_it(any_world) -> None:
+    engine, flow = any_world
     iid = new_instance(engine, flow, {"v": 1})
     t0 = leases.now()
     [ca], _ = _claim(engine, "a", t0)
@@ -183,9 +200,9 @@ def test_checkpoint_is_fenced_and_the_restart_starts_from_it(world) -> None:
     assert (lost["outcome"], lost["checkpoint"]) == ("lost", {"rows": 10}), "kept when lost"
 
 
-def test_a_checkpointed_attempt_is_completed_not_duplicated(world) -> None:
+def test_a_checkpointed_attempt_is_completed_not_duplicated(any_world) -> None:
     """The row a checkpoint wrote early is completed by the attempt's end: one row."""
-    engine, flow = world
+    engine, flow = any_world
     iid = new_instance(engine, flow, {"v": 1})
     t0 = leases.now()
     [c], _ = _claim(engine, "a", t0)
@@ -315,11 +332,13 @@ states:
 """
 
 
-def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_path: Path) -> None:
+def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(
+    tmp_path: Path, any_world
+) -> None:
     """A move committed with ``chain`` keeps the instance locked and runnable, due at its
     old (past) time, and names the next attempt as running; when that worker dies, the
     next cycle after the lease records that attempt as lost and runs the new state."""
-    engine = engine_at(tmp_path)
+    engine = any_world[0]
     flow = load(write_flow(tmp_path / "flows", "ch", CHAIN_FLOW))
     iid = new_instance(engine, flow, {"v": 1})
     due_before = row(engine, iid)["due_at"]
@@ -352,6 +371,41 @@ def test_a_chained_commit_keeps_the_lock_and_a_dead_worker_loses_nothing(tmp_pat
     first, second = attempts_of(engine, iid)
     assert [first["outcome"], second["outcome"]] == ["moved", "lost"]
     assert (second["attempt"], second["state"], second["started_at"]) == (2, "b", t0 + 1)
+
+
+def test_one_batch_commits_the_held_chains_and_refuses_the_taken(tmp_path: Path, any_world) -> None:
+    """One commit of a batch that mixes outcomes releasing their instance, a chained one
+    and one whose instance a command took away: the held ones are written with their
+    attempt rows (on PostgreSQL in one statement), the taken one writes nothing but its
+    attempt, closed as cancelled."""
+    engine = any_world[0]
+    flow = load(write_flow(tmp_path / "flows", "mx", CHAIN_FLOW))
+    ids = [new_instance(engine, flow, {"n": n}) for n in range(4)]
+    t0 = leases.now()
+    claims, _ = _claim(engine, "a", t0)
+    by_id = {c.id: c for c in claims}
+    [res] = commands.submit(engine, [ids[3]], "pause")
+    assert res.ok
+    outcomes = []
+    for iid in ids:
+        c = by_id[iid]
+        result = AttemptResult("moved", {"n": c.data["n"], "by": "a"}, to_state="b")
+        outcomes.append(decide(flow, c, result, c.data, t0 + 1))
+    outcomes[0].chain = True
+    with engine.begin() as conn:
+        lost, chained = commit.commit_outcomes(conn, "a", outcomes, at=t0 + 1, lease=LEASE)
+    assert lost == [ids[3]]
+    assert [(c.id, c.state, c.attempt) for c in chained] == [(ids[0], "b", 2)]
+    r0, r1, r3 = row(engine, ids[0]), row(engine, ids[1]), row(engine, ids[3])
+    assert (r0["locked_by"], r0["running_attempt"], r0["data"]) == ("a", 2, {"n": 0, "by": "a"})
+    assert (r1["state"], r1["locked_by"], r1["running_attempt"]) == ("b", None, None)
+    assert (r3["state"], r3["status"], r3["data"]) == ("a", "paused", {"n": 3})
+    for iid in ids[:3]:
+        [att] = attempts_of(engine, iid)
+        assert (att["outcome"], att["to_state"], att["worker"]) == ("moved", "b", "a")
+        assert (att["started_at"], att["finished_at"]) == (t0, t0 + 1)
+    [att] = attempts_of(engine, ids[3])
+    assert (att["outcome"], att["to_state"]) == ("cancelled", None)
 
 
 def test_an_optimistic_commit_that_meets_a_moved_fence_writes_nothing(world) -> None:
@@ -448,10 +502,10 @@ def test_recover_lost_records_each_attempt_once_across_workers(pg_url: str, tmp_
             e.dispose()
 
 
-def test_a_claimed_sleeping_instance_is_runnable_again(world) -> None:
+def test_a_claimed_sleeping_instance_is_runnable_again(any_world) -> None:
     """The claim leaves ``status`` alone (an indexed column) except on the instances it
     wakes: a ``sleeping`` one whose backoff is over runs, so it reads ``runnable``."""
-    engine, flow = world
+    engine, flow = any_world
     asleep, awake, later = (new_instance(engine, flow) for _ in range(3))
     t0 = leases.now()
     sql(
@@ -473,3 +527,25 @@ def test_a_claimed_sleeping_instance_is_runnable_again(world) -> None:
         "runnable",
         "sleeping",
     ]
+
+
+def test_a_claim_takes_the_oldest_due_first_across_statuses(any_world) -> None:
+    """Oldest due first, whatever the claimable status (PostgreSQL reads each status in
+    ``due_at`` order and merges them): the limit leaves the most recently due behind."""
+    engine, flow = any_world
+    ids = [new_instance(engine, flow) for _ in range(4)]
+    t0 = leases.now()
+    due = {ids[0]: t0 - 5, ids[1]: t0 - 10, ids[2]: t0 - 1, ids[3]: t0 - 7}
+    for iid, at in due.items():
+        status = "sleeping" if iid in (ids[1], ids[3]) else "runnable"
+        sql(
+            engine,
+            "UPDATE instances SET status = :s, due_at = :t WHERE id = :i",
+            s=status,
+            t=at,
+            i=iid,
+        )
+    claims, _ = _claim(engine, "a", t0, limit=3)
+    assert sorted(c.id for c in claims) == sorted([ids[0], ids[1], ids[3]])
+    [c], _ = _claim(engine, "b", t0, limit=3)
+    assert c.id == ids[2]
