@@ -16,7 +16,10 @@ flowrun runs no-op jobs at ``--concurrency 64`` (its best: a claim takes up to t
 slots in one statement) and I/O-bound jobs at 8, like the peers.
 
 Peers at their best: pgqueuer with asyncpg (its fastest driver) and batch sizes 10 and
-100 (the best is reported); procrastinate with LISTEN/NOTIFY (its default).
+100 (the best is reported); procrastinate with LISTEN/NOTIFY (its default) at
+concurrency 8 (no-op jobs at 32 were no faster: it fetches one job per round trip).
+Durability is equal: every system's tables are logged (pgqueuer's default
+``durability=durable``) and commits wait as the server's ``synchronous_commit`` says.
 
 Also measured (flowrun only): the idle cost, transactions/s committed in the database by
 1 and 8 idle daemons over ``--idle-seconds`` (``pg_stat_database.xact_commit``), and the
@@ -26,6 +29,11 @@ commit to its attempt's start (``attempts.started_at``, the same clock) is taken
 
     python bench/pg_peers.py [--repeat 2] [--cases noop,io,idle,latency]
         [--server postgresql://postgres@127.0.0.1:5432/test]
+        [--compare OLD_TREE] [--systems flowrun,pgqueuer,procrastinate]
+
+``--compare OLD_TREE`` (another checkout, e.g. ``git archive main`` extracted) runs that
+checkout's flowrun too, interleaved, as ``flowrun (old)``: with ``--systems flowrun`` an
+A/B of two versions on the same server and load.
 
 Needs the bench extras: ``pip install -e '.[bench]'``.
 """
@@ -215,14 +223,20 @@ def _flowrun_flows(workdir: Path, case: str) -> Path:
     return flows
 
 
-def _flowrun_argv() -> list[str]:
+def _flowrun_argv(tree: Path | None = None) -> list[str]:
+    """How to start flowrun: this checkout's, or the one in ``tree`` (``--compare``)."""
     script = Path(sys.executable).parent / "flowrun"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "runner.cli"]
+    if tree is None and script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "runner.cli"]
 
 
-def _env() -> dict:
+def _env(tree: Path | None = None) -> dict:
+    """The environment of a child: no ``FLOWRUN_*`` settings, ``tree`` (default: this
+    checkout) first on the import path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    root = str(tree or ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
 
@@ -230,9 +244,17 @@ def _env() -> dict:
 
 
 def run_flowrun(
-    server: str, case: str, workers: int, n: int, workdir: Path, concurrency: int = 8
+    server: str,
+    case: str,
+    workers: int,
+    n: int,
+    workdir: Path,
+    concurrency: int = 8,
+    tree: Path | None = None,
 ) -> float:
-    """Jobs/s of ``workers`` flowrun daemons (``--concurrency``) draining ``n`` instances."""
+    """Jobs/s of ``workers`` flowrun daemons (``--concurrency``) draining ``n`` instances;
+    the daemons are those of the checkout ``tree`` when given (``--compare``; the
+    instances are created by this checkout's code either way)."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -250,7 +272,7 @@ def run_flowrun(
             procs = [
                 subprocess.Popen(
                     [
-                        *_flowrun_argv(),
+                        *_flowrun_argv(tree),
                         "--flows",
                         str(flows),
                         "--db",
@@ -262,7 +284,8 @@ def run_flowrun(
                         "--worker-id",
                         f"w{k}",
                     ],
-                    env=_env(),
+                    env=_env(tree),
+                    cwd=str(tree or ROOT),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -326,9 +349,21 @@ def run_peer(server: str, peer: str, case: str, workers: int, n: int, batch: int
 
 
 def throughput(
-    server: str, repeat: int, workdir: Path, cases: list[str], n_noop: int, n_io: int
+    server: str,
+    repeat: int,
+    workdir: Path,
+    cases: list[str],
+    n_noop: int,
+    n_io: int,
+    compare: Path | None = None,
+    only: list[str] | None = None,
 ) -> list[tuple[str, dict[str, float]]]:
-    """Median jobs/s per system and configuration, runs interleaved ``repeat`` times."""
+    """Median jobs/s per system and configuration, runs interleaved ``repeat`` times.
+
+    ``compare`` (another checkout): its flowrun runs too, as ``flowrun (old)``, between
+    this one's and the peers; ``only``: the systems to run (``flowrun``, ``pgqueuer``,
+    ``procrastinate``; default all)."""
+    only = only or ["flowrun", "pgqueuer", "procrastinate"]
     configs: list[tuple[str, str, int, int]] = []
     if "noop" in cases:
         configs.append(("noop, 1 worker", "noop", 1, n_noop))
@@ -337,25 +372,32 @@ def throughput(
     rows = []
     for label, case, workers, n in configs:
         conc = 64 if case == "noop" else 8  # flowrun's best for no-op jobs; the issue's 8 for io
+        flowrun = partial(run_flowrun, server, case, workers, n, workdir, conc)
+        peer = partial(run_peer, server)
+        systems = {
+            "flowrun": flowrun,
+            "flowrun (old)": partial(flowrun, tree=compare) if compare else None,
+            "pgqueuer b10": partial(peer, "pgqueuer", case, workers, n, 10),
+            "pgqueuer b100": partial(peer, "pgqueuer", case, workers, n, 100),
+            "procrastinate": partial(peer, "procrastinate", case, workers, n),
+        }
+        chosen = {k: fn for k, fn in systems.items() if fn is not None and k.split()[0] in only}
         runs: dict[str, list[float]] = {}
         for _ in range(repeat):
-            systems = {
-                "flowrun": partial(run_flowrun, server, case, workers, n, workdir, conc),
-                "pgqueuer b10": partial(run_peer, server, "pgqueuer", case, workers, n, 10),
-                "pgqueuer b100": partial(run_peer, server, "pgqueuer", case, workers, n, 100),
-                "procrastinate": partial(run_peer, server, "procrastinate", case, workers, n),
-            }
-            for name, fn in systems.items():
+            for name, fn in chosen.items():
                 runs.setdefault(name, []).append(fn())
         med = {k: statistics.median(v) for k, v in runs.items()}
-        med["pgqueuer (best)"] = max(med.pop("pgqueuer b10"), med.pop("pgqueuer b100"))
+        if "pgqueuer" in only:
+            med["pgqueuer (best)"] = max(med.pop("pgqueuer b10"), med.pop("pgqueuer b100"))
         rows.append((label, med))
         print(f"{label}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in med.items()), flush=True)
-        print(
-            f"  ratios: flowrun/pgqueuer {med['flowrun'] / med['pgqueuer (best)']:.2f}x, "
-            f"flowrun/procrastinate {med['flowrun'] / med['procrastinate']:.2f}x",
-            flush=True,
-        )
+        if "flowrun" in med:
+            ratios = [
+                f"flowrun/{k} {med['flowrun'] / med[k]:.2f}x"
+                for k in ("pgqueuer (best)", "procrastinate", "flowrun (old)")
+                if k in med
+            ]
+            print("  ratios: " + ", ".join(ratios), flush=True)
     return rows
 
 
@@ -469,6 +511,17 @@ def main() -> None:
     ap.add_argument("--n-io", type=int, default=2000)
     ap.add_argument("--idle-seconds", type=float, default=30.0)
     ap.add_argument("--starts", type=int, default=500)
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        help="another checkout (e.g. `git archive main` extracted): its flowrun runs too, "
+        "interleaved, as 'flowrun (old)'",
+    )
+    ap.add_argument(
+        "--systems",
+        default="flowrun,pgqueuer,procrastinate",
+        help="which systems run (flowrun alone with --compare: an A/B of two checkouts)",
+    )
     # internal: run one peer worker
     ap.add_argument("--worker", choices=["pgqueuer", "procrastinate"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -483,7 +536,16 @@ def main() -> None:
     print(f"PostgreSQL peers, {os.cpu_count()} cores, repeat {args.repeat} (medians)")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        throughput(args.server, args.repeat, workdir, cases, args.n_noop, args.n_io)
+        throughput(
+            args.server,
+            args.repeat,
+            workdir,
+            cases,
+            args.n_noop,
+            args.n_io,
+            args.compare,
+            args.systems.split(","),
+        )
         if "idle" in cases:
             for k in (1, 8):
                 tps = idle_cost(args.server, k, args.idle_seconds, workdir)
