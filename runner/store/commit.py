@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
-from runner.store.arrays import arrays_for
+from runner.store.batch import batch_for
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
@@ -44,9 +44,9 @@ def commit_outcomes(
     ``chain``: its instance stays locked by this worker (lease renewed) and names the next
     attempt in ``running_attempt``. Each finished attempt's row is written here, once.
 
-    Where a batch is one statement of arrays (``Dialect.array_batches``: PostgreSQL)
+    Where a batch is one statement (``Dialect.batch_statements``: PostgreSQL)
     the fenced update itself says which claims were still held (``RETURNING``), so no
-    fence is read first (``runner.store.arrays``).
+    fence is read first (``runner.store.batch``).
 
     ``optimistic`` (used only where the database serialises writers, ``Dialect.serial_writes``:
     SQLite) skips reading the fences first and counts the rows the fenced updates
@@ -59,15 +59,15 @@ def commit_outcomes(
     at = time.time() if at is None else at
     hot = hot_for(conn)
     optimistic = optimistic and hot.dialect.serial_writes
-    arrays = arrays_for(conn) if hot.dialect.array_batches else None
-    if optimistic or arrays is not None:  # (arrays: the fenced update says which held)
+    batch = batch_for(conn) if hot.dialect.batch_statements else None
+    if optimistic or batch is not None:  # (batch: the fenced update says which held)
         good, lost = outcomes, []
     else:
         ids = hot.dialect.ids_value([o.instance_id for o in outcomes])
         current = dict(hot.fences.fetch(conn, {"ids": ids, "w": worker_id}))
         good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
         lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
-    js = hot.json
+    js = hot.json if batch is None else _as_is  # (batch: JSON values go in one document)
     released, kept, chained, finished = [], [], [], []
     for o in good:  # the hot loop: plain item assignments, no helper calls per field
         v, c, av = o.values, o.claim, o.attempt_values
@@ -109,8 +109,8 @@ def commit_outcomes(
                 None if checkpoint is None else js(checkpoint),
             )
         )
-    if arrays is not None:  # one statement: fenced updates and the attempt rows
-        held = arrays.commit(conn, worker_id, at, at + lease, (released, kept, finished))
+    if batch is not None:  # one statement: fenced updates and the attempt rows
+        held = batch.commit(conn, worker_id, at, at + lease, (released, kept, finished))
         if len(held) != len(good):  # taken away: their attempt rows were not written
             lost = [o for o in good if o.instance_id not in held]
             released = [r for r in released if r["b_id"] in held]
@@ -127,6 +127,10 @@ def commit_outcomes(
     for o in lost:
         cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained
+
+
+def _as_is(value):
+    return value
 
 
 def _notify_released(conn: Connection, released: list[dict]) -> None:

@@ -3,7 +3,7 @@
 The code above the store never asks which database it talks to; it asks the engine's
 :class:`Dialect` (``dialect_of(engine)``) for a fact (``skip_locked``, ``serial_writes``,
 ``in_process``, ``rowid_scan``, ``batch_migrations``, ``advisory_locks``,
-``array_batches``, ``notify``) or a function (``insert``,
+``batch_statements``, ``notify``) or a function (``insert``,
 ``ids_in``/``ids_value``, ``json_loader``/``json_adapter``). The idea
 is huey's ``BaseStorage``: one interface, one implementation per backend, chosen once.
 
@@ -48,8 +48,8 @@ class Dialect:
         batch_migrations: alembic must rebuild tables to alter them (``render_as_batch``).
         advisory_locks: a transaction may take ``pg_advisory_xact_lock`` (PostgreSQL;
             on SQLite ``BEGIN IMMEDIATE`` already excludes every other writer).
-        array_batches: the commit side sends a batch as one statement of arrays
-            (``runner.store.arrays``; PostgreSQL, where each statement is a round trip);
+        batch_statements: the commit side sends a whole batch as one statement
+            (``runner.store.batch``; PostgreSQL, where each statement is a round trip);
             SQLite runs one statement per row (``executemany``), a function call each.
         notify: daemons wake each other through ``LISTEN``/``NOTIFY``
             (``runner.store.notify``; PostgreSQL); on SQLite they poll the shared file.
@@ -69,7 +69,7 @@ class Dialect:
     rowid_scan: bool
     batch_migrations: bool
     advisory_locks: bool
-    array_batches: bool
+    batch_statements: bool
     notify: bool
     insert: Callable[..., Any]
     ids_value: Callable[[list[int]], Any]
@@ -123,7 +123,7 @@ SQLITE = Dialect(
     rowid_scan=True,
     batch_migrations=True,
     advisory_locks=False,
-    array_batches=False,
+    batch_statements=False,
     notify=False,
     insert=_sqlite_insert,
     ids_value=lambda ids: json.dumps(list(ids)),
@@ -139,7 +139,7 @@ POSTGRESQL = Dialect(
     rowid_scan=False,
     batch_migrations=False,
     advisory_locks=True,
-    array_batches=True,
+    batch_statements=True,
     notify=True,
     insert=_pg_insert,
     ids_value=list,

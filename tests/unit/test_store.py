@@ -1,6 +1,6 @@
 """Claim, lease and fencing (design §3) on a real SQLite file, and the fenced commit on
-the real PostgreSQL server too (``any_world``: its batches are one statement of arrays,
-``runner.store.arrays``).
+the real PostgreSQL server too (``any_world``: there a batch is one statement,
+``runner.store.batch``).
 
 Two workers are two engines on one file, claiming from two threads; leases expire by
 passing an explicit ``at`` to the store (the claim query compares stored times), so no

@@ -1,41 +1,47 @@
-"""Whole batches in one statement: the fenced commit as arrays (PostgreSQL).
+"""Whole batches in one statement: the fenced commit of a batch (PostgreSQL).
 
-Where a statement is a network round trip (``Dialect.array_batches``), the commit side of
-a cycle sends each column of a batch as one array and lets ``unnest`` turn them back into
-rows: one ``UPDATE ... FROM unnest(...)`` fences and writes every outcome of the batch and
-says (``RETURNING``) which instances were still held; one ``INSERT ... SELECT FROM
-unnest(...)`` writes every finished attempt's row. An ``executemany`` of the same
-statements (one statement per row, pipelined) cost 3.3 and 2.7 ms per 64 rows here, and
-needed a fence read (``SELECT ... FOR UPDATE``) first; see ``docs/performance.md``.
+Where a statement is a network round trip (``Dialect.batch_statements``), the commit side
+of a cycle sends the batch as one statement: its rows travel as JSON documents (one per
+kind of row, turned back into rows by ``json_to_recordset``); an ``UPDATE ... FROM``
+them fences and writes every outcome and says (``RETURNING``) which instances were still
+held, and an ``INSERT ... SELECT`` writes the finished attempts' rows of those only, all
+in one statement (data-modifying CTEs). Before, one ``UPDATE`` and one ``INSERT`` per row
+(``executemany``, pipelined) cost 3.3 and 2.7 ms per 64 rows here, after a fence read
+(``SELECT ... FOR UPDATE``); arrays of each column (``unnest``) instead of JSON cost
+psycopg 20 us a row to dump, JSON 4 us. See ``docs/performance.md``.
 
-The statements take the row dicts :func:`runner.store.commit.commit_outcomes` builds (the
-``rows.Hot.commit_instances`` / ``commit_chained`` parameters) and
-:func:`runner.store.rows.attempt_row`'s, so both dialects share the code that makes them.
+The statement takes the row dicts :func:`runner.store.commit.commit_outcomes` builds (the
+``rows.Hot.commit_instances`` / ``commit_chained`` parameters, JSON values not adapted)
+and :func:`runner.store.rows.attempt_row`'s, so both dialects share the code that makes
+them.
 """
 
 from __future__ import annotations
 
+import json
 import weakref
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Connection,
     Engine,
     Float,
     Integer,
     String,
     bindparam,
+    cast,
     column,
     func,
     null,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from runner.store.db import Prepared
 from runner.store.tables import attempts, instances
 
-#: the outcome columns of an instance, with their SQL types (arrays of them are sent)
+#: the outcome columns of an instance, with their SQL types
 _OUTCOME = {
     "state": String(),
     "errors": Integer(),
@@ -69,21 +75,21 @@ _ATTEMPT = {
 }
 
 
-def _unnest(cols: dict[str, Any], prefix: str):
-    """``unnest(%(<prefix><key>)s::T[], ...) AS <prefix>(<key>, ...)``: one array parameter
-    a column, named ``prefix + key`` (a bind parameter may not share a column's name)."""
-    arrays = [bindparam(prefix + k, type_=ARRAY(t)) for k, t in cols.items()]
+def _rows(cols: dict[str, Any], prefix: str):
+    """``json_to_recordset(%(<prefix>rows)s) AS <prefix>(<key> <type>, ...)``: the batch's
+    rows as one JSON array of objects (keys beyond ``cols`` are ignored)."""
     names = [column(k, t) for k, t in cols.items()]
-    rows = func.unnest(*arrays).table_valued(*names).render_derived(with_types=False)
+    text = cast(bindparam(prefix + "rows", type_=String()), JSON())
+    rows = func.json_to_recordset(text).table_valued(*names).render_derived(with_types=True)
     return rows.alias(prefix.rstrip("_"))
 
 
 def _fenced_update(prefix: str, extra: dict[str, tuple[str, Any]], scalar: dict[str, Any]):
-    """``UPDATE instances ... FROM unnest(...) RETURNING id`` as a CTE named ``prefix``,
-    each row fenced by ``locked_by`` (param ``w``) and its ``fence``; ``extra`` holds the
-    per-row columns beyond :data:`_OUTCOME` (``{key: (column, type)}``), ``scalar`` the
-    values the same for the whole batch."""
-    v = _unnest({**_OUTCOME, **{k: t for k, (_, t) in extra.items()}}, prefix)
+    """``UPDATE instances ... FROM json_to_recordset(...) RETURNING id`` as a CTE named
+    after ``prefix``, each row fenced by ``locked_by`` (param ``w``) and its ``fence``;
+    ``extra`` holds the per-row columns beyond :data:`_OUTCOME` (``{key: (column,
+    type)}``), ``scalar`` the values the same for the whole batch."""
+    v = _rows({**_OUTCOME, **{k: t for k, (_, t) in extra.items()}}, prefix)
     i = instances.c
     values = {
         "state": v.c.state,
@@ -111,11 +117,12 @@ def _fenced_update(prefix: str, extra: dict[str, tuple[str, Any]], scalar: dict[
 
 def commit_statement():
     """The whole commit of a batch: the fenced updates of the outcomes that release their
-    instance (``r_*`` arrays, as ``rows.Hot.commit_instances``) and of those that keep it
-    (``k_*``, as ``rows.Hot.commit_chained``), and the finished attempts' rows (``a_*``,
-    as ``rows.close_attempts``: an open row a checkpoint wrote is completed, one already
-    closed left as it is) written only for the instances the updates held; selects the
-    ids held. Scalar params: ``w`` (worker), ``b_at`` (commit time), ``b_until`` (lease)."""
+    instance (rows in ``r_rows``, as ``rows.Hot.commit_instances``) and of those that keep
+    it (``k_rows``, as ``rows.Hot.commit_chained``), and the finished attempts' rows
+    (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is completed,
+    one already closed left as it is) written only for the instances the updates held;
+    selects the ids held. Scalar params: ``w`` (worker), ``b_at`` (commit time, epoch s),
+    ``b_until`` (the kept leases' end)."""
     released = _fenced_update(
         "r_",
         _RELEASED,
@@ -130,7 +137,7 @@ def commit_statement():
         },
     )
     held = select(released.c.id).union_all(select(kept.c.id))
-    a = _unnest(_ATTEMPT, "a_")
+    a = _rows(_ATTEMPT, "a_")
     ins = insert(attempts).from_select(
         [
             "instance_id",
@@ -162,11 +169,12 @@ def commit_statement():
     return held.add_cte(ins.cte("closed"))
 
 
-#: the array parameters of :func:`commit_statement`: prefix, row keys
-_ARRAYS = (("r_", [*_OUTCOME, *_RELEASED]), ("k_", [*_OUTCOME, *_CHAINED]), ("a_", [*_ATTEMPT]))
+#: a batch's rows as one JSON text (a NaN, which JSON cannot spell, fails the statement
+#: as it did through psycopg's ``Jsonb``)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-class Arrays:
+class Batch:
     """The batch statements of one engine (compiled once, see ``db.Prepared``)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -191,19 +199,18 @@ class Arrays:
         attempt row is written for them).
         """
         params: dict[str, Any] = {"w": worker_id, "b_at": at, "b_until": until}
-        for (prefix, keys), rows in zip(_ARRAYS, batches, strict=True):
-            for k in keys:
-                params[prefix + k] = [r[k] for r in rows]
+        for prefix, rows in zip(("r_", "k_", "a_"), batches, strict=True):
+            params[prefix + "rows"] = _encode(rows)
         return {r[0] for r in self.commit_all.fetch(conn, params)}
 
 
-_arrays: weakref.WeakKeyDictionary[Engine, Arrays] = weakref.WeakKeyDictionary()
+_batches: weakref.WeakKeyDictionary[Engine, Batch] = weakref.WeakKeyDictionary()
 
 
-def arrays_for(conn: Connection) -> Arrays:
-    """The :class:`Arrays` statements of ``conn``'s engine (compiled on first use)."""
+def batch_for(conn: Connection) -> Batch:
+    """The :class:`Batch` statements of ``conn``'s engine (compiled on first use)."""
     engine = conn.engine
-    found = _arrays.get(engine)
+    found = _batches.get(engine)
     if found is None:
-        found = _arrays[engine] = Arrays(engine)
+        found = _batches[engine] = Batch(engine)
     return found
