@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import operator
 import re
-import threading
-import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import (
-    ArgumentError,
-    DBAPIError,
-    DisconnectionError,
-    OperationalError,
-    SQLAlchemyError,
-)
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from runner.errors import ConfigError
 from runner.store.dialect import dialect_of
@@ -100,8 +92,9 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool =
             args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
             if readonly:
                 args["options"] = "-c default_transaction_read_only=on"
-            engine = create_engine(url, pool_size=4, max_overflow=8, connect_args=args)
-            _ping_unless_fresh(engine)
+            engine = create_engine(
+                url, pool_pre_ping=True, pool_size=4, max_overflow=8, connect_args=args
+            )
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
     if create and not readonly:
@@ -121,48 +114,6 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool =
             engine.dispose()
             raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
     return engine
-
-
-#: on a thread that trusts fresh connections, a pooled connection used less than this
-#: many seconds ago is not pinged before use
-PING_AFTER = 1.0
-
-_threads = threading.local()
-
-
-def trust_fresh_connections() -> None:
-    """On the calling thread (a worker's database thread), take a pooled PostgreSQL
-    connection used less than :data:`PING_AFTER` s ago without pinging it first.
-
-    Elsewhere every checkout pings (SQLAlchemy's ``pool_pre_ping``), which is a round
-    trip: one of the six a worker's cycle made. A connection given back a moment ago is
-    alive as far as anyone can tell; if the server went away since, the cycle's first
-    statement fails, SQLAlchemy drops the pool's connections, and the worker retries the
-    cycle after a backoff (``engine.db_thread``), with nothing lost.
-    """
-    _threads.trust = True
-
-
-def _ping_unless_fresh(engine: Engine) -> None:
-    """``pool_pre_ping`` on ``engine``, skipped for recently used connections on threads
-    that asked (:func:`trust_fresh_connections`); a dead connection is replaced
-    (``DisconnectionError``: SQLAlchemy's recipe for custom pessimistic pings)."""
-
-    @event.listens_for(engine, "checkin")
-    def _checkin(_dbapi_conn, record):  # pragma: no cover - trivial
-        record.info["idle_since"] = time.monotonic()
-
-    @event.listens_for(engine, "checkout")
-    def _checkout(dbapi_conn, record, _proxy):
-        since = record.info.pop("idle_since", None)
-        if since is None:  # connected just now
-            return
-        if getattr(_threads, "trust", False) and time.monotonic() - since < PING_AFTER:
-            return
-        try:
-            engine.dialect.do_ping(dbapi_conn)
-        except engine.dialect.loaded_dbapi.Error as exc:
-            raise DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
 def short_error(exc: BaseException) -> str:
@@ -356,11 +307,6 @@ class Prepared:
         """Run the statement once with ``params`` (by name); returns its rows (tuples)."""
         out = self._run(conn, self._params(params), False)
         return out.fetchall() if self.raw else out.all()
-
-    def run(self, conn, params: dict) -> int:
-        """Run the statement once with ``params`` (by name), no rows wanted; returns the
-        number of rows it changed (``-1`` where the driver does not say)."""
-        return self._run(conn, self._params(params), False).rowcount
 
     def executemany(self, conn, rows: list[dict]) -> int:
         """Run the statement once per row dict, in one driver call; returns the number of
