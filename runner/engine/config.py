@@ -19,6 +19,8 @@ class WorkerConfig:
     it knows, looking anyway every ``idle_poll`` seconds (``None``: half the lease; ``0``:
     never). ``fence_poll`` how often running attempts are
     checked for commands; ``grace`` how long a graceful stop waits for running attempts.
+    ``heartbeat`` the interval of this worker's heartbeat (``None``: a third of the lease,
+    at most a minute, ``runner.store.heartbeat.heartbeat_interval``), recorded in its row.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
     and must not raise.
@@ -31,7 +33,7 @@ class WorkerConfig:
     fence_poll: float = 0.25
     grace: float = 30.0
     kill_grace: float = 5.0
-    heartbeat: float = 2.0
+    heartbeat: float | None = None
     exit_when_idle: bool = False
     on_tick: Callable[[], None] | None = None
     listen: bool = False

@@ -105,7 +105,9 @@ class Worker:
         self._recover = LoopingTimer(recover_every)  # attempts of dead workers
         self._fence = LoopingTimer(cfg.fence_poll)  # instances taken away (commands)
         self._renew = LoopingTimer(cfg.lease / 3)  # the running attempts' leases
-        self._beat = LoopingTimer(cfg.heartbeat)  # this worker's heartbeat row
+        #: seconds between this worker's heartbeats (recorded in its ``workers`` row)
+        self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
+        self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
         self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
 
     # -- control -----------------------------------------------------------------------
@@ -210,6 +212,7 @@ class Worker:
                 heartbeat.register,
                 self.engine,
                 cfg.worker_id,
+                self.heartbeat,
                 give_up=lambda: self._abort or self._stopping,
             )
         except DBAPIError:

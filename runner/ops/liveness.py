@@ -2,11 +2,15 @@
 console's workers view (all through :func:`read_workers`, SQL text run through a
 ``runner.store.reader.Reader``: stdlib ``sqlite3`` for the CLI on a SQLite file).
 
-A worker writes ``workers.heartbeat_at`` every ``heartbeat`` seconds (2 s, see
-``runner.engine.worker``). A heartbeat can be late for innocent reasons: a long GC pause, a busy
-database, a host under load. So a worker is declared **dead** only when BOTH hold:
+A worker writes ``workers.heartbeat_at`` every ``heartbeat`` seconds: a third of its
+lease, at most a minute (``runner.store.heartbeat.heartbeat_interval``), and records that
+interval in its row (``workers.heartbeat_every``), so every reader judges it by its own
+interval; a row written before that column existed (``NULL``) is judged by the old fixed
+interval, :data:`HEARTBEAT`.
+A heartbeat can be late for innocent reasons: a long GC pause, a busy database, a host
+under load. So a worker is declared **dead** only when BOTH hold:
 
-1. its heartbeat is stale: older than ``STALE_BEATS`` (3) heartbeat intervals, and
+1. its heartbeat is stale: older than ``STALE_BEATS`` (3) of its heartbeat intervals, and
 2. it holds no lease that is still valid (instance or sensor ``locked_until`` in the
    future): while it holds one, no other worker may take that work anyway, and the worker
    may still renew it.
@@ -26,7 +30,8 @@ from typing import Any
 from runner.ops.views import iso
 from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
 
-#: Default heartbeat interval of ``runner.engine.config.WorkerConfig`` (seconds).
+#: The heartbeat interval (seconds) of workers whose row does not record theirs (written
+#: before ``workers.heartbeat_every`` existed, when every worker beat every 2 s).
 HEARTBEAT = 2.0
 #: A heartbeat older than this many intervals is stale.
 STALE_BEATS = 3
@@ -58,7 +63,7 @@ def judge(
     *,
     leases: int = 0,
     lease_until: float | None = None,
-    heartbeat: float = HEARTBEAT,
+    heartbeat: float | None = None,
 ) -> Liveness:
     """Decide whether a worker is alive.
 
@@ -68,8 +73,11 @@ def judge(
         now: the current time (epoch seconds).
         leases: how many leases it holds (valid or not; only valid ones count).
         lease_until: the latest ``locked_until`` among its leases, or ``None``.
-        heartbeat: its heartbeat interval in seconds.
+        heartbeat: its heartbeat interval in seconds (``workers.heartbeat_every``);
+            ``None`` (a row from before that column): :data:`HEARTBEAT`.
     """
+    if heartbeat is None or heartbeat <= 0:
+        heartbeat = HEARTBEAT
     age = max(0.0, now - heartbeat_at)
     valid = lease_until is not None and lease_until > now
     held = leases if valid else 0
@@ -123,7 +131,14 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
     rows = as_dicts(reader, WORKER_COLUMNS, found)
     for r in rows:
         count, until = held.get(r["id"], (0, None))
-        verdict = judge(r["heartbeat_at"], r["stopped_at"], now, leases=count, lease_until=until)
+        verdict = judge(
+            r["heartbeat_at"],
+            r["stopped_at"],
+            now,
+            leases=count,
+            lease_until=until,
+            heartbeat=r["heartbeat_every"],
+        )
         r.update(
             alive=verdict.alive,
             verdict=verdict.verdict,

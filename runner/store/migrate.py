@@ -94,7 +94,8 @@ def _has_unique(conn: Connection, table: str, name: str) -> bool:
 
 
 def _has_column(conn: Connection, table: str, name: str) -> bool:
-    return name in {c["name"] for c in inspect(conn).get_columns(table)}
+    insp = inspect(conn)
+    return insp.has_table(table) and name in {c["name"] for c in insp.get_columns(table)}
 
 
 def _has_index(conn: Connection, table: str, name: str) -> bool:
@@ -104,6 +105,7 @@ def _has_index(conn: Connection, table: str, name: str) -> bool:
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0004", lambda c: _has_column(c, "workers", "heartbeat_every")),
     ("0003", lambda c: _has_column(c, "instances", "label")),
     ("0002", lambda c: _has_unique(c, "attempts", "uq_attempts_instance_attempt")),
     ("0001", lambda c: _has_index(c, "attempts", "ix_attempts_instance")),

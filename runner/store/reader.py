@@ -89,7 +89,16 @@ COMMAND_COLUMNS = (
     "result",
 )
 EVENT_COLUMNS = ("id", "sensor", "key", "payload", "created_at", "handled_at", "action")
-WORKER_COLUMNS = ("id", "host", "pid", "started_at", "heartbeat_at", "running", "stopped_at")
+WORKER_COLUMNS = (
+    "id",
+    "host",
+    "pid",
+    "started_at",
+    "heartbeat_at",
+    "running",
+    "stopped_at",
+    "heartbeat_every",
+)
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset({"data", "state_errors", "checkpoint", "args", "payload", "cursor"})
 

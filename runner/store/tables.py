@@ -178,6 +178,9 @@ class WorkerRow(SQLModel, table=True):
     heartbeat_at: float
     running: int = Field(default=0, description="attempts running at the last heartbeat")
     stopped_at: float | None = Field(default=None)
+    heartbeat_every: float | None = Field(
+        default=None, description="seconds between its heartbeats (NULL: written before 0004)"
+    )
 
 
 class FlowVersion(SQLModel, table=True):

@@ -179,19 +179,22 @@ def test_server_restart_loses_nothing(tmp_path, pg_url):
 
 
 def test_idle_daemon_keeps_its_heartbeat(tmp_path, pg_url):
-    """A worker asleep until a notification still beats: liveness must not call it dead."""
-    from runner.ops.liveness import HEARTBEAT, STALE_BEATS
+    """A worker asleep until a notification still beats (every third of its 6 s lease, as
+    its row says): liveness must not call it dead."""
+    from runner.ops.liveness import STALE_BEATS
 
     fr = _setup(tmp_path, pg_url)
     engine = make_engine(pg_url)
-    daemon = fr.daemon("--idle-poll", "0", worker_id="sleeper")
+    daemon = fr.daemon("--idle-poll", "0", worker_id="sleeper", lease=6)
     try:
         _registered(engine, 1)
-        first = sql(engine, "SELECT heartbeat_at FROM workers WHERE id = 'sleeper'")[0][0]
-        time.sleep(STALE_BEATS * HEARTBEAT + 1.0)
-        beat = sql(engine, "SELECT heartbeat_at FROM workers WHERE id = 'sleeper'")[0][0]
+        q = "SELECT heartbeat_at, heartbeat_every FROM workers WHERE id = 'sleeper'"
+        first, every = sql(engine, q)[0]
+        assert every == 2.0
+        time.sleep(STALE_BEATS * every + 1.0)
+        beat = sql(engine, q)[0][0]
         assert beat > first
-        assert time.time() - beat < STALE_BEATS * HEARTBEAT
+        assert time.time() - beat < STALE_BEATS * every
     finally:
         daemon.stop()
         engine.dispose()
