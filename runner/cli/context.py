@@ -46,14 +46,17 @@ class Ctx:
         flows: the flows folder (``--flows``).
         db: the database URL (``--db``).
         lease: seconds a claim lasts without renewal (``--lease``).
+        pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
     ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
     """
 
-    def __init__(self, flows: Path, db: str, lease: float):
-        self.flows, self.db, self.lease = flows, db, lease
+    def __init__(self, flows: Path, db: str, lease: float, pool: int = 2):
+        self.flows, self.db, self.lease, self.pool = flows, db, lease, pool
+        #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
+        self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
@@ -79,7 +82,9 @@ class Ctx:
                     "FLOW` or `flowrun --daemon` creates it, --db/FLOWRUN_DB chooses another)",
                     1,
                 )
-            self._engine = make_engine(self.db)
+            self._engine = make_engine(
+                self.db, pool=self.pool, application_name=self.application_name
+            )
         return self._engine
 
     @property

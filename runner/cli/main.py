@@ -109,6 +109,15 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     help="--daemon on PostgreSQL: an idle worker woken by LISTEN/NOTIFY still looks for due "
     "work every S seconds (default: half the lease; 0: never).",
 )
+@click.option(
+    "--pool-size",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    envvar="FLOWRUN_POOL_SIZE",
+    help="PostgreSQL: most connections this process opens for statements (one kept open); "
+    "--daemon adds one listening connection.",
+)
 @click.version_option(package_name="flowrun")
 @click.pass_context
 def main_group(
@@ -126,13 +135,15 @@ def main_group(
     log_attempts=False,
     metrics=None,
     idle_poll=None,
+    pool_size=2,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
     Without a command: `flowrun` opens the console (with an embedded worker);
     `flowrun --daemon` runs the headless worker.
     """
-    ctx.obj = Ctx(flows, db, lease)
+    ctx.obj = Ctx(flows, db, lease, pool=pool_size)
+    ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
         concurrency=concurrency,
@@ -162,6 +173,8 @@ def run_daemon(c: Ctx) -> int:
     from runner.service.metrics import parse_address
 
     so = c.service_options
+    config = worker_config(c)
+    c.application_name = f"flowrun {config.worker_id}"  # its connections in pg_stat_activity
     setup_logging(c.worker_options["log_format"], so["log_level"], so["log_attempts"])
     log = logging.getLogger("flowrun.daemon")
     try:
@@ -189,7 +202,7 @@ def run_daemon(c: Ctx) -> int:
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
         )
-        served = asyncio.run(serve(c.engine, registry, worker_config(c), options=options))
+        served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
         if c.worker_options["log_format"] != "json":
             raise  # one plain line each: file:line:col: message

@@ -177,7 +177,13 @@ async def serve(
     listener = None
     if listen:
         url = engine.url.render_as_string(hide_password=False)
-        listener = DueListener(url, worker.notify_due, hub.kick if hub is not None else None)
+        listener = DueListener(
+            url,
+            worker.notify_due,
+            hub.kick if hub is not None else None,
+            application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon`` names
+            # its pool's connections
+        )
         if hub is not None:
             hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
     stop = asyncio.Event()

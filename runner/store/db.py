@@ -12,17 +12,38 @@ from __future__ import annotations
 
 import operator
 import re
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    OperationalError,
+    SQLAlchemyError,
+)
 
 from runner.errors import ConfigError
 from runner.store.dialect import dialect_of
 from runner.store.wal import SAFETY_PAGES
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
+
+#: PostgreSQL: the most connections one engine opens for statements (``--pool-size``). One
+#: is kept open; the others are opened while several parts of a process need one at once
+#: and closed when returned. A daemon adds one ``LISTEN`` connection (``store.notify``).
+DEFAULT_POOL = 2
+#: PostgreSQL: a pooled connection unused for longer than this (seconds) is pinged before
+#: use, so one the server dropped meanwhile (a restart, ``idle_session_timeout``, a
+#: firewall) is replaced instead of failing the caller's first statement. The ping is a
+#: ``SELECT 1`` that opens the caller's transaction: SQLAlchemy's ``pool_pre_ping`` runs
+#: it in a transaction of its own, which doubled an idle daemon's commits; and busy
+#: connections (used again within this time) skip the round trip.
+PING_IDLE = 2.0
+#: ``application_name`` of PostgreSQL connections when the caller gives none.
+APPLICATION = "flowrun"
 
 
 def redact(url: str) -> str:
@@ -62,7 +83,14 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool = False) -> Engine:
+def make_engine(
+    url: str = DEFAULT_URL,
+    *,
+    create: bool = True,
+    readonly: bool = False,
+    pool: int = DEFAULT_POOL,
+    application_name: str = APPLICATION,
+) -> Engine:
     """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
 
     ``create`` runs the alembic migrations (``runner.store.migrate.upgrade``): an empty database
@@ -71,6 +99,10 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool =
     ``readonly`` makes an engine that cannot write (and implies no ``create``): on SQLite
     its transactions are plain deferred ``BEGIN`` with ``query_only`` (see
     :func:`read_engine`), on PostgreSQL ``default_transaction_read_only``.
+
+    PostgreSQL only: ``pool`` is the most connections the engine opens at once (see
+    :func:`pg_engine`); ``application_name`` names them in ``pg_stat_activity`` unless the
+    URL sets one.
 
     For a SQLite file URL the parent folder is created (not with ``readonly``). Raises
     ``ConfigError`` (one clear line, password redacted) for a malformed URL or an
@@ -89,12 +121,7 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool =
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly)
         else:
-            args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
-            if readonly:
-                args["options"] = "-c default_transaction_read_only=on"
-            engine = create_engine(
-                url, pool_pre_ping=True, pool_size=4, max_overflow=8, connect_args=args
-            )
+            engine = pg_engine(url, readonly=readonly, pool=pool, application_name=application_name)
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
     if create and not readonly:
@@ -113,6 +140,50 @@ def make_engine(url: str = DEFAULT_URL, *, create: bool = True, readonly: bool =
         except SQLAlchemyError as exc:
             engine.dispose()
             raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
+    return engine
+
+
+def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> Engine:
+    """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): one kept
+    open, up to ``pool - 1`` more opened while several threads need one at once and closed
+    when returned; a thread finding all in use waits (``pool_timeout``, 30 s). The most
+    recently used connection is reused first, and one unused for more than
+    :data:`PING_IDLE` seconds is pinged inside the transaction it is checked out for.
+
+    Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
+    """
+    args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
+    if readonly:
+        args["options"] = "-c default_transaction_read_only=on"
+    if "application_name" not in make_url(url).query:
+        args["application_name"] = application_name[:63]  # NAMEDATALEN - 1
+    engine = create_engine(
+        url,
+        pool_size=1,
+        max_overflow=max(0, pool - 1),
+        pool_use_lifo=True,
+        connect_args=args,
+    )
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn, record):  # pragma: no cover - trivial
+        record.info["flowrun_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, _proxy):
+        since = record.info.get("flowrun_idle_since")
+        if since is None or time.monotonic() - since <= PING_IDLE:
+            return
+        try:
+            cursor = dbapi_conn.cursor()
+            try:
+                cursor.execute("SELECT 1")  # not autocommit: this begins the caller's transaction
+            finally:
+                cursor.close()
+        except engine.dialect.loaded_dbapi.Error as exc:
+            # the pool discards this connection and checks out another (a new one)
+            raise DisconnectionError(short_error(exc)) from exc
+
     return engine
 
 

@@ -90,6 +90,7 @@ class DueListener:
         on_event: called on the event loop when an event was stored (and after a
             (re)connection); ``None``: events are not listened to.
         retry_max: the longest wait between reconnection attempts, in seconds.
+        application_name: its name in ``pg_stat_activity`` (unless the URL sets one).
 
     ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are one
     log line each and are retried with backoff (0.5 s doubling to ``retry_max``).
@@ -102,8 +103,10 @@ class DueListener:
         on_event: Callable[[], None] | None = None,
         *,
         retry_max: float = 10.0,
+        application_name: str = "flowrun listener",
     ) -> None:
         self.url = libpq_url(url)
+        self.application_name = application_name[:63]  # NAMEDATALEN - 1
         self.on_wake = on_wake
         self.on_event = on_event
         self.retry_max = retry_max
@@ -117,8 +120,12 @@ class DueListener:
         failures = 0
         while not stop.is_set():
             try:
+                named = "application_name" in self.url
                 conn = await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, connect_timeout=5
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=5,
+                    **({} if named else {"application_name": self.application_name}),
                 )
             except psycopg.Error as exc:
                 failures += 1
