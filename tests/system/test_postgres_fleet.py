@@ -1,5 +1,6 @@
 """32 daemons on one PostgreSQL server with ``max_connections = 100``: every one works, and
-none ever holds more connections than documented (``--pool-size`` 2 + 1 listening = 3).
+none ever holds more connections than documented (``--pool-size`` 2 + 1 listening = 3;
+with ``--pool-size 1``, 2).
 
 Real ``flowrun --daemon`` processes share one fresh database and one flow; 500 instances
 are started while they all run, and all complete. A watcher samples ``pg_stat_activity``
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(240)]
 DAEMONS = 32
 INSTANCES = 500
 BOUND = 2 + 1  # --pool-size (default 2) + the listening connection
+SMALL = 4  # daemons run with --pool-size 1
 
 FLOW = """\
 initial: s1
@@ -78,7 +80,13 @@ def test_32_daemons_share_one_server_within_their_connection_bound(tmp_path: Pat
     watcher = Watcher(db)
     watcher.start()
     ids = [f"fleet{k}" for k in range(DAEMONS)]
-    daemons = [fr.daemon("--concurrency", "4", worker_id=w, log=w) for w in ids]
+    # a few run with --pool-size 1: at most 1 + 1 connections
+    small = set(ids[:SMALL])
+    daemons = [
+        fr.daemon("--concurrency", "4", *(["--pool-size", "1"] if w in small else []),
+                  worker_id=w, log=w)
+        for w in ids
+    ]  # fmt: skip
     try:
         poll(
             lambda: sql(engine, "SELECT count(*) FROM workers")[0][0] >= DAEMONS,
@@ -114,5 +122,6 @@ def test_32_daemons_share_one_server_within_their_connection_bound(tmp_path: Pat
     seen = {name: n for name, n in watcher.peak.items() if name in names}
     assert len(seen) == DAEMONS, watcher.peak  # every daemon's connections are named
     assert max(seen.values()) <= BOUND, watcher.peak
+    assert max(n for name, n in seen.items() if names[name] in small) <= 2, watcher.peak
     assert set(watcher.peak) <= {*names, "fleet test"}, watcher.peak  # nothing unnamed
     assert watcher.samples > 10
