@@ -7,10 +7,11 @@ import pytest
 from sqlalchemy import insert
 
 from runner.engine.worker import Worker, WorkerConfig
-from runner.ops.liveness import HEARTBEAT, STALE_BEATS, judge
-from runner.ops.queries import read_workers
+from runner.ops.liveness import HEARTBEAT, STALE_BEATS, judge, read_workers
 from runner.store import heartbeat
 from runner.store.db import make_engine
+from runner.store.reader import open_sqlite
+from runner.store.revision import latest_revision
 from runner.store.tables import workers
 
 NOW = 1_000_000.0
@@ -46,7 +47,9 @@ def test_judge_uses_the_workers_own_interval(age, every, verdict):
 
 
 def test_read_workers_judges_each_row_by_its_own_interval(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    """Through SQLAlchemy and through the CLI's stdlib ``sqlite3`` reader alike."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    engine = make_engine(url)
     base = {"host": "h", "pid": 1, "started_at": NOW - 100, "running": 0}
     rows = [
         {"id": "slow", "heartbeat_at": NOW - 30, "heartbeat_every": 20.0},
@@ -56,9 +59,15 @@ def test_read_workers_judges_each_row_by_its_own_interval(tmp_path):
     ]
     with engine.begin() as conn:
         conn.execute(insert(workers), [{**base, **r} for r in rows])
-    got = {r["id"]: r["verdict"] for r in read_workers(engine, now=NOW)}
-    assert got == {"slow": "alive", "fast": "dead", "old": "alive", "old-stale": "dead"}
+    want = {"slow": "alive", "fast": "dead", "old": "alive", "old-stale": "dead"}
+    assert {r["id"]: r["verdict"] for r in read_workers(engine, now=NOW)} == want
     engine.dispose()
+    reader = open_sqlite(url, latest_revision())
+    assert reader is not None
+    rows = read_workers(reader, now=NOW)
+    assert {r["id"]: r["verdict"] for r in rows} == want
+    assert {r["id"]: r["heartbeat_every"] for r in rows}["slow"] == 20.0
+    reader.close()
 
 
 def test_register_records_the_interval(tmp_path):
