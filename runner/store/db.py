@@ -39,9 +39,9 @@ DEFAULT_POOL = 2
 #: use, so one the server dropped meanwhile (a restart, ``idle_session_timeout``, a
 #: firewall) is replaced instead of failing the caller's first statement. The ping is a
 #: ``SELECT 1`` that opens the caller's transaction: SQLAlchemy's ``pool_pre_ping`` runs
-#: it in a transaction of its own, which doubled an idle daemon's commits; and busy
-#: connections (used again within this time) skip the round trip.
-PING_IDLE = 2.0
+#: it in a transaction of its own, which doubled an idle daemon's commits. A busy worker's
+#: connection, checked out again at once, skips the round trip.
+PING_IDLE = 0.25
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
 
