@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import operator
 import re
-import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -35,13 +34,6 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 #: is kept open; the others are opened while several parts of a process need one at once
 #: and closed when returned. A daemon adds one ``LISTEN`` connection (``store.notify``).
 DEFAULT_POOL = 2
-#: PostgreSQL: a pooled connection unused for longer than this (seconds) is pinged before
-#: use, so one the server dropped meanwhile (a restart, ``idle_session_timeout``, a
-#: firewall) is replaced instead of failing the caller's first statement. The ping is a
-#: ``SELECT 1`` that opens the caller's transaction: SQLAlchemy's ``pool_pre_ping`` runs
-#: it in a transaction of its own, which doubled an idle daemon's commits. A busy worker's
-#: connection, checked out again at once, skips the round trip.
-PING_IDLE = 0.25
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
 
@@ -147,8 +139,8 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
     """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): one kept
     open, up to ``pool - 1`` more opened while several threads need one at once and closed
     when returned; a thread finding all in use waits (``pool_timeout``, 30 s). The most
-    recently used connection is reused first, and one unused for more than
-    :data:`PING_IDLE` seconds is pinged inside the transaction it is checked out for.
+    recently used connection is reused first, and pinged inside the transaction it is
+    checked out for.
 
     Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
     """
@@ -167,12 +159,18 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_conn, record):  # pragma: no cover - trivial
-        record.info["flowrun_idle_since"] = time.monotonic()
+        record.info["flowrun_used"] = True
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, _proxy):
-        since = record.info.get("flowrun_idle_since")
-        if since is None or time.monotonic() - since <= PING_IDLE:
+        # A pooled connection may have been dropped by the server meanwhile (a restart,
+        # ``idle_session_timeout``, a firewall): ping it, so the pool replaces it instead of
+        # failing the caller's first statement. Not SQLAlchemy's ``pool_pre_ping``: that
+        # runs the ping in autocommit, a committed transaction of its own on every checkout,
+        # which doubled an idle daemon's commits. This ``SELECT 1`` opens the caller's own
+        # transaction: the same round trip, no transaction more. A new connection is not
+        # pinged.
+        if not record.info.get("flowrun_used"):
             return
         try:
             cursor = dbapi_conn.cursor()
