@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine.timers import OutageBackoff
-from runner.store.db import short_error
+from runner.store.db import short_error, trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -24,7 +24,11 @@ class DatabaseThread:
     """One thread for a worker's blocking database calls (``flowrun-db``)."""
 
     def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flowrun-db")
+        # the worker's cycles follow each other closely: no ping before each (a round
+        # trip); a connection lost meanwhile fails a cycle, which is retried
+        self.pool = ThreadPoolExecutor(
+            1, thread_name_prefix="flowrun-db", initializer=trust_fresh_connections
+        )
         self._down = False  # a guarded call failed; the next one that succeeds says so
 
     def submit(self, fn: Callable, *args: Any) -> asyncio.Future:

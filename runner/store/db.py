@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import operator
 import re
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -135,6 +137,25 @@ def make_engine(
     return engine
 
 
+#: on a thread that trusts fresh connections, a pooled connection given back less than
+#: this many seconds ago is not pinged before use
+PING_AFTER = 1.0
+
+_threads = threading.local()
+
+
+def trust_fresh_connections() -> None:
+    """On the calling thread (a worker's database thread), take a pooled PostgreSQL
+    connection given back less than :data:`PING_AFTER` s ago without pinging it.
+
+    The ping is a round trip of every cycle; a connection given back a moment ago is alive
+    as far as anyone can tell. If the server went away since, the cycle's first statement
+    fails, SQLAlchemy drops the pool's connections, and the worker retries the cycle after
+    a backoff (``engine.db_thread``), with nothing lost.
+    """
+    _threads.trust = True
+
+
 def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> Engine:
     """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): one kept
     open, up to ``pool - 1`` more opened while several threads need one at once and closed
@@ -159,7 +180,7 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_conn, record):  # pragma: no cover - trivial
-        record.info["flowrun_used"] = True
+        record.info["flowrun_used"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, _proxy):
@@ -169,8 +190,12 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         # runs the ping in autocommit, a committed transaction of its own on every checkout,
         # which doubled an idle daemon's commits. This ``SELECT 1`` opens the caller's own
         # transaction: the same round trip, no transaction more. A new connection is not
-        # pinged.
-        if not record.info.get("flowrun_used"):
+        # pinged, nor, on a thread that trusts fresh connections (the worker's database
+        # thread), one given back less than PING_AFTER s ago.
+        used = record.info.get("flowrun_used")
+        if used is None:
+            return
+        if getattr(_threads, "trust", False) and time.monotonic() - used < PING_AFTER:
             return
         try:
             cursor = dbapi_conn.cursor()
