@@ -31,7 +31,17 @@ def serve(c: Ctx, host: str, port: int, attach: bool, readonly: bool, token: str
     """
     from runner.service.serve import serve as run
 
-    run(c.flows, c.db, c.lease, host=host, port=port, attach=attach, readonly=readonly, token=token)
+    run(
+        c.flows,
+        c.db,
+        c.lease,
+        host=host,
+        port=port,
+        attach=attach,
+        readonly=readonly,
+        token=token,
+        pool=c.pool,
+    )
 
 
 COMMANDS = (serve,)

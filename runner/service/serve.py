@@ -44,11 +44,14 @@ def check_binding(host: str, token: str | None) -> None:
         )
 
 
-def console_command(flows: Path, db: str, lease: float, *, attach: bool, readonly: bool) -> str:
+def console_command(
+    flows: Path, db: str, lease: float, *, attach: bool, readonly: bool, pool: int = 2
+) -> str:
     """The shell command textual-serve runs per browser session: this interpreter's
-    ``flowrun tui`` with the same flows folder, database and lease."""
+    ``flowrun tui`` with the same flows folder, database, lease (seconds) and PostgreSQL
+    pool size (``--pool-size``: connections per console)."""
     argv = [sys.executable, "-m", "runner.cli", "--flows", str(Path(flows).absolute())]
-    argv += ["--db", db, "--lease", f"{lease:g}", "tui"]
+    argv += ["--db", db, "--lease", f"{lease:g}", "--pool-size", str(pool), "tui"]
     if attach:
         argv.append("--attach")
     if readonly:
@@ -113,15 +116,17 @@ def serve(
     attach: bool = False,
     readonly: bool = False,
     token: str | None = None,
+    pool: int = 2,
 ) -> None:
-    """Serve the console until SIGINT/SIGTERM.
+    """Serve the console until SIGINT/SIGTERM. ``pool`` is each browser session's
+    ``--pool-size`` (PostgreSQL connections per console).
 
     Raises:
         UserError: a non-loopback ``host`` without ``token`` (exit 2), or the address
             cannot be bound (exit 2).
     """
     check_binding(host, token)
-    command = console_command(flows, db, lease, attach=attach, readonly=readonly)
+    command = console_command(flows, db, lease, attach=attach, readonly=readonly, pool=pool)
     server = ConsoleServer(command, host, port, token)
     try:
         server.serve()
