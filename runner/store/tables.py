@@ -15,12 +15,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import JSON, Column, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
 
-#: JSON on SQLite, JSONB on PostgreSQL.
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+class JSONOrJSONB(TypeDecorator):
+    """JSON on SQLite, JSONB on PostgreSQL: ``JSON().with_variant(JSONB(), "postgresql")``,
+    except that PostgreSQL's types are imported only once a PostgreSQL database is used
+    (``sqlalchemy.dialects.postgresql`` loads every PostgreSQL driver's dialect: a tenth of
+    a SQLite daemon's start-up)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        """JSONB for PostgreSQL, JSON for any other database."""
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+
+#: The type of every JSON column (and of the hot statements' JSON parameters).
+JSONType = JSONOrJSONB()
 
 
 class Instance(SQLModel, table=True):
