@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import STATUS_OUTCOMES
-from runner.flowspec.spec import FlowSpec, StateSpec, event_fields
+from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec_sensors import event_fields
 from runner.templating import event_refs, placeholders
 
 Report = Callable[..., None]

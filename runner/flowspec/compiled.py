@@ -19,7 +19,9 @@ from runner.errors import IllegalMove
 from runner.flowspec.graph import render_graph
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import Policy
-from runner.flowspec.spec import FlowSpec, RuleSpec, SensorSpec
+from runner.flowspec.spec import FlowSpec
+from runner.flowspec.spec_rules import RuleSpec
+from runner.flowspec.spec_sensors import SensorSpec
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from pydantic import (
 )
 
 from runner.flowspec.limits import LimitError, check_text, guarded_yaml
-from runner.flowspec.spec import NAME_RE, FlowSpec
+from runner.flowspec.spec import FlowSpec
+from runner.flowspec.spec_types import NAME_RE
 
 _Pos = tuple[int, int]
 

@@ -1,5 +1,6 @@
 """The key tables of ``docs/flows.md``, generated from the pydantic models in
-``runner.flowspec.spec`` so the reference cannot drift from the code.
+``runner.flowspec.spec``, ``spec_sensors`` and ``spec_rules`` so the reference cannot
+drift from the code.
 
 ``docs/flows.md`` is prose around generated blocks; each block sits between
 ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` lines. ``python -m
@@ -19,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator
 from pydantic_core import PydanticUndefined
 
 from runner.durations import format_duration
-from runner.flowspec import spec
+from runner.flowspec import spec, spec_rules, spec_sensors, spec_types
 from runner.lifecycle import OUTCOMES
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "flows.md"
@@ -32,12 +33,12 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("error_budget", spec.ErrorBudgetSpec, "defaults.error_budget, states.S.error_budget"),
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
     ("state", spec.StateSpec, "states.S"),
-    ("sensor", spec.SensorSpec, "sensors.N"),
-    ("files", spec.FilesSpec, "sensors.N.files"),
-    ("tail", spec.TailSpec, "sensors.N.tail"),
-    ("rule", spec.RuleSpec, "rules[i]"),
-    ("selector", spec.SelectorSpec, "rules[i].pause / resume / kill"),
-    ("send", spec.SendSpec, "rules[i].send"),
+    ("sensor", spec_sensors.SensorSpec, "sensors.N"),
+    ("files", spec_sensors.FilesSpec, "sensors.N.files"),
+    ("tail", spec_sensors.TailSpec, "sensors.N.tail"),
+    ("rule", spec_rules.RuleSpec, "rules[i]"),
+    ("selector", spec_rules.SelectorSpec, "rules[i].pause / resume / kill"),
+    ("send", spec_rules.SendSpec, "rules[i].send"),
 )
 
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)
@@ -45,7 +46,8 @@ _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.
 
 def _is_duration(field: Any) -> bool:
     return any(
-        isinstance(m, BeforeValidator) and m.func in (spec._duration, spec._opt_duration)
+        isinstance(m, BeforeValidator)
+        and m.func in (spec_types._duration, spec_types._opt_duration)
         for m in field.metadata
     )
 
@@ -75,11 +77,11 @@ def _schema_type(p: dict[str, Any]) -> str:
             return "map"
         return f"map of {_schema_type(values)}"
     pattern = p.get("pattern")
-    if pattern == spec.NAME_RE:
+    if pattern == spec_types.NAME_RE:
         return "name"
-    if pattern == spec.IDENT_RE:
+    if pattern == spec_types.IDENT_RE:
         return "identifier"
-    if pattern == spec.CALL_RE:
+    if pattern == spec_types.CALL_RE:
         return "module:function"
     return {"string": "text", "boolean": "true/false", "integer": "integer"}.get(
         kind, kind or "any"
@@ -119,9 +121,9 @@ def keys_table(model: type[BaseModel]) -> str:
 
 
 def events_table() -> str:
-    """The Markdown table of each sensor kind's event fields (``spec.EVENT_FIELDS``)."""
+    """The Markdown table of each sensor kind's event fields (``spec_sensors.EVENT_FIELDS``)."""
     lines = ["| sensor kind | event fields |", "| --- | --- |"]
-    for kind, fields in spec.EVENT_FIELDS.items():
+    for kind, fields in spec_sensors.EVENT_FIELDS.items():
         extra = " + the named groups of `match`" if kind == "tail" else ""
         lines.append(f"| `{kind}` | {', '.join(f'`{f}`' for f in fields)}{extra} |")
     return "\n".join(lines) + "\n"

@@ -1,44 +1,36 @@
-"""The sensor hub: one watcher, every sensor under a lease, the rules, flow hot reload.
+"""The sensor hub: every sensor under a lease, the rules, the watcher and flow reload.
 
-One ``watchfiles.awatch`` per daemon covers the flows folder and every folder a sensor
-needs (files folders, the folders of tailed logs); it is restarted when that set changes.
 Each sensor (``"<flow>.<sensor>"``) runs in the one daemon holding its lease in the
 ``sensors`` table (claimed when free or expired, renewed every ``lease / 3`` seconds,
 released on stop). The rule engine runs in every daemon; each event is still handled
-once (see ``runner.sensors.rules``).
+once (see ``runner.sensors.rules``). The watcher and flow hot reload are
+``runner.sensors.watch``; how parts are kept running, ``runner.sensors.keep``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
-from watchfiles import awatch
 
-from runner.flowspec.registry import SUFFIXES
-from runner.sensors.base import FileChange, Sensor, first_of, log
+from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
+from runner.sensors.keep import Keep, keep_retrying
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
-from runner.store import create
+from runner.sensors.watch import FlowWatch
 from runner.store.db import short_error
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
-
-#: ``keep(name, run, stop)``: runs the coroutine function ``run`` until it returns or
-#: ``stop`` is set, restarting it when it fails (``runner.service.supervisor``).
-Keep = Callable[[str, Callable[[], Awaitable[object]], asyncio.Event], Awaitable[None]]
 
 SENSOR_TYPES: dict[str, type[Sensor]] = {
     "files": FilesSensor,
@@ -76,6 +68,7 @@ class SensorHub:
         on_work: called (no arguments, in the event loop) after rules created or changed
             instances, so the worker can claim at once instead of at its next poll.
         events_stored: events stored per sensor name by this hub's sensors (metrics).
+        watch: the watcher and flow reload (``runner.sensors.watch.FlowWatch``).
     """
 
     def __init__(
@@ -103,12 +96,8 @@ class SensorHub:
         self.rules = RuleEngine(engine, registry)
         self._running: dict[str, _Running] = {}
         self._rules_kick = asyncio.Event()
-        self._watch_restart = asyncio.Event()
-        self._watching = asyncio.Event()
-        self._folders: tuple[Path, ...] = ()
-        self._reload_pending: set[str] = set()
-        self._unrecorded: set[str] = set()  # reloaded flows whose version is not stored yet
-        self._keep: Keep = _keep_retrying
+        self.watch = FlowWatch(self)
+        self._keep: Keep = keep_retrying
         self.events_stored: Counter[str] = Counter()
 
     # -- public -----------------------------------------------------------------------
@@ -128,6 +117,10 @@ class SensorHub:
         """Names of the sensors this daemon runs now."""
         return sorted(n for n, r in self._running.items() if not r.task.done())
 
+    def held_sensors(self) -> list[Sensor]:
+        """The sensors this daemon holds the lease of (running, or restarting)."""
+        return [r.sensor for r in self._running.values()]
+
     async def run(self, stop: asyncio.Event, keep: Keep | None = None) -> None:
         """Run until ``stop`` is set; then stop the sensors and release their leases.
 
@@ -136,12 +129,12 @@ class SensorHub:
         its supervisor's (``runner.service.supervisor.Supervisor.keep``); the default
         retries every second. A database outage stops no part for good.
         """
-        self._keep = keep or _keep_retrying
+        self._keep = keep or keep_retrying
         rules_task = asyncio.ensure_future(
             self._keep("rules", lambda: self._rules_loop(stop), stop)
         )
         watch_task = asyncio.ensure_future(
-            self._keep("watcher and flow reload", lambda: self._watch_loop(stop), stop)
+            self._keep("watcher and flow reload", lambda: self.watch.run(stop), stop)
         )
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
@@ -160,9 +153,9 @@ class SensorHub:
     async def _lease_loop(self, stop: asyncio.Event) -> None:
         """Claim and renew sensor leases every ``lease / 3`` s; set :attr:`ready` once the
         watcher runs and every sensor held here has reconciled."""
-        await first_of(self._watching.wait(), stop.wait())
+        await first_of(self.watch.watching.wait(), stop.wait())
         while not stop.is_set():
-            await self._leases()
+            await self.leases()
             if not self.ready.is_set():
                 for r in list(self._running.values()):
                     await first_of(r.sensor.started.wait(), stop.wait())
@@ -187,7 +180,7 @@ class SensorHub:
 
     # -- sensors and leases -------------------------------------------------------------
 
-    def _desired(self) -> dict[str, tuple[Any, Any]]:
+    def desired(self) -> dict[str, tuple[Any, Any]]:
         """``"<flow>.<sensor>"`` -> (flow, SensorSpec) for every loaded flow."""
         return {
             f"{flow.name}.{sname}": (flow, spec)
@@ -195,15 +188,15 @@ class SensorHub:
             for sname, spec in (flow.sensors or {}).items()
         }
 
-    def _make(self, name: str, flow: CompiledFlow, spec: Any) -> Sensor:
+    def make_sensor(self, name: str, flow: CompiledFlow, spec: Any) -> Sensor:
         cls = SENSOR_TYPES[spec.kind]
         sensor = cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
         sensor.tally = self.events_stored
         return sensor
 
-    async def _leases(self) -> None:
+    async def leases(self) -> None:
         """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
-        desired = self._desired()
+        desired = self.desired()
         held = await asyncio.to_thread(
             claim_leases, self.engine, desired, self.worker_id, self.lease
         )
@@ -218,7 +211,7 @@ class SensorHub:
             await asyncio.to_thread(release_leases, self.engine, self.worker_id, gone)
         for name in sorted(held - set(self._running)):
             flow, spec = desired[name]
-            sensor = self._make(name, flow, spec)
+            sensor = self.make_sensor(name, flow, spec)
             stop = asyncio.Event()
             task = asyncio.ensure_future(self._run_sensor(sensor, stop))
             self._running[name] = _Running(sensor, flow.version, stop, task)
@@ -261,150 +254,3 @@ class SensorHub:
                 continue
             await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
             self._rules_kick.clear()
-
-    # -- the watcher and flow reload ---------------------------------------------------
-
-    def _watch_folders(self) -> tuple[Path, ...]:
-        """The flows folder plus every sensor folder, outermost only (the watch is
-        recursive), created when missing."""
-        folders = {Path(self.registry.folder).absolute()}
-        for name, (flow, spec) in self._desired().items():
-            sensor = self._make(name, flow, spec)
-            folders.update(sensor.folders())
-        out: list[Path] = []
-        for folder in sorted(folders, key=lambda p: len(p.parts)):
-            if not any(folder == o or o in folder.parents for o in out):
-                out.append(folder)
-        for folder in out:
-            folder.mkdir(parents=True, exist_ok=True)
-        return tuple(sorted(out))
-
-    def _polling(self) -> bool | None:
-        if self.force_polling is not None:
-            return self.force_polling
-        if any(
-            spec.kind == "files" and spec.files.force_polling
-            for _, spec in self._desired().values()
-        ):
-            return True
-        return None
-
-    async def _watch_loop(self, stop: asyncio.Event) -> None:
-        """Watch until ``stop``; a failure ends it (``keep`` restarts it, and the restart
-        rescans what changed meanwhile and retries a flow reload that failed)."""
-        while not stop.is_set():
-            self._watch_restart.clear()
-            try:
-                await self._watch_once(stop)
-            finally:
-                self._watching.set()  # never hold up readiness with a failed watcher
-
-    async def _watch_once(self, stop: asyncio.Event) -> None:
-        self._folders = self._watch_folders()
-        quit_watch = asyncio.Event()
-        relay = asyncio.ensure_future(_relay(quit_watch, stop, self._watch_restart))
-        changes = awatch(
-            *self._folders,
-            watch_filter=None,
-            debounce=self.debounce,
-            step=self.step,
-            stop_event=quit_watch,
-            force_polling=self._polling(),
-            recursive=True,
-        )
-        nxt = asyncio.ensure_future(anext(changes))
-        try:
-            # The watcher exists once the generator ran its first step; only then may
-            # sensors scan, or a file dropped in between would be missed.
-            for _ in range(3):
-                await asyncio.sleep(0)
-            if nxt.done() and nxt.exception() is not None:
-                raise nxt.exception()  # type: ignore[misc]
-            if self._watching.is_set():  # a restart: what changed meanwhile is rescanned
-                for r in self._running.values():
-                    if isinstance(r.sensor, FilesSensor):
-                        r.sensor.request_scan()
-                    else:
-                        r.sensor.kick()
-            self._watching.set()
-            if self._reload_pending:  # a reload the database refused before
-                await self._reload(sorted(self._reload_pending))
-            log.debug("watching %s", ", ".join(map(str, self._folders)))
-            while True:
-                try:
-                    batch = await nxt
-                except StopAsyncIteration:
-                    return
-                nxt = asyncio.ensure_future(anext(changes))
-                await self._dispatch(sorted(batch, key=lambda c: (c[1], c[0])))
-        finally:
-            quit_watch.set()
-            relay.cancel()
-            nxt.cancel()
-            with contextlib.suppress(BaseException):
-                await nxt
-            await changes.aclose()
-
-    async def _dispatch(self, batch: list[FileChange]) -> None:
-        flows_dir = Path(self.registry.folder).absolute()
-        reload = {p for _, p in batch if Path(p).parent == flows_dir and Path(p).suffix in SUFFIXES}
-        for r in list(self._running.values()):
-            prefixes = [str(f) + os.sep for f in r.sensor.folders()]
-            mine = [c for c in batch if c[1].startswith(tuple(prefixes))]
-            if mine:
-                r.sensor.on_changes(mine)
-        if reload:
-            await self._reload(sorted(reload))
-
-    async def _reload(self, paths: list[str]) -> None:
-        """Reload edited flow files; record new versions; restart their sensors.
-
-        When the database refuses the new versions, the paths are kept and reloaded
-        again when the watcher restarts (the error propagates to ``keep``)."""
-        self._reload_pending.update(paths)
-        before = {name: flow.version for name, flow in self.registry.flows.items()}
-        for error in self.registry.reload(paths):
-            log.error("flow not reloaded: %s", error)
-        changed = [f for n, f in self.registry.flows.items() if before.get(n) != f.version]
-        self._unrecorded.update(f.name for f in changed)
-        pending = [f for n, f in self.registry.flows.items() if n in self._unrecorded]
-        if pending:
-            await asyncio.to_thread(_record_versions, self.engine, pending)
-            self._unrecorded.clear()
-            for flow in changed:
-                log.info("flow %s reloaded (version %s)", flow.name, flow.version)
-        self._reload_pending.difference_update(paths)
-        for name in sorted(set(before) - set(self.registry.flows)):
-            log.info("flow %s removed", name)
-        await self._leases()
-        if self._watch_folders() != self._folders:
-            self._watch_restart.set()
-
-
-def _record_versions(engine: Engine, flows: list[CompiledFlow]) -> None:
-    with engine.begin() as conn:
-        for flow in flows:
-            create.record_version(conn, flow)
-
-
-async def _keep_retrying(
-    name: str, run: Callable[[], Awaitable[object]], stop: asyncio.Event
-) -> None:
-    """The default ``keep`` without a supervisor: restart ``run`` a second after a
-    failure (one log line), until it returns or ``stop`` is set."""
-    while True:
-        try:
-            await run()
-            return
-        except DBAPIError as exc:
-            log.warning("%s: database unavailable (%s); restarting it", name, short_error(exc))
-        except Exception:
-            log.exception("%s failed; restarting it", name)
-        if stop.is_set():
-            return
-        await first_of(stop.wait(), timeout=1.0)
-
-
-async def _relay(out: asyncio.Event, *events: asyncio.Event) -> None:
-    await first_of(*(e.wait() for e in events))
-    out.set()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -31,14 +31,6 @@ from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
 from runner.service.logs import attempt_logger
-from runner.service.metrics import (
-    AttemptTally,
-    DaemonCollector,
-    MetricsServer,
-    counter,
-    registry_for,
-)
-from runner.service.progress import progress_loop, status_loop
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
@@ -46,6 +38,9 @@ from runner.store.create import record_version
 from runner.store.db import short_error
 from runner.store.dialect import dialect_of
 from runner.store.notify import DueListener
+
+if TYPE_CHECKING:
+    from runner.sensors.hub import SensorHub
 
 log = logging.getLogger("flowrun.daemon")
 
@@ -108,6 +103,11 @@ class Served:
 #: Seconds without a turn of the worker loop after which it counts as stuck (no watchdog).
 LOOP_STALE = 10.0
 
+#: Turns of the worker loop after which its first cycle is over and what it claimed has
+#: started (turn 1 starts the cycle, turn 2 or 3 collects it and starts its attempts):
+#: then the sensor hub starts (``serve``).
+FIRST_CYCLE_TURNS = 3
+
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
 
 
@@ -147,45 +147,50 @@ async def serve(
         ConfigError: the metrics address cannot be bound.
     """
     opts = options or ServiceOptions()
-    hub = None
-    if sensors and registry is not None:
-        from runner.sensors.hub import SensorHub
-
-        hub = SensorHub(engine, registry, config.worker_id, config.lease)
+    with_hub = sensors and registry is not None
+    hub: SensorHub | None = None  # made after the worker's first cycle (``start_hub``)
 
     def busy() -> bool:
         if hub is None:
-            return False
+            return with_hub  # sensors not started yet
         return not hub.ready.is_set() or hub.pending()
 
     ticked: list[float] = []  # the worker loop's last turn (``WorkerConfig.on_tick``)
     outer_tick = config.on_tick
+    first_cycle = asyncio.Event()  # the worker's first cycle is over: start the rest
+    turns = 0
 
     def on_tick() -> None:
+        nonlocal turns
         if outer_tick is not None:
             outer_tick()
         if ticked:
             ticked[0] = time.monotonic()
         else:
             ticked.append(time.monotonic())
+        if turns < FIRST_CYCLE_TURNS:
+            turns += 1
+            if turns == FIRST_CYCLE_TURNS:
+                first_cycle.set()
 
     listen = dialect_of(engine).notify  # wake-ups through LISTEN/NOTIFY (PostgreSQL)
     config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
-    if hub is not None:
-        hub.on_work = worker.wake
+
+    def kick_hub() -> None:
+        if hub is not None:
+            hub.kick()
+
     listener = None
     if listen:
         url = engine.url.render_as_string(hide_password=False)
         listener = DueListener(
             url,
             worker.notify_due,
-            hub.kick if hub is not None else None,
+            kick_hub if with_hub else None,
             application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon`` names
             # its pool's connections
         )
-        if hub is not None:
-            hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     aborted_by: list[int] = []
@@ -195,14 +200,20 @@ async def serve(
         stop.set()
 
     sup = Supervisor(on_fatal=fatal)
-    tally = AttemptTally() if opts.metrics else None
+    tally = None
+    if opts.metrics is not None:  # prometheus_client is imported only with --metrics
+        from runner.service.metrics import AttemptTally
+
+        tally = AttemptTally()
     worker.attempts.on_finished = _hooks(
         tally.finished if tally else None,
         attempt_logger(config.worker_id) if opts.log_attempts else None,
     )
     server = collector = None
     if opts.metrics is not None:
-        collector = DaemonCollector(engine, worker, tally, hub, sup)
+        from runner.service.metrics import DaemonCollector, MetricsServer, registry_for
+
+        collector = DaemonCollector(engine, worker, tally, None, sup)  # hub: start_hub
         server = MetricsServer(*opts.metrics, registry_for(collector))
         try:
             server.start()
@@ -235,14 +246,40 @@ async def serve(
     # sight, so the collections the hot loop's short-lived objects trigger stay cheap
     # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
     gc.freeze()
+    gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
     worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
-    side = []
-    if hub is not None:
-        side.append(asyncio.ensure_future(hub.run(stop, sup.keep)))
+    side: list[asyncio.Future] = []
+
+    async def start_hub() -> None:
+        """The sensors, rules and flow reload, once the worker's first cycle is over: the
+        first claim waits for neither their imports nor their start-up."""
+        nonlocal hub
+        waits = [asyncio.ensure_future(e.wait()) for e in (first_cycle, stop)]
+        await asyncio.wait([*waits, worker_task], return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if stop.is_set() or worker_task.done():
+            return
+        await asyncio.sleep(0)  # the attempts the first cycle claimed take their first step
+        from runner.sensors.hub import SensorHub
+
+        hub = SensorHub(engine, registry, config.worker_id, config.lease)
+        hub.on_work = worker.wake
+        if listen:
+            hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
+        if collector is not None:
+            collector.hub = hub
+        gc.freeze()  # what the hub imported lives as long as the process, too
+        await hub.run(stop, sup.keep)
+
+    if with_hub:
+        side.append(asyncio.ensure_future(start_hub()))
     started = time.monotonic()
 
     def ready() -> bool:
-        return hub is None or hub.ready.is_set() or time.monotonic() - started > 60
+        if not with_hub or time.monotonic() - started > 60:
+            return True
+        return hub is not None and hub.ready.is_set()
 
     def healthy() -> bool:
         """No part given up, the worker task alive and its loop turning (it turns at
@@ -253,8 +290,7 @@ async def serve(
     def status() -> str:
         return (
             f"running {len(worker.running)}/{config.concurrency}, "
-            f"committed {counter(worker.stats, 'committed')}"
-            + (", stopping" if worker.stopping else "")
+            f"committed {worker.stats.committed}" + (", stopping" if worker.stopping else "")
         )
 
     parts: list[tuple[str, Callable[[], Awaitable[object]]]] = []
@@ -269,16 +305,21 @@ async def serve(
     if server is not None:
         parts.append(("metrics server", lambda: server.watch(stop)))
     if opts.status_every > 0:
-        parts.append(
-            (
-                "status line",
-                lambda: status_loop(
-                    engine, lambda: counter(worker.stats, "committed"), stop, opts.status_every
-                ),
-            )
-        )
+
+        async def status_line() -> None:
+            from runner.service.progress import status_loop
+
+            await status_loop(engine, lambda: worker.stats.committed, stop, opts.status_every)
+
+        parts.append(("status line", status_line))
     if opts.progress and config.exit_when_idle:
-        parts.append(("progress", lambda: progress_loop(engine, stop, tty=opts.tty)))
+
+        async def progress() -> None:
+            from runner.service.progress import progress_loop
+
+            await progress_loop(engine, stop, tty=opts.tty)
+
+        parts.append(("progress", progress))
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, any_, bindparam, func, select
+from sqlalchemy import JSON, Integer, any_, bindparam, func, select
 
 from runner.errors import ConfigError
 from runner.store.json_codec import sqlite_json_adapter, sqlite_json_loader
@@ -148,6 +148,18 @@ POSTGRESQL = Dialect(
 )
 
 _BY_NAME = {d.name: d for d in (SQLITE, POSTGRESQL)}
+
+
+def json_column_type(dialect: Any) -> Any:
+    """The column type of JSON values on ``dialect`` (SQLAlchemy's ``Dialect``, as a
+    ``TypeDecorator.load_dialect_impl`` gets it): ``JSONB`` on PostgreSQL, imported only
+    then (``sqlalchemy.dialects.postgresql`` loads every PostgreSQL driver's dialect),
+    ``JSON`` on any other database."""
+    if dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import JSONB
+
+        return JSONB()
+    return JSON()
 
 
 def dialect_of(bind: Any) -> Dialect:

@@ -15,12 +15,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import JSON, Column, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
 
-#: JSON on SQLite, JSONB on PostgreSQL.
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+from runner.store.dialect import json_column_type
+
+
+class JSONOrJSONB(TypeDecorator):
+    """JSON on SQLite, JSONB on PostgreSQL: ``JSON().with_variant(JSONB(), "postgresql")``,
+    except that PostgreSQL's types are imported only once a PostgreSQL database is used
+    (``runner.store.dialect.json_column_type``: importing them cost a SQLite daemon's
+    start-up ~26 ms)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        """JSONB for PostgreSQL, JSON for any other database."""
+        return dialect.type_descriptor(json_column_type(dialect))
+
+
+#: The type of every JSON column (and of the hot statements' JSON parameters).
+JSONType = JSONOrJSONB()
 
 
 class Instance(SQLModel, table=True):

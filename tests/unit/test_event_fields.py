@@ -11,7 +11,7 @@ from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wai
 
 from runner.errors import FlowErrors
 from runner.flowspec.compiler import compile_source
-from runner.flowspec.spec import EVENT_FIELDS
+from runner.flowspec.spec_sensors import EVENT_FIELDS
 
 HEAD = """\
 flow: f

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from runner.flowspec import reference, spec
+from runner.flowspec import reference, spec_sensors
 from runner.lifecycle import OUTCOMES
 
 
@@ -40,7 +40,7 @@ def test_a_missing_field_is_caught() -> None:
 
 def test_event_fields_outcomes_defaults_and_limits_link() -> None:
     text = page()
-    for kind, fields in spec.EVENT_FIELDS.items():
+    for kind, fields in spec_sensors.EVENT_FIELDS.items():
         assert all(f"`{f}`" in text for f in fields), kind
     assert all(f"`{o}`" in text for o in OUTCOMES)
     assert "| `try_interval` | duration | 30s |" in text  # defaults with their units

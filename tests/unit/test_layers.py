@@ -444,6 +444,30 @@ def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
         assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors")]
 
 
+DAEMON_START = """
+import json, sys
+import runner.service.daemon
+from runner.store.db import make_engine
+make_engine(sys.argv[1]).dispose()
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_sqlite_daemon_starts_without_prometheus_or_sensors(tmp_path):
+    # what the first claim waits for: the sensor hub comes after the worker's first cycle,
+    # prometheus_client only with --metrics
+    url = f"sqlite:///{tmp_path / 'flowrun.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-c", DAEMON_START, url]
+    for _ in range(2):  # the first run creates the schema (alembic's migrations)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert "runner.engine.worker" in loaded  # the check sees the daemon's imports
+    assert tops(loaded) & {"prometheus_client", "watchfiles", "croniter", "psycopg"} == set()
+    assert not [m for m in loaded if layer(m) == "sensors"]
+
+
 def test_the_cli_default_database_is_the_stores():
     from runner.cli.main import DEFAULT_URL
     from runner.store import db

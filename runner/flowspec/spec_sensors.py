@@ -1,0 +1,109 @@
+"""The ``sensors:`` of a flow file: pydantic models of each sensor kind and the fields of
+their events.
+
+A sensor is exactly one of ``files`` (:class:`FilesSpec`), ``tail`` (:class:`TailSpec`),
+``every`` or ``cron`` (:class:`SensorSpec`); what each kind's events carry is
+:data:`EVENT_FIELDS` (the sensors themselves live in ``runner.sensors``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from runner.flowspec.spec_types import Duration, OptDuration, Regex, Strict
+
+
+class FilesSpec(Strict):
+    """Watch a folder for new files (``path`` relative to the flow file's folder).
+
+    A file counts once per path and inode: touching or rewriting a file already handled
+    starts nothing, unless ``modified: true`` (then each settled change of its size or
+    modification time is a new event).
+    """
+
+    path: str = Field(description="folder to watch, relative to the flow file's folder")
+    glob: str = Field("*", description="file name pattern (fnmatch; with '/' the relative path)")
+    recursive: bool = Field(False, description="also watch sub-folders")
+    settle: Duration = Field(0.2, description="size must be stable this long (seconds)")
+    force_polling: bool = Field(False, description="poll instead of OS file events")
+    modified: bool = Field(
+        False, description="a changed file (new size or mtime) counts again (default: once)"
+    )
+
+
+class TailSpec(Strict):
+    """Follow a log file; each line matching ``match`` (named groups → fields) is an event.
+
+    ``from`` says where a file first seen by a new sensor is read from: ``end`` (only
+    lines written from now on, like ``tail -f``) or ``start`` (the whole file). A sensor
+    that has already read the file resumes where it stopped, and a rotated successor is
+    always read from its start.
+    """
+
+    path: str = Field(description="the log file, relative to the flow file's folder")
+    match: Regex | None = Field(None, description="regex; named groups become event fields")
+    from_: Literal["end", "start"] = Field(
+        "end", alias="from", description="where a new sensor starts reading: end or start"
+    )
+
+
+def _check_cron(value: str | None) -> str | None:
+    from croniter import croniter  # only flows with a cron sensor pay for its import
+
+    if value is not None and not croniter.is_valid(value):
+        raise ValueError(f"invalid cron expression {value!r} (expected e.g. '0 3 * * *')")
+    return value
+
+
+class SensorSpec(Strict):
+    """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds) or ``cron``."""
+
+    files: FilesSpec | None = Field(None, description="new files in a folder")
+    tail: TailSpec | None = Field(None, description="lines appended to a log file")
+    every: OptDuration = Field(None, description="a tick every this long (seconds)")
+    cron: str | None = Field(
+        None, description="a tick at each time of this cron expression (host's local time)"
+    )
+    description: str | None = Field(None, description="free text")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        return _check_cron(value)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SensorSpec:
+        kinds = [k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            got = ", ".join(kinds) or "none"
+            raise ValueError(f"a sensor needs exactly one of files, tail, every, cron (got: {got})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``"files"``, ``"tail"``, ``"every"`` or ``"cron"``."""
+        return next(k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None)
+
+
+#: The fields of each sensor kind's events (the payload keys the sensors in
+#: ``runner.sensors`` write; a test runs every sensor and compares). A ``tail`` event also
+#: has one field per named group of its ``match`` regex (:func:`event_fields`).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "files": ("path", "name", "size"),
+    "tail": ("line", "file"),
+    "every": ("tick", "scheduled", "missed"),
+    "cron": ("tick", "scheduled", "missed"),
+}
+
+
+def event_fields(sensor: SensorSpec) -> list[str]:
+    """The field names of ``sensor``'s events: :data:`EVENT_FIELDS` of its kind, plus a
+    ``tail`` regex's named groups (first)."""
+    fields = list(EVENT_FIELDS[sensor.kind])
+    if sensor.tail is not None and sensor.tail.match:
+        groups = list(re.compile(sensor.tail.match).groupindex)
+        fields = [*groups, *(f for f in fields if f not in groups)]
+    return fields

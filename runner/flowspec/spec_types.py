@@ -1,0 +1,100 @@
+"""The field types of the flow file models: names, durations, regexes and templates.
+
+Each is an ``Annotated`` type that validates (and converts: every duration becomes float
+seconds) when a flow file is loaded, and says what it accepts in the JSON Schema; plus
+:class:`Strict`, the base of every model (unknown keys are errors). The models that use
+them: ``runner.flowspec.spec`` (flow, defaults, states), ``runner.flowspec.spec_sensors``
+and ``runner.flowspec.spec_rules``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from runner.durations import parse_duration
+from runner.templating import placeholders
+
+NAME_RE = r"^[a-z_][a-z0-9_]*$"
+IDENT_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CALL_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+_DURATION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^\s*((\d+(\.\d+)?|\.\d+)\s*(ms|s|m|h|d)\s*)+$"},
+        {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?|\.\d+)\s*$"},
+        {"type": "number", "minimum": 0},
+    ],
+    "description": "a duration: 250ms, 30s, 5m, 4h, 2d (or a number of seconds)",
+}
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value)
+
+
+def _opt_duration(value: Any) -> float | None:
+    return None if value is None else parse_duration(value)
+
+
+Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema(_DURATION_SCHEMA)]
+"""Seconds; accepts ``"250ms"``/``"30s"``/``"5m"``/``"4h"``/``"2d"`` or a number."""
+
+OptDuration = Annotated[
+    float | None,
+    BeforeValidator(_opt_duration),
+    WithJsonSchema({"anyOf": [*_DURATION_SCHEMA["anyOf"], {"type": "null"}]}),
+]
+"""Seconds or ``None`` (no limit)."""
+
+StateName = Annotated[str, Field(pattern=IDENT_RE)]
+Name = Annotated[str, Field(pattern=NAME_RE)]
+
+
+def check_regex(value: str) -> str:
+    """Return ``value`` if it compiles as a Python regex, else raise ``ValueError``."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {value!r}: {exc}") from None
+    return value
+
+
+def _check_exec_arg(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] not in ("data", "event"):
+            raise ValueError(
+                f"placeholder {{{path}}} is not allowed (expected {{data.…}} or {{event.…}})"
+            )
+    return value
+
+
+def _check_event_template(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] != "event":
+            raise ValueError(f"placeholder {{{path}}} is not allowed here (expected {{event.…}})")
+    return value
+
+
+def _check_label(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] != "data":
+            raise ValueError(
+                f"placeholder {{{path}}} is not allowed in a label (expected {{data.…}})"
+            )
+    return value
+
+
+Regex = Annotated[str, AfterValidator(check_regex)]
+"""A Python regular expression (checked at load time)."""
+ExecArg = Annotated[str, AfterValidator(_check_exec_arg)]
+EventTemplate = Annotated[str, AfterValidator(_check_event_template)]
+LabelTemplate = Annotated[str, AfterValidator(_check_label)]
+
+
+class Strict(BaseModel):
+    """Base of every flow file model: unknown keys are errors (``extra="forbid"``)."""
+
+    model_config = ConfigDict(extra="forbid")
