@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
-from runner.store.batch import batch_for
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
@@ -59,7 +58,11 @@ def commit_outcomes(
     at = time.time() if at is None else at
     hot = hot_for(conn)
     optimistic = optimistic and hot.dialect.serial_writes
-    batch = batch_for(conn) if hot.dialect.batch_statements else None
+    batch = None
+    if hot.dialect.batch_statements:  # PostgreSQL; SQLite never loads its types
+        from runner.store.batch import batch_for
+
+        batch = batch_for(conn)
     if optimistic or batch is not None:  # (batch: the fenced update says which held)
         good, lost = outcomes, []
     else:

@@ -466,6 +466,9 @@ def test_a_sqlite_daemon_starts_without_prometheus_or_sensors(tmp_path):
     assert "runner.engine.worker" in loaded  # the check sees the daemon's imports
     assert tops(loaded) & {"prometheus_client", "watchfiles", "croniter", "psycopg"} == set()
     assert not [m for m in loaded if layer(m) == "sensors"]
+    # PostgreSQL's column types and statements load only on PostgreSQL
+    assert not [m for m in loaded if m.startswith("sqlalchemy.dialects.postgresql")]
+    assert "runner.store.batch" not in loaded
 
 
 def test_the_cli_default_database_is_the_stores():
