@@ -327,8 +327,11 @@ class SensorHub:
                     else:
                         r.sensor.kick()
             self._watching.set()
-            if self._reload_pending:  # a reload the database refused before
-                await self._reload(sorted(self._reload_pending))
+            # flow files edited since they were read (before this watcher existed: at
+            # start, after the daemon's load) and reloads the database refused before
+            missed = self._reload_pending.union(self.registry.stale())
+            if missed:
+                await self._reload(sorted(missed))
             log.debug("watching %s", ", ".join(map(str, self._folders)))
             while True:
                 try:
