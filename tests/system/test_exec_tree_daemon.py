@@ -86,5 +86,6 @@ def test_handlers_of_a_sigkilled_daemon_are_ended_by_the_next(tmp_path: Path) ->
         assert d2.wait(120) == 0, d2.log()[-3000:]
     finally:
         d2.stop()
+        print(d.log(), d2.log(), sep="\n")  # shown by pytest when the test fails
     db = engine_at(tmp_path)
     assert sql(db, "SELECT status, count(*) FROM instances GROUP BY status") == [("completed", 2)]
