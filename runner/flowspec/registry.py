@@ -2,10 +2,14 @@
 
 A file with errors never replaces the good version already loaded from it; its errors
 are kept in ``FlowRegistry.errors`` (by file path) until the file is fixed or deleted.
+:meth:`FlowRegistry.stale` names the files changed since they were last read, for a
+watcher that starts (or restarts) after the load and must not miss an edit in between.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +39,7 @@ class FlowRegistry:
         self.errors: dict[str, list[FlowError]] = {}
         self._compile_errors: dict[str, list[FlowError]] = {}
         self._cross_errors: dict[str, list[FlowError]] = {}
+        self._seen: dict[str, tuple[int, int, int]] = {}  # path -> signature when read
         here = str(self.folder.resolve())
         if here not in sys.path:
             sys.path.insert(0, here)
@@ -82,9 +87,12 @@ class FlowRegistry:
         compile_errors: dict[str, list[FlowError]] = {}
         candidate = dict(self.by_path)
         for key in keys:
-            if not Path(key).is_file():
+            seen = _signature(key)  # taken before the read: a later edit shows as stale
+            if seen is None:
                 candidate.pop(key, None)
+                self._seen.pop(key, None)
                 continue
+            self._seen[key] = seen
             try:
                 fresh[key] = load_flow(key)
             except FlowErrors as exc:
@@ -119,6 +127,13 @@ class FlowRegistry:
             ]:
                 out.extend(errs)
         return out
+
+    def stale(self) -> list[str]:
+        """Paths (``str(folder / name)``, sorted) of the flow files created, changed or
+        deleted since this registry last read them, by ``(mtime_ns, size, inode)``: what
+        a file watcher started after :meth:`load_all` would have missed."""
+        keys = {str(p) for p in self.files()} | set(self._seen)
+        return sorted(k for k in keys if _signature(k) != self._seen.get(k))
 
     def _cross(self, candidate: dict[str, CompiledFlow]) -> dict[str, list[FlowError]]:
         """Cross-flow problems of the candidate set, by file path."""
@@ -198,3 +213,12 @@ class FlowRegistry:
     def _unknown(name: str | None, names: dict[str, CompiledFlow]) -> str:
         known = ", ".join(sorted(names)) or "none"
         return f"unknown flow '{name}'{did_you_mean(str(name), names)} (known: {known})"
+
+
+def _signature(path: str) -> tuple[int, int, int] | None:
+    """``(st_mtime_ns, st_size, st_ino)`` of a regular file; ``None`` if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino) if stat.S_ISREG(st.st_mode) else None

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 from watchfiles import awatch
 
-from runner.errors import FlowErrors
-from runner.flowspec.limits import read_flow_file
 from runner.flowspec.registry import SUFFIXES
 from runner.sensors.base import FileChange, first_of, log
 from runner.sensors.files import FilesSensor
@@ -68,22 +66,6 @@ class FlowWatch:
             folder.mkdir(parents=True, exist_ok=True)
         return tuple(sorted(out))
 
-    def _edited_since_load(self) -> list[str]:
-        """Flow files added, changed or removed since the registry loaded the folder: the
-        daemon loads it before its first claim and starts watching after its first cycle,
-        so an edit in between is reloaded as if the watcher had seen it."""
-        registry = self.hub.registry
-        loaded = {key: flow.source for key, flow in registry.by_path.items()}
-        edited = [key for key in loaded if not Path(key).is_file()]
-        for path in registry.files():
-            key = str(path)
-            try:
-                if loaded.get(key) != read_flow_file(path):
-                    edited.append(key)
-            except FlowErrors:
-                edited.append(key)  # unreadable now: the reload reports it
-        return edited
-
     def _polling(self) -> bool | None:
         if self.hub.force_polling is not None:
             return self.hub.force_polling
@@ -131,11 +113,13 @@ class FlowWatch:
                         sensor.request_scan()
                     else:
                         sensor.kick()
-            else:  # the first start: flow files edited since the daemon loaded the folder
-                self._pending.update(self._edited_since_load())
             self.watching.set()
-            if self._pending:  # a reload the database refused before
-                await self._reload(sorted(self._pending))
+            # flow files edited since they were read (before this watcher existed: at the
+            # first start, after the daemon's load; or while it restarted) and reloads
+            # the database refused before
+            missed = self._pending.union(self.hub.registry.stale())
+            if missed:
+                await self._reload(sorted(missed))
             log.debug("watching %s", ", ".join(map(str, self.folders)))
             while True:
                 try:

@@ -214,12 +214,18 @@ def release_all(conn: Connection, worker_id: str) -> int:
 
 def busy_count(conn: Connection, at: float | None = None) -> int:
     """Instances with work left: runnable/sleeping with a due time, or an attempt running
-    under a lease still valid (an orphan of a dead worker on a paused instance is not
-    work: it is closed when the instance is resumed or killed)."""
+    under a lease still valid, or one whose lease expired on a runnable/sleeping instance
+    (its worker died: ``recover_lost`` restarts it, so ``--exit-when-idle`` must not exit
+    between the expiry and that recovery). An orphan of a dead worker on a paused
+    instance is not work: it is closed when the instance is resumed or killed."""
     at = now() if at is None else at
+    i = instances.c
     q = select(func.count()).where(
         or_(
-            and_(instances.c.running_attempt.is_not(None), instances.c.locked_until > at),
+            and_(
+                i.running_attempt.is_not(None),
+                or_(i.locked_until > at, i.status.in_(CLAIMABLE)),
+            ),
             and_(instances.c.status.in_(CLAIMABLE), instances.c.due_at.is_not(None)),
         )
     )

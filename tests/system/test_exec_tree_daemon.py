@@ -74,14 +74,18 @@ def test_handlers_of_a_sigkilled_daemon_are_ended_by_the_next(tmp_path: Path) ->
         d.wait(30)
     finally:
         d.stop()
+    # checked at once: any flowrun daemon starting on this host may end them from now on
     assert all(pid_alive(p) for p in pids), "they died with the daemon: nothing to test"
+    # ``reaper.end_orphans`` is host-wide by design: on a shared machine another test's
+    # daemon may end them before ``d2`` does (even before it logs anything), so "d2
+    # logged it" is not asserted; that they end once the next daemon started is.
     (fr.flows / "fast").touch()  # the retries (of the lost attempts) exit at once
     d2 = fr.daemon("--exit-when-idle", lease=2, worker_id="next", log="next")
     try:
         poll(lambda: not any(pid_alive(p) for p in pids), 60, what="the orphans ended")
-        assert "left by daemons that died" in d2.log()
         assert d2.wait(120) == 0, d2.log()[-3000:]
     finally:
         d2.stop()
+        print(d.log(), d2.log(), sep="\n")  # shown by pytest when the test fails
     db = engine_at(tmp_path)
     assert sql(db, "SELECT status, count(*) FROM instances GROUP BY status") == [("completed", 2)]

@@ -89,6 +89,7 @@ def test_daemon_keeps_last_good_versions(tmp_path: Path) -> None:
         assert daemon.wait(60) == 0, daemon.log()
     finally:
         daemon.stop()
+        print(daemon.log())  # shown by pytest when the test fails
 
 
 def test_start_with_data_the_cli_cannot_take(tmp_path: Path) -> None:

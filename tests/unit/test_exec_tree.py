@@ -117,7 +117,9 @@ def test_a_dead_daemons_handlers_are_ended(tmp_path: Path) -> None:
         env = {**os.environ, reaper.TOKEN_ENV: token}
         procs[name] = _sleeper(env)
     try:
-        assert reaper.end_orphans() >= 2
+        # not ``>= 2``: any flowrun daemon starting on this host meanwhile (another
+        # test's) may end them first; that they end is what holds whoever does it
+        reaper.end_orphans()
         for name in ("dead", "stale"):
             assert procs[name].wait(30) == -9
         assert procs["mine"].poll() is None

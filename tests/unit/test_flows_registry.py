@@ -160,3 +160,21 @@ def test_new_file_with_cross_errors_is_rejected(tmp_path: Path) -> None:
     assert sorted(reg.flows) == ["b"]
     a.write_text(A)
     assert reg.reload([a]) == [] and sorted(reg.flows) == ["a", "b"]
+
+
+def test_stale_names_files_changed_since_read(tmp_path: Path) -> None:
+    """What a watcher started after the load would miss: edits, new and deleted files."""
+    a = write(tmp_path, "a.yaml", A)
+    b = write(tmp_path, "b.yaml", B)
+    reg = FlowRegistry(tmp_path)
+    reg.load_all()
+    assert reg.stale() == []
+    b.write_text(B + "description: edited\n")
+    c = write(tmp_path, "c.yaml", B.replace("flow: b", "flow: c"))
+    a.unlink()
+    (tmp_path / "notes.txt").write_text("not a flow")
+    assert reg.stale() == [str(a), str(b), str(c)]
+    assert reg.reload(reg.stale()) == []
+    assert reg.stale() == [] and sorted(reg.flows) == ["b", "c"]
+    b.write_text("broken: [")  # read with errors: read all the same, so not stale
+    assert reg.reload([b]) and reg.stale() == []

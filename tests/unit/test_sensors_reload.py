@@ -3,11 +3,23 @@ with file:line:col and the previous version stays in force."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
 
-from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
+from test_sensors_util import (
+    engine_at,
+    registry,
+    rows,
+    running_hub,
+    scalar,
+    settled,
+    wait_until,
+    write_flow,
+)
+
+from runner.sensors.hub import SensorHub
 
 FLOW = """\
 sensors:
@@ -59,3 +71,22 @@ async def test_valid_and_invalid_edits(tmp_path: Path, caplog) -> None:
     assert len(versions) == 2
     err = next(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
     assert f"{path}:" in err and err.split(f"{path}:")[1].split(":")[0].isdigit()
+
+
+async def test_edit_before_the_watcher_starts_is_reloaded(tmp_path: Path) -> None:
+    """A flow file edited after the daemon's load but before its watcher exists (the
+    first moments of a daemon) is reloaded once the watcher runs."""
+    flows = tmp_path / "flows"
+    path = write_flow(flows, "hot", FLOW.replace("TAG", "v1"))
+    (flows / "inbox").mkdir()
+    engine = engine_at(tmp_path)
+    reg = registry(flows)
+    path.write_text(path.read_text().replace("v1", "v2"))  # no watcher yet: no event
+    hub = SensorHub(engine, reg, "w1", 3.0)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(hub.run(stop))
+    try:
+        await wait_until(lambda: reg.flows["hot"].rules[0].data["tag"] == "v2")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

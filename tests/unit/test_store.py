@@ -321,6 +321,10 @@ def test_orphan_on_a_paused_instance_is_not_work(tmp_path: Path) -> None:
         assert busy_count(conn) == 0
         conn.execute(instances.update().values(locked_until=4e9))
         assert busy_count(conn) == 1
+        # a dead worker's attempt on a runnable instance is work until recover_lost
+        # restarts it: --exit-when-idle must not exit between its lease's expiry and that
+        conn.execute(instances.update().values(locked_until=1.0, status="runnable"))
+        assert busy_count(conn) == 1
 
 
 CHAIN_FLOW = """\
