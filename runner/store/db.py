@@ -28,7 +28,7 @@ from sqlalchemy.exc import (
 
 from runner.errors import ConfigError
 from runner.store.dialect import dialect_of
-from runner.store.wal import SAFETY_PAGES
+from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
@@ -300,7 +300,7 @@ def _sqlite_engine(
             cur.execute("PRAGMA query_only=ON")
             cur.close()
             return
-        cur.execute("PRAGMA journal_mode=WAL")
+        enter_wal(cur, timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")
         cur.execute("PRAGMA foreign_keys=ON")

@@ -12,6 +12,9 @@ the other core, and PASSIVE never blocks a writer or a reader. The loop's connec
 an automatic checkpoint only as a safety net (:data:`SAFETY_PAGES`), for a checkpointer
 that cannot keep up. Source: SQLite's "Checkpointing" notes (https://sqlite.org/wal.html:
 "run the checkpoint from a separate thread or process").
+
+:func:`enter_wal` switches a connection's file to WAL, waiting out the processes that
+switch the same new file at the same moment.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 
 log = logging.getLogger("flowrun.wal")
 
@@ -26,6 +30,30 @@ log = logging.getLogger("flowrun.wal")
 #: SQLite's default of 1,000, so only a checkpointer that fell behind leaves the work to
 #: a commit again.
 SAFETY_PAGES = 20_000
+
+
+def enter_wal(cursor: sqlite3.Cursor, timeout: float) -> None:
+    """``PRAGMA journal_mode=WAL`` on ``cursor``'s connection, retried for up to
+    ``timeout`` seconds (at least 1) while the file is locked.
+
+    Switching a new file to WAL upgrades a read lock to the write lock inside one
+    statement; SQLite answers "database is locked" at once there instead of calling the
+    busy handler (it could deadlock), so several processes opening a new database at the
+    same moment (``flowrun start`` beside a daemon's first start, or upgrading together)
+    would fail without the retry. Raises ``sqlite3.OperationalError`` for any other error,
+    or when the file stays locked past the timeout.
+    """
+    deadline = time.monotonic() + max(timeout, 1.0)
+    pause = 0.002
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 class WalCheckpointer:
