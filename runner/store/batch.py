@@ -39,6 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from runner.store.db import Prepared
+from runner.store.rows import completing_open
 from runner.store.tables import attempts, instances
 
 #: the outcome columns of an instance, with their SQL types
@@ -154,18 +155,7 @@ def commit_statement():
         ],
         select(*(a.c[k] for k in _ATTEMPT)).where(a.c.i.in_(held)),
     )
-    x = ins.excluded
-    ins = ins.on_conflict_do_update(
-        index_elements=[attempts.c.instance_id, attempts.c.attempt],
-        set_={
-            "finished_at": x.finished_at,
-            "outcome": x.outcome,
-            "to_state": x.to_state,
-            "error": x.error,
-            "checkpoint": func.coalesce(x.checkpoint, attempts.c.checkpoint),
-        },
-        where=attempts.c.outcome.is_(None),
-    )
+    ins = completing_open(ins)
     return held.add_cte(ins.cte("closed"))
 
 

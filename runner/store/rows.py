@@ -296,6 +296,14 @@ def close_attempts(engine: Engine):
             checkpoint=bindparam("checkpoint", type_=JSONType),
         )
     )
+    return completing_open(ins)
+
+
+def completing_open(ins):
+    """``ins`` (an ``INSERT`` into ``attempts`` of SQLite's or PostgreSQL's dialect) with
+    ``ON CONFLICT (instance_id, attempt)`` completing a row still open (``outcome`` NULL:
+    a checkpoint wrote it) and leaving a closed one as it is. Shared by
+    :func:`close_attempts` and the PostgreSQL batch commit (``runner.store.batch``)."""
     x = ins.excluded
     return ins.on_conflict_do_update(
         index_elements=[attempts.c.instance_id, attempts.c.attempt],
