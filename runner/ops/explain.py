@@ -83,11 +83,11 @@ def explain(
                     )
                 )
 
-    stream: list[tuple[float, int, str, dict]] = []
+    stream: list[tuple[float, float, str, dict]] = []
     for a in rows["attempts"]:
         stream.append((a["started_at"] or 0.0, 1, "start", a))
         if a["outcome"] is not None:  # a chained attempt starts when the one before ends
-            stream.append((a["finished_at"] or a["started_at"] or 0.0, 0, "end", a))
+            stream.append((*_end_at(a, cmds), "end", a))
     for c in cmds:
         stream.append((c["created_at"], 2, "command", c))
     stream.sort(key=lambda s: (s[0], s[1]))
@@ -108,6 +108,29 @@ def explain(
         timeline=out,
         forecast=forecast(inst, _safe_flow(flow_of, inst["version"]), now, t),
     )
+
+
+def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
+    """Where attempt ``a``'s end goes in the replay: ``(time, order)``, order 0 sorting
+    before a start (1) and a command (2) at the same time.
+
+    An attempt ends when it finished, except one ``cancelled`` while an applied command
+    came in (a pause, kill, sleep or send bumps the fence): its worker records the
+    cancellation only when it notices the command (up to its poll interval later), but
+    it was the command's doing, so it ends just before that command (order 1.5), and
+    what the instance waits for after it is the command's cause, not "cancelled".
+    """
+    end = a["finished_at"] or a["started_at"] or 0.0
+    start = a["started_at"]
+    if a["outcome"] == "cancelled" and start is not None:
+        during = [
+            c["created_at"]
+            for c in cmds
+            if c["status"] == "applied" and start <= c["created_at"] <= end
+        ]
+        if during:
+            return min(during), 1.5
+    return end, 0
 
 
 def _safe_flow(flow_of: Callable[[str], Any], version: str) -> Any:

@@ -64,6 +64,12 @@ states:
   work: {exec: [sh, -c, "exit 75"], next: done}
   done: {terminal: true}
 """,
+    "slow": """\
+initial: work
+states:
+  work: {exec: [sh, -c, "sleep 600; exit 75"], next: done}
+  done: {terminal: true}
+""",
 }
 
 
@@ -72,7 +78,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Flowrun, Da
     home = tmp_path_factory.mktemp("sleep")
     fr = Flowrun(home)
     write_flow(fr.flows, "callnap", FLOWS["callnap"], {NAP: HANDLERS})
-    for name in ("execnap", "poll"):
+    for name in ("execnap", "poll", "slow"):
         write_flow(fr.flows, name, FLOWS[name])
     with daemon_running(fr, "sleep") as daemon:
         yield fr, daemon
@@ -131,6 +137,26 @@ def test_operator_sleep_and_wake(live) -> None:
     show = fr.show(iid)
     assert [c["command"] for c in show["commands"]] == ["sleep", "sleep", "wake"]
     assert show["commands"][1]["args"]["until"] == 1893456000.0
+
+
+def test_a_sleep_typed_while_an_attempt_runs(live) -> None:
+    # the attempt is cancelled (nothing spent) and recorded after the command; explain
+    # still says the instance sleeps because of the command (CI once saw the flaky
+    # version of this in test_operator_sleep_and_wake: "the attempt was cancelled")
+    fr, _ = live
+    db = engine_at(fr.home)
+    iid = _start(fr, "slow")
+    poll(lambda: row(db, iid)["running_attempt"] is not None, 60, what="running")
+    res = fr("sleep", str(iid), "--for", "1h")
+    assert res.returncode == 0, res.stderr
+    poll(lambda: row(db, iid)["running_attempt"] is None, 60, what="attempt cancelled")
+    assert [a["outcome"] for a in attempts_of(db, iid)] == ["cancelled"]
+    r = row(db, iid)
+    assert (r["status"], r["errors"], r["restarts"]) == ("sleeping", 0, 0)
+    explained = json.loads(fr("explain", str(iid), "--json").stdout)
+    assert explained["forecast"][0]["data"]["why"] == "put to sleep by cli (nothing spent)"
+    assert "put to sleep by cli" in fr("explain", str(iid)).stdout
+    fr("kill", str(iid))
 
 
 def test_sleep_refusals_and_mistakes(live) -> None:

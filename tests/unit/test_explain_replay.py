@@ -38,27 +38,40 @@ def _attempt(n, start, end, outcome, error=None, to=None, state="work"):
     }
 
 
-def test_waits_have_causes_and_the_budget_refills(tmp_path: Path) -> None:
-    flow = load(write_flow(tmp_path, "ex", FLOW))
-    instance = {
+def _instance(version: str, **values) -> dict:
+    """An instance row of flow ``ex`` at ``version`` (``values`` replace the defaults)."""
+    row = {
         "id": 9,
         "flow": "ex",
-        "version": flow.version,
-        "state": "rescue",
+        "version": version,
+        "state": "work",
         "status": "runnable",
         "due_at": None,
-        "attempts": 6,
-        "errors": 3,
-        "restarts": 1,
+        "attempts": 0,
+        "errors": 0,
+        "restarts": 0,
         "state_restarts": 0,
         "state_errors": [],
         "running_attempt": None,
         "locked_by": None,
         "locked_until": None,
-        "last_error": "error budget spent",
+        "last_error": None,
         "created_at": T0,
         "event_id": None,
     }
+    return {**row, **values}
+
+
+def test_waits_have_causes_and_the_budget_refills(tmp_path: Path) -> None:
+    flow = load(write_flow(tmp_path, "ex", FLOW))
+    instance = _instance(
+        flow.version,
+        state="rescue",
+        attempts=6,
+        errors=3,
+        restarts=1,
+        last_error="error budget spent",
+    )
     rows = {
         "instance": instance,
         "attempts": [
@@ -111,3 +124,53 @@ def test_waits_have_causes_and_the_budget_refills(tmp_path: Path) -> None:
     assert len(result.forecast) == 1  # an external state: no error, no restart to forecast
     text = render_text(result, T0 + 1000)
     assert text.splitlines()[0].startswith("instance 9 of flow ex: state 'rescue'")
+
+
+def _command(name, at, result, **args):
+    return {
+        "command": name,
+        "args": args,
+        "source": "cli",
+        "created_at": at,
+        "status": "applied",
+        "result": result,
+    }
+
+
+def test_an_attempt_cancelled_by_a_command_waits_for_the_command(tmp_path: Path) -> None:
+    # the worker records the cancelled attempt after it noticed the command (its poll
+    # interval later): the wait after it is the command's, not "the attempt was cancelled"
+    # (CI failed test_sleep.py::test_operator_sleep_and_wake when a `flowrun sleep` landed
+    # while an attempt ran)
+    flow = load(write_flow(tmp_path, "ex", FLOW))
+    instance = _instance(flow.version, status="sleeping", due_at=T0 + 3600, attempts=2)
+    cancelled = "cancelled: the instance was paused, killed, moved or taken over"
+    rows = {
+        "instance": instance,
+        "attempts": [
+            _attempt(1, T0 + 1, T0 + 2.2, "cancelled", cancelled),
+            _attempt(2, T0 + 10, T0 + 10.2, "cancelled", cancelled),
+        ],
+        "commands": [
+            _command("pause", T0 + 2, "instance 9: runnable -> paused"),
+            _command("resume", T0 + 9, "instance 9: paused -> runnable"),
+            _command("sleep", T0 + 10.1, "instance 9: runnable -> sleeping", until=T0 + 3600),
+        ],
+        "event": None,
+    }
+    result = explain(rows, lambda v: flow, T0 + 20)
+    assert result.forecast[0].data["why"] == "put to sleep by cli (nothing spent)"
+    assert "sleeping until" in result.forecast[0].text
+    waits = [e for e in result.timeline if e.kind == "wait"]
+    # the wait before attempt 2: the resume (the pause happened while it was cancelled)
+    assert waits[-1].data["cause"] == {"kind": "command", "command": "resume"}
+    text = render_text(result, T0 + 20)
+    assert "sleep by cli" in text and "put to sleep by cli" in text
+    # a worker stopping (no command while the attempt ran) is still the cause
+    rows["attempts"] = rows["attempts"][:1] + [
+        _attempt(2, T0 + 10, T0 + 10.05, "cancelled", "cancelled: worker stopping")
+    ]
+    rows["commands"] = rows["commands"][:2]
+    instance.update(status="runnable", due_at=T0 + 10.05)
+    why = explain(rows, lambda v: flow, T0 + 20).forecast[0].data["why"]
+    assert why.startswith("the attempt was cancelled")
