@@ -37,6 +37,7 @@ from runner.handlers.attempt import (
     slept,
     supervise,
 )
+from runner.handlers.environ import Env
 from runner.handlers.spawn import Child, remove_data_file, spawn
 from runner.templating import render
 
@@ -308,25 +309,24 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> dict:
+def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> Env:
     """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
     (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
-    env = _base_env(cwd).copy()
-    env.update(
-        FLOWRUN_INSTANCE=str(instance_id),
-        FLOWRUN_FLOW=flow,
-        FLOWRUN_STATE=state,
-        FLOWRUN_ATTEMPT=str(attempt),
-    )
-    return env
+    added = {
+        "FLOWRUN_INSTANCE": str(instance_id),
+        "FLOWRUN_FLOW": flow,
+        "FLOWRUN_STATE": state,
+        "FLOWRUN_ATTEMPT": str(attempt),
+    }
+    return Env(_base_env(cwd), added)
 
 
 @functools.lru_cache(maxsize=64)
 def _base_env(cwd: Path) -> dict[str, str]:
     """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
     extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
-    Worked out once: copying ``os.environ`` and resolving paths cost more per attempt
-    than the rest of starting it."""
+    Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
+    resolving paths cost more per attempt than the rest of starting it; never changed."""
     env = dict(os.environ)
     extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
