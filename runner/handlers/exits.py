@@ -32,6 +32,11 @@ from runner.handlers import reaper
 
 #: Seconds between two looks for closed loops whose handlers still run.
 ADOPT_EVERY = 0.25
+#: A pidfd is reported once, then never again, so it is closed without unregistering it
+#: (one system call less): a child between its vfork and its exec may still hold a copy
+#: of it, which keeps it in the set (with ``EPOLLIN`` alone it would be reported again
+#: under a number that may be the next handler's pidfd) until that exec.
+_ONCE = select.EPOLLIN | select.EPOLLONESHOT
 
 _lock = threading.Lock()
 #: the exit set of each loop that starts handlers (until it closes)
@@ -59,7 +64,7 @@ class _ExitSet:
             if self.closed:
                 return False
             self.waiting[pidfd] = (proc, callback)
-            self.ep.register(pidfd, select.EPOLLIN)
+            self.ep.register(pidfd, _ONCE)
         return True
 
     def collect(self, deliver: bool = True) -> None:
@@ -72,7 +77,7 @@ class _ExitSet:
         for fd, _ in events:
             with _lock:
                 entry = self.waiting.pop(fd, None)
-            _forget(self.ep, fd)
+            os.close(fd)
             if entry is not None:
                 code = _reap(entry[0])
                 if deliver:
@@ -103,7 +108,7 @@ def watch(proc: Any, loop: asyncio.AbstractEventLoop, callback: Callable[[int], 
     ep = _thread_epoll()
     with _lock:
         _waiting[pidfd] = (proc, loop, callback)
-    ep.register(pidfd, select.EPOLLIN)
+    ep.register(pidfd, _ONCE)
     return True
 
 
@@ -114,14 +119,6 @@ def _reap(proc: Any) -> int:
         code = proc.wait()
     reaper.leader_reaped(proc.pid)
     return code
-
-
-def _forget(ep: select.epoll, fd: int) -> None:
-    # unregistered before it is closed: a child between its vfork and its exec still
-    # holds the pidfd, and a closed fd would stay in the set until then
-    with contextlib.suppress(OSError):
-        ep.unregister(fd)
-    os.close(fd)
 
 
 def _thread_epoll() -> select.epoll:
@@ -148,7 +145,7 @@ def _run(ep: select.epoll) -> None:
                 continue
             with _lock:
                 entry = _waiting.pop(fd, None)
-            _forget(ep, fd)
+            os.close(fd)
             if entry is not None:
                 proc, loop, callback = entry
                 batches.setdefault(loop, []).append((callback, _reap(proc)))
