@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -121,8 +122,8 @@ def _with_tail(what: str | None, tail: str) -> str:
 class _Supervised:
     """One running handler, watched from the event loop with no transport or task.
 
-    Its stdout, stderr and control pipe are non-blocking descriptors read by loop
-    callbacks as data comes (only the last ``TAIL`` bytes of the output are kept, so a
+    Its stdout, stderr and control pipe are blocking descriptors read by loop callbacks
+    when they are ready, as data comes (only the last ``TAIL`` bytes of the output are kept, so a
     handler may write gigabytes); its exit comes from ``runner.handlers.exits`` (or
     polling, without pidfds). Control lines are handled as they are
     read; checkpoints are stored in order by one task, started by the first one.
@@ -191,7 +192,8 @@ class _Supervised:
     # -- pipes -----------------------------------------------------------------------
 
     def _readable(self, fd: int) -> bool:
-        """Read one chunk from ``fd``; False when there was nothing (EAGAIN or EOF)."""
+        """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);
+        False at the end (EOF: ``fd`` is closed then)."""
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -211,11 +213,36 @@ class _Supervised:
 
     def drain(self, limit: int = 1 << 20) -> None:
         """Read what is left in the pipes now that the handler is gone (at most ``limit``
-        bytes a pipe: a leftover may still be writing)."""
-        for fd in list(self._open):
-            for _ in range(max(1, limit // 65536)):
-                if not self._readable(fd):
-                    break
+        bytes a pipe: a leftover may still be writing).
+
+        The read ends are blocking: one ``poll`` tells which hold data (each then read
+        once a round) and which no process writes to any more (``POLLHUP`` alone: closed
+        unread), so a handler that wrote nothing costs one system call, not a read each.
+        """
+        if not self._open:
+            return
+        poller = select.poll()
+        rounds = {}
+        for fd in self._open:
+            poller.register(fd, select.POLLIN)
+            rounds[fd] = max(1, limit // 65536)
+        while self._open:
+            events = poller.poll(0)
+            if not events:
+                return
+            for fd, event in events:
+                if fd not in self._open:
+                    poller.unregister(fd)
+                    continue
+                if event & select.POLLIN and rounds[fd] > 0:
+                    rounds[fd] -= 1
+                    if self._readable(fd):
+                        continue
+                elif event & select.POLLIN:  # read ``limit`` bytes: leave the rest
+                    poller.unregister(fd)
+                    continue
+                poller.unregister(fd)
+                self._close_fd(fd)
 
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:

@@ -11,7 +11,7 @@ private function not take the arguments it takes in CPython 3.11-3.13, ``Popen``
 used instead. The spawn blocks its thread until the child has exec'd, so it runs in a
 small pool of threads (:func:`spawn`) while the event loop goes on; the started children
 reach the loop in batches, one wake-up for all those started meanwhile. The pipes are
-plain descriptors: the read ends are non-blocking and read by the loop itself
+plain descriptors: the read ends are read by the loop itself, only when ready
 (``runner.handlers.exec_handler``), with no asyncio transport or stream per process.
 
 Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import fcntl
 import json
 import os
 import queue
@@ -104,8 +103,9 @@ class Proc:
 class Child:
     """A started handler: its process and the parent's ends of its pipes.
 
-    ``out``, ``err`` and ``control`` are non-blocking read ends (owned by the caller, who
-    closes them); ``data_file`` the path of the data file, if one was written.
+    ``out``, ``err`` and ``control`` are read ends, blocking (read them only when ready;
+    owned by the caller, who closes them); ``data_file`` the path of the data file, if
+    one was written.
     """
 
     proc: Proc | subprocess.Popen
@@ -176,8 +176,6 @@ def _start(
     finally:
         for fd in (out_w, err_w, ctl_w):
             os.close(fd)
-    for fd in (out_r, err_r, ctl_r):  # non-blocking (one system call, not two)
-        fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
     child = Child(proc, out_r, err_r, ctl_r, token=token)
     child.exit_watched = exits.watch(proc, loop, child.exited)
     return child
