@@ -9,9 +9,10 @@ on a clean exit, whatever the handler left in its group is ended too, and descen
 that left the group are ended by ``runner.handlers.reaper``.
 
 Per attempt the cost outside the process itself is one spawn on a spawn thread
-(``runner.handlers.spawn``), its exit from one thread watching every handler's pidfd
-(``runner.handlers.exits``), and a final read of its pipes; no asyncio transport, stream
-or task, and no selector registration unless it runs longer than ``READ_AFTER``.
+(``runner.handlers.spawn``), its exit from its pidfd in an epoll set the loop reads
+(``runner.handlers.exits``), and one ``poll`` of its pipes at the exit; no asyncio
+transport, stream or task, and no selector registration of its own unless it runs longer
+than ``READ_AFTER``.
 """
 
 from __future__ import annotations
