@@ -9,9 +9,10 @@ on a clean exit, whatever the handler left in its group is ended too, and descen
 that left the group are ended by ``runner.handlers.reaper``.
 
 Per attempt the cost outside the process itself is one spawn on a spawn thread
-(``runner.handlers.spawn``), its exit from one thread watching every handler's pidfd
-(``runner.handlers.exits``), and a final read of its pipes; no asyncio transport, stream
-or task, and no selector registration unless it runs longer than ``READ_AFTER``.
+(``runner.handlers.spawn``), its exit from its pidfd in an epoll set the loop reads
+(``runner.handlers.exits``), and one ``poll`` of its pipes at the exit; no asyncio
+transport, stream or task, and no selector registration of its own unless it runs longer
+than ``READ_AFTER``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -37,6 +39,7 @@ from runner.handlers.attempt import (
     slept,
     supervise,
 )
+from runner.handlers.environ import Env
 from runner.handlers.spawn import Child, remove_data_file, spawn
 from runner.templating import render
 
@@ -120,8 +123,8 @@ def _with_tail(what: str | None, tail: str) -> str:
 class _Supervised:
     """One running handler, watched from the event loop with no transport or task.
 
-    Its stdout, stderr and control pipe are non-blocking descriptors read by loop
-    callbacks as data comes (only the last ``TAIL`` bytes of the output are kept, so a
+    Its stdout, stderr and control pipe are blocking descriptors read by loop callbacks
+    when they are ready, as data comes (only the last ``TAIL`` bytes of the output are kept, so a
     handler may write gigabytes); its exit comes from ``runner.handlers.exits`` (or
     polling, without pidfds). Control lines are handled as they are
     read; checkpoints are stored in order by one task, started by the first one.
@@ -190,7 +193,8 @@ class _Supervised:
     # -- pipes -----------------------------------------------------------------------
 
     def _readable(self, fd: int) -> bool:
-        """Read one chunk from ``fd``; False when there was nothing (EAGAIN or EOF)."""
+        """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);
+        False at the end (EOF: ``fd`` is closed then)."""
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -210,11 +214,36 @@ class _Supervised:
 
     def drain(self, limit: int = 1 << 20) -> None:
         """Read what is left in the pipes now that the handler is gone (at most ``limit``
-        bytes a pipe: a leftover may still be writing)."""
-        for fd in list(self._open):
-            for _ in range(max(1, limit // 65536)):
-                if not self._readable(fd):
-                    break
+        bytes a pipe: a leftover may still be writing).
+
+        The read ends are blocking: one ``poll`` tells which hold data (each then read
+        once a round) and which no process writes to any more (``POLLHUP`` alone: closed
+        unread), so a handler that wrote nothing costs one system call, not a read each.
+        """
+        if not self._open:
+            return
+        poller = select.poll()
+        rounds = {}
+        for fd in self._open:
+            poller.register(fd, select.POLLIN)
+            rounds[fd] = max(1, limit // 65536)
+        while self._open:
+            events = poller.poll(0)
+            if not events:
+                return
+            for fd, event in events:
+                if fd not in self._open:
+                    poller.unregister(fd)
+                    continue
+                if event & select.POLLIN and rounds[fd] > 0:
+                    rounds[fd] -= 1
+                    if self._readable(fd):
+                        continue
+                elif event & select.POLLIN:  # read ``limit`` bytes: leave the rest
+                    poller.unregister(fd)
+                    continue
+                poller.unregister(fd)
+                self._close_fd(fd)
 
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
@@ -308,25 +337,24 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> dict:
+def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> Env:
     """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
     (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
-    env = _base_env(cwd).copy()
-    env.update(
-        FLOWRUN_INSTANCE=str(instance_id),
-        FLOWRUN_FLOW=flow,
-        FLOWRUN_STATE=state,
-        FLOWRUN_ATTEMPT=str(attempt),
-    )
-    return env
+    added = {
+        "FLOWRUN_INSTANCE": str(instance_id),
+        "FLOWRUN_FLOW": flow,
+        "FLOWRUN_STATE": state,
+        "FLOWRUN_ATTEMPT": str(attempt),
+    }
+    return Env(_base_env(cwd), added)
 
 
 @functools.lru_cache(maxsize=64)
 def _base_env(cwd: Path) -> dict[str, str]:
     """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
     extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
-    Worked out once: copying ``os.environ`` and resolving paths cost more per attempt
-    than the rest of starting it."""
+    Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
+    resolving paths cost more per attempt than the rest of starting it; never changed."""
     env = dict(os.environ)
     extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):

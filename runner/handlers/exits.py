@@ -1,12 +1,21 @@
-"""Handler exits, watched by one thread for every ``exec`` handler of the process.
+"""Handler exits, watched by the event loop that runs the handlers, with no thread between.
 
-Each handler's pidfd (Linux ≥ 5.3, ``os.pidfd_open``) goes into one ``epoll`` set, from
-the spawn thread that started it; a thread waits on that set, collects each exit status
-at once (``poll()`` of its ``spawn.Proc`` or ``Popen``: no zombie is left, and the leader
-is no longer counted by ``runner.handlers.reaper``) and hands a whole batch of exits to
-the event loop with one wake-up. The loop itself makes no system call per handler for its
-exit. (A pidfd watches the handler alone: its output pipes may stay open in a child it
-left behind.)
+Each handler's pidfd (Linux ≥ 5.3, ``os.pidfd_open``) goes, from the spawn thread that
+started it, into an ``epoll`` set of its loop's own (:class:`_ExitSet`); that set's
+descriptor is one reader of the loop's selector (an epoll set is itself pollable), so an
+exit wakes the loop directly: it collects the exit status at once (``poll()`` of the
+``spawn.Proc`` or ``Popen``: no zombie is left, and the leader is no longer counted by
+``runner.handlers.reaper``) and calls the handler's callback. Until the fourth pass of
+issue 13 a thread waited on one set for every loop and handed exits over through
+``call_soon_threadsafe``: two more thread wake-ups and GIL hand-overs an attempt, about
+35 µs of CPU (``docs/performance.md``).
+
+A loop that closes while some of its handlers still run (a worker that aborted, a test's
+``asyncio.run``) is found by a thread (:data:`ADOPT_EVERY` seconds) that then watches its
+set in its place and collects those exits without calling back. The same thread watches
+the pidfds of callers with no set (:func:`watch` outside :func:`prepare`'s loops).
+(A pidfd watches the handler alone: its output pipes may stay open in a child it left
+behind.)
 """
 
 from __future__ import annotations
@@ -21,10 +30,66 @@ from typing import Any
 
 from runner.handlers import reaper
 
-#: ``pidfd -> (process, loop, callback(returncode))`` of handlers still running.
-_waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
+#: Seconds between two looks for closed loops whose handlers still run.
+ADOPT_EVERY = 0.25
+#: A pidfd is reported once, then never again, so it is closed without unregistering it
+#: (one system call less): a child between its vfork and its exec may still hold a copy
+#: of it, which keeps it in the set (with ``EPOLLIN`` alone it would be reported again
+#: under a number that may be the next handler's pidfd) until that exec.
+_ONCE = select.EPOLLIN | select.EPOLLONESHOT
+
 _lock = threading.Lock()
-_epoll: select.epoll | None = None
+#: the exit set of each loop that starts handlers (until it closes)
+_sets: dict[asyncio.AbstractEventLoop, _ExitSet] = {}
+#: ``pidfd -> (process, loop, callback)`` watched by the thread itself (no loop set)
+_waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
+#: ``epoll fd -> set`` of closed loops, watched by the thread
+_adopted: dict[int, _ExitSet] = {}
+_epoll: select.epoll | None = None  # the thread's
+
+
+class _ExitSet:
+    """The pidfds of one loop's running handlers, in an epoll set the loop reads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ep = select.epoll()
+        self.closed = False  # set (under ``_lock``) once the thread dropped it
+        self.waiting: dict[int, tuple[Any, Callable[[int], None]]] = {}
+        loop.add_reader(self.ep.fileno(), self.collect)
+
+    def add(self, pidfd: int, proc: Any, callback: Callable[[int], None]) -> bool:
+        """Watch ``pidfd`` (thread-safe); False if this set is closed."""
+        with _lock:
+            if self.closed:
+                return False
+            self.waiting[pidfd] = (proc, callback)
+            self.ep.register(pidfd, _ONCE)
+        return True
+
+    def collect(self, deliver: bool = True) -> None:
+        """Collect every exit that is ready; call back unless ``deliver`` is False (the
+        loop is closed: the thread collects)."""
+        try:
+            events = self.ep.poll(0)
+        except InterruptedError:
+            return
+        for fd, _ in events:
+            with _lock:
+                entry = self.waiting.pop(fd, None)
+            os.close(fd)
+            if entry is not None:
+                code = _reap(entry[0])
+                if deliver:
+                    entry[1](code)
+
+
+def prepare(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` (the running loop: call on it) its exit set, once."""
+    if loop not in _sets:
+        with _lock:
+            _sets[loop] = _ExitSet(loop)
+        _thread_epoll()
 
 
 def watch(proc: Any, loop: asyncio.AbstractEventLoop, callback: Callable[[int], None]) -> bool:
@@ -33,46 +98,81 @@ def watch(proc: Any, loop: asyncio.AbstractEventLoop, callback: Callable[[int], 
 
     False when pidfds are not available (not Linux ≥ 5.3): the caller polls instead.
     """
-    global _epoll
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         return False
+    exit_set = _sets.get(loop)
+    if exit_set is not None and exit_set.add(pidfd, proc, callback):
+        return True
+    ep = _thread_epoll()
+    with _lock:
+        _waiting[pidfd] = (proc, loop, callback)
+    ep.register(pidfd, _ONCE)
+    return True
+
+
+def _reap(proc: Any) -> int:
+    """The exit status of ``proc``, whose pidfd said it exited; no longer a leader."""
+    code = proc.poll()
+    if code is None:  # a readable pidfd means it exited; never seen, but be safe
+        code = proc.wait()
+    reaper.leader_reaped(proc.pid)
+    return code
+
+
+def _thread_epoll() -> select.epoll:
+    """The thread's epoll set; the thread is started with it."""
+    global _epoll
     with _lock:
         if _epoll is None:
             _epoll = select.epoll()
             threading.Thread(target=_run, args=(_epoll,), name="flowrun-exits", daemon=True).start()
-        _waiting[pidfd] = (proc, loop, callback)
-    _epoll.register(pidfd, select.EPOLLIN)
-    return True
+        return _epoll
 
 
 def _run(ep: select.epoll) -> None:
     while True:
         try:
-            events = ep.poll()
+            events = ep.poll(ADOPT_EVERY)
         except InterruptedError:
             continue
         batches: dict[asyncio.AbstractEventLoop, list] = {}
         for fd, _ in events:
+            adopted = _adopted.get(fd)
+            if adopted is not None:
+                adopted.collect(deliver=False)
+                continue
             with _lock:
                 entry = _waiting.pop(fd, None)
-            # unregistered before it is closed: a child between its vfork and its exec
-            # still holds the pidfd, and a closed fd would stay in the set until then
-            with contextlib.suppress(OSError):
-                ep.unregister(fd)
             os.close(fd)
-            if entry is None:
-                continue
-            proc, loop, callback = entry
-            code = proc.poll()
-            if code is None:  # a readable pidfd means it exited; never seen, but be safe
-                code = proc.wait()
-            reaper.leader_reaped(proc.pid)
-            batches.setdefault(loop, []).append((callback, code))
+            if entry is not None:
+                proc, loop, callback = entry
+                batches.setdefault(loop, []).append((callback, _reap(proc)))
         for loop, batch in batches.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed (worker aborted)
                 loop.call_soon_threadsafe(_deliver, batch)
+        _adopt(ep)
+
+
+def _adopt(ep: select.epoll) -> None:
+    """Watch the sets of loops that closed; drop those with nothing left to collect."""
+    for loop, exit_set in list(_sets.items()):
+        if loop.is_closed():
+            with _lock:
+                del _sets[loop]
+            _adopted[exit_set.ep.fileno()] = exit_set
+            ep.register(exit_set.ep.fileno(), select.EPOLLIN)
+            exit_set.collect(deliver=False)  # exits that came before it was adopted
+    for fd, exit_set in list(_adopted.items()):
+        with _lock:
+            if exit_set.waiting:
+                continue
+            exit_set.closed = True
+        del _adopted[fd]
+        with contextlib.suppress(OSError):
+            ep.unregister(fd)
+        exit_set.ep.close()
 
 
 def _deliver(batch: list) -> None:

@@ -29,7 +29,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 log = logging.getLogger("flowrun.reaper")
 
@@ -89,17 +88,17 @@ def leader_reaped(pid: int) -> None:
     leaders.discard(pid)
 
 
-@contextlib.contextmanager
-def spawning() -> Iterator[None]:
-    """Held around a spawn and :func:`add_leader`: the reaper never reaps a handler that
-    exited before it was registered (its caller would then read a wrong exit status)."""
+def spawning() -> threading.Lock:
+    """The calling thread's spawn lock, held around a spawn and :func:`add_leader`
+    (``with reaper.spawning():``): the reaper never reaps a handler that exited before it
+    was registered (its caller would then read a wrong exit status). A plain lock, not a
+    generator context manager: it is taken for every spawn."""
     lock = getattr(_local, "lock", None)
     if lock is None:
         lock = _local.lock = threading.Lock()
         with _lock:
             _spawn_locks.append(lock)
-    with lock:
-        yield
+    return lock
 
 
 def _prctl_subreaper(on: bool) -> bool:

@@ -11,7 +11,7 @@ private function not take the arguments it takes in CPython 3.11-3.13, ``Popen``
 used instead. The spawn blocks its thread until the child has exec'd, so it runs in a
 small pool of threads (:func:`spawn`) while the event loop goes on; the started children
 reach the loop in batches, one wake-up for all those started meanwhile. The pipes are
-plain descriptors: the read ends are non-blocking and read by the loop itself
+plain descriptors: the read ends are read by the loop itself, only when ready
 (``runner.handlers.exec_handler``), with no asyncio transport or stream per process.
 
 Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import fcntl
+import contextlib
 import json
 import os
 import queue
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from runner import control
 from runner.handlers import exits, reaper
+from runner.handlers.environ import add_env, encode_env
 from runner.handlers.handoff import Handoff
 
 try:
@@ -60,8 +61,8 @@ _jobs: queue.SimpleQueue = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
 _threads_lock = threading.Lock()
 _devnull: int | None = None  # /dev/null, opened once: every handler's stdin
-#: ``(key, value) -> b"key=value"`` for the environment variables that rarely change
-_encoded: dict[tuple[str, str], bytes] = {}
+_local = threading.local()  # a spawn thread's lasting error pipe (_lasting_error_pipe)
+_error_pipes: list[tuple[int, int]] = []  # every spawn thread's, kept for the process's life
 
 
 class Proc:
@@ -102,8 +103,9 @@ class Proc:
 class Child:
     """A started handler: its process and the parent's ends of its pipes.
 
-    ``out``, ``err`` and ``control`` are non-blocking read ends (owned by the caller, who
-    closes them); ``data_file`` the path of the data file, if one was written.
+    ``out``, ``err`` and ``control`` are read ends, blocking (read them only when ready;
+    owned by the caller, who closes them); ``data_file`` the path of the data file, if
+    one was written.
     """
 
     proc: Proc | subprocess.Popen
@@ -162,8 +164,7 @@ def _start(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
-    env[control.ENV] = str(ctl_w)
-    env[reaper.TOKEN_ENV] = token
+    add_env(env, {control.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
             proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w)
@@ -175,8 +176,6 @@ def _start(
     finally:
         for fd in (out_w, err_w, ctl_w):
             os.close(fd)
-    for fd in (out_r, err_r, ctl_r):  # non-blocking (one system call, not two)
-        fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
     child = Child(proc, out_r, err_r, ctl_r, token=token)
     child.exit_watched = exits.watch(proc, loop, child.exited)
     return child
@@ -218,20 +217,25 @@ def _fork_exec(
         executables: tuple[bytes, ...] = (executable,)
     else:  # as Popen (os._execvpe): the PATH of the handler's environment
         executables = tuple(os.path.join(os.fsencode(d), executable) for d in os.get_exec_path(env))
-    errpipe_read, errpipe_write = os.pipe()
-    try:
+    lasting = getattr(_local, "errpipe", None)
+    if lasting is not None:  # vfork: the child has exec'd or failed when this returns
+        pid = _call_fork_exec(argv, executables, cwd, env, stdin, out, err, ctl, *lasting)
         try:
-            pid = _posix_fork_exec(  # type: ignore[misc]
-                argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd,
-                _encode_env(env),
-                stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
-                True, True, -1, None, None, None, -1, None, True,
-            )  # fmt: skip
+            failure = os.read(lasting[0], 50000)
+        except BlockingIOError:  # nothing: it exec'd
+            failure = b""
+    else:
+        errpipe_read, errpipe_write = os.pipe()
+        try:
+            try:
+                pid = _call_fork_exec(
+                    argv, executables, cwd, env, stdin, out, err, ctl, errpipe_read, errpipe_write
+                )
+            finally:
+                os.close(errpipe_write)
+            failure = os.read(errpipe_read, 50000)  # EOF at the exec; else why it failed
         finally:
-            os.close(errpipe_write)
-        failure = os.read(errpipe_read, 50000)  # EOF at the exec; else why it failed
-    finally:
-        os.close(errpipe_read)
+            os.close(errpipe_read)
     if failure:
         try:
             os.waitpid(pid, 0)
@@ -241,21 +245,58 @@ def _fork_exec(
     return Proc(pid)
 
 
-def _encode_env(env: dict[str, str]) -> list[bytes]:
-    """``env`` as ``b"key=value"`` items; those of the base environment are encoded once.
-    Raises ``ValueError`` for a key with ``=``."""
-    items = []
-    for item in env.items():
-        encoded = _encoded.get(item)
-        if encoded is None:
-            key, value = item
-            if "=" in key:
-                raise ValueError("illegal environment variable name")
-            encoded = os.fsencode(key) + b"=" + os.fsencode(value)
-            if not key.startswith("FLOWRUN_") and len(_encoded) < 4096:
-                _encoded[item] = encoded
-        items.append(encoded)
-    return items
+def _call_fork_exec(
+    argv: list[str],
+    executables: tuple[bytes, ...],
+    cwd: str,
+    env: dict[str, str],
+    stdin: int,
+    out: int,
+    err: int,
+    ctl: int,
+    errpipe_read: int,
+    errpipe_write: int,
+) -> int:
+    return _posix_fork_exec(  # type: ignore[misc]
+        argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd, encode_env(env),
+        stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
+        True, True, -1, None, None, None, -1, None, True,
+    )  # fmt: skip
+
+
+def _lasting_error_pipe() -> tuple[int, int] | None:
+    """An error pipe for every spawn of the calling thread: ``(read end, non-blocking;
+    write end)``, both close-on-exec; ``None`` unless the spawn is seen to wait for the
+    child's exec (``vfork``).
+
+    With ``vfork`` the parent resumes only once the child has exec'd or, having failed,
+    written why and exited: a non-blocking read right after the spawn then finds the
+    whole message or nothing, and no pipe per spawn is needed (three system calls fewer
+    an attempt). A probe child that cannot exec (``/`` is a folder) checks it: its
+    message must be there at once, else (a ``fork``, which does not wait) ``None``.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        pid = _posix_fork_exec(  # type: ignore[misc]
+            [b"/"], (b"/",), True, (write_end,), None, [],
+            -1, -1, -1, -1, -1, -1, read_end, write_end,
+            True, False, -1, None, None, None, -1, None, True,
+        )  # fmt: skip
+    except (TypeError, OSError):
+        told = b""
+    else:
+        try:
+            told = os.read(read_end, 50000)
+        except BlockingIOError:
+            told = b""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    if told:
+        return read_end, write_end
+    os.close(read_end)
+    os.close(write_end)
+    return None
 
 
 def _child_error(data: bytes, cwd: str, program: str) -> Exception:
@@ -292,6 +333,12 @@ _started = Handoff(_orphan)  # started children, handed to the loop in batches
 
 def _spawner() -> None:
     """A spawn thread: start handlers from ``_jobs``, for ever (a daemon thread)."""
+    job = _jobs.get()
+    if _posix_fork_exec is not None:
+        _local.errpipe = _lasting_error_pipe()
+        if _local.errpipe is not None:
+            _error_pipes.append(_local.errpipe)
+    _start_and_hand_over(*job)
     while True:
         _start_and_hand_over(*_jobs.get())
 
@@ -321,10 +368,11 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
     (missing, not executable, data file not writable).
     """
     extra, path = data_env(data)
-    env.update(extra)
+    add_env(env, extra)
     if len(_threads) < SPAWN_THREADS:
         _add_thread()
     loop = asyncio.get_running_loop()
+    exits.prepare(loop)
     fut = loop.create_future()
     try:
         _jobs.put((argv, cwd, env, reaper.new_token(), loop, fut))

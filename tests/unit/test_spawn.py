@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from runner.engine.batching import HOLD_MAX, Hold
-from runner.handlers import spawn
+from runner.handlers import exits, spawn
+from runner.handlers.environ import Env, encode_env
 from runner.handlers.handoff import Handoff
 from tests.support.fault import poll
 from tests.unit.test_executor import run
@@ -104,11 +105,27 @@ def test_what_cannot_start_raises_the_childs_error(
     """A program or folder the child cannot use raises ``OSError`` with the child's errno
     and the name at fault; no process or descriptor is left behind."""
     (tmp_path / "not-executable").write_text("#!/bin/sh\n")
-    before = len(os.listdir("/proc/self/fd"))
+    before = _open_fds()
     with pytest.raises(OSError) as info:
         _start(argv, cwd or tmp_path, {**os.environ})
     assert info.value.errno == code and info.value.filename == filename
-    assert len(os.listdir("/proc/self/fd")) <= before + 1  # /dev/null, opened once
+    # the loop's exit set is closed by the exits thread once it sees the loop closed
+    poll(lambda: not _open_fds() - before - _lasting_fds(), what="no descriptor left")
+
+
+def _open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def _lasting_fds() -> set[int]:
+    """Descriptors kept for the life of the process: /dev/null, each spawn thread's error
+    pipe, the exits thread's epoll set."""
+    fds = {fd for pair in spawn._error_pipes for fd in pair}
+    if spawn._devnull is not None:
+        fds.add(spawn._devnull)
+    if exits._epoll is not None:
+        fds.add(exits._epoll.fileno())
+    return fds
 
 
 async def test_a_program_that_cannot_start_is_an_attempt_error(tmp_path: Path) -> None:
@@ -164,3 +181,62 @@ def test_hold_waits_for_a_batch_only_while_nearly_full() -> None:
     hold.reset()
     assert hold.since is None and hold.wait(13.001, 63) == pytest.approx(HOLD_MAX)
     assert Hold(1).wait(0.0, 1) > 0 and Hold(1).wait(0.0, 0) == 0.0
+
+
+def test_an_env_encodes_as_the_plain_dict_it_equals() -> None:
+    """An ``Env`` is encoded from its base's items encoded once plus what was added,
+    whatever was changed since: the same items as the plain dict it equals."""
+    base = {"PATH": "/bin", "HOME": "/root", "X": "é"}
+
+    def same(env: Env) -> None:
+        assert sorted(encode_env(env)) == sorted(encode_env(dict(env)))
+
+    env = Env(base, {"FLOWRUN_STATE": "s"})
+    same(env)
+    env.add({"FLOWRUN_DATA": "{}"})
+    env["FLOWRUN_RUN"] = "1.2.3"
+    same(env)
+    encode_env(env).clear()  # a fresh list each time: the cache is not changed
+    same(env)
+    env.update(HOME="/home/x")  # a base variable set again
+    same(env)
+    env.pop("X")  # any other change: encoded whole
+    assert env.base is None and b"X=\xc3\xa9" not in encode_env(env)
+    same(env)
+    assert base == {"PATH": "/bin", "HOME": "/root", "X": "é"}, "the base is never changed"
+    with pytest.raises(ValueError):
+        encode_env(Env(base, {"A=B": "c"}))
+
+
+def test_a_lasting_error_pipe_only_where_the_spawn_waits_for_the_exec() -> None:
+    """CPython on Linux spawns with ``vfork``: the probe child's message is there at once,
+    so a spawn thread keeps one error pipe (non-blocking read end, both close-on-exec)."""
+    ends = spawn._lasting_error_pipe()
+    assert ends is not None
+    try:
+        assert not os.get_blocking(ends[0]) and os.get_blocking(ends[1])
+        assert not os.get_inheritable(ends[0]) and not os.get_inheritable(ends[1])
+        with pytest.raises(BlockingIOError):
+            os.read(ends[0], 100)  # the probe's message was read
+    finally:
+        os.close(ends[0])
+        os.close(ends[1])
+
+
+def test_exits_of_a_closed_loops_handlers_are_still_collected(tmp_path: Path) -> None:
+    """A loop that closes while its handlers run (a worker that aborted) leaves their
+    exits to the exits thread: each is collected (no zombie) and the loop's set closed."""
+
+    async def main() -> tuple[spawn.Child, asyncio.AbstractEventLoop]:
+        child = await spawn.spawn(
+            [sys.executable, "-c", "import time; time.sleep(0.5)"], str(tmp_path), {}, {}
+        )
+        return child, asyncio.get_running_loop()
+
+    child, loop = asyncio.run(main())
+    try:
+        assert loop in exits._sets or child.proc.returncode is not None
+        assert _exit_code(child) == 0
+        poll(lambda: loop not in exits._sets, what="the closed loop's set dropped")
+    finally:
+        _close(child)

@@ -1,0 +1,104 @@
+"""A handler's environment, encoded for ``execve`` once for all the handlers that share it.
+
+Every ``exec`` handler gets the daemon's environment plus a few ``FLOWRUN_*`` variables
+(``runner.handlers.exec_handler.handler_env``, ``runner.handlers.spawn``). Encoding all
+of it to ``b"key=value"`` items per spawn was a fifth of a spawn thread's Python time
+(``docs/performance.md``, issue 13, fourth pass); an :class:`Env` keeps the shared part
+apart, so that only the handler's own variables are encoded per spawn.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: ``id(base) -> (base, [b"key=value", ...])`` for the bases of :class:`Env` objects
+_encoded: dict[int, tuple[dict, list[bytes]]] = {}
+_FS_ENCODING = sys.getfilesystemencoding()
+
+
+class Env(dict):
+    """A handler's environment: ``base`` plus ``added`` (a plain ``dict`` to read).
+
+    ``base`` (a dict that never changes afterwards: the daemon's environment) is encoded
+    once for every handler started with it; only the keys added (``added``, :meth:`add`,
+    ``env[key] = value``, ``update``) are encoded per spawn. Any other change (``del``,
+    ``pop``, ...) makes the whole environment encoded per spawn, as a plain dict's.
+    """
+
+    __slots__ = ("base", "added")
+
+    def __init__(self, base: dict[str, str], added: dict[str, str]) -> None:
+        dict.__init__(self, base)
+        dict.update(self, added)
+        self.base: dict[str, str] | None = base
+        self.added = dict(added)
+
+    def add(self, values: dict[str, str]) -> None:
+        """Set every key of ``values``."""
+        dict.update(self, values)
+        self.added.update(values)
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.add({key: value})
+
+    def update(self, *args, **kwargs) -> None:  # type: ignore[override]
+        self.add(dict(*args, **kwargs))
+
+    def __delitem__(self, key: str) -> None:
+        self.base = None
+        super().__delitem__(key)
+
+    def pop(self, *args):  # type: ignore[override]
+        self.base = None
+        return super().pop(*args)
+
+    def popitem(self):  # type: ignore[override]
+        self.base = None
+        return super().popitem()
+
+    def setdefault(self, *args):  # type: ignore[override]
+        self.base = None
+        return super().setdefault(*args)
+
+    def clear(self) -> None:
+        self.base = None
+        super().clear()
+
+    def __ior__(self, other):  # type: ignore[override]
+        self.base = None
+        return super().__ior__(other)
+
+
+def encode_env(env: dict[str, str]) -> list[bytes]:
+    """``env`` as ``b"key=value"`` items; an :class:`Env`'s base is encoded once.
+    Raises ``ValueError`` for a key with ``=``."""
+    base = getattr(env, "base", None)
+    if base is None:
+        return [_encode_item(key, value) for key, value in env.items()]
+    cached = _encoded.get(id(base))
+    if cached is None or cached[0] is not base:
+        cached = (base, [_encode_item(key, value) for key, value in base.items()])
+        if len(_encoded) >= 64:
+            _encoded.clear()
+        _encoded[id(base)] = cached
+    added: dict[str, str] = env.added  # type: ignore[attr-defined]
+    if added.keys().isdisjoint(base):
+        items = list(cached[1])
+    else:  # a base variable set again (a handler's daemon started by a handler)
+        items = [item for key, item in zip(base, cached[1], strict=True) if key not in added]
+    items.extend(_encode_item(key, value) for key, value in added.items())
+    return items
+
+
+def add_env(env: dict[str, str], values: dict[str, str]) -> None:
+    """Set every key of ``values`` in ``env`` (an :class:`Env` or a plain dict)."""
+    if type(env) is Env:
+        env.add(values)
+    else:
+        env.update(values)
+
+
+def _encode_item(key: str, value: str) -> bytes:
+    if "=" in key:
+        raise ValueError("illegal environment variable name")
+    return (key + "=" + value).encode(_FS_ENCODING, "surrogateescape")
