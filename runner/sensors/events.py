@@ -17,7 +17,6 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
-from runner.ops.views import iso
 from runner.store.db import insert_ignore, reading
 from runner.store.notify import notify_event
 from runner.store.tables import events, sensors
@@ -125,26 +124,3 @@ def pending_events(engine: Engine) -> int:
                 select(func.count()).select_from(events).where(events.c.handled_at.is_(None))
             ).scalar_one()
         )
-
-
-def list_events(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest ``limit`` events, newest first, as JSON-ready dicts.
-
-    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
-    ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
-    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
-    """
-    with reading(engine) as conn:
-        rows = conn.execute(select(events).order_by(events.c.id.desc()).limit(limit)).mappings()
-        return [
-            {
-                "id": r["id"],
-                "sensor": r["sensor"],
-                "key": r["key"],
-                "payload": r["payload"],
-                "created_at": iso(r["created_at"]),
-                "handled_at": iso(r["handled_at"]),
-                "action": r["action"],
-            }
-            for r in rows
-        ]
