@@ -75,15 +75,28 @@ def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: fl
     """Claim or renew the leases of ``names`` for ``worker_id``; return the names held now.
 
     A lease is taken when free (``locked_until`` NULL or past) or already ours; it then
-    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created.
+    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created. A renewal
+    of leases already held is one ``UPDATE ... RETURNING``; only the names it did not
+    return (a new sensor, or one another daemon holds) are inserted and tried again.
     """
     names = sorted(set(names))
     if not names:
         return set()
     at = time.time()
     with engine.begin() as conn:
-        for name in names:
-            insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
+        held = _take(conn, names, worker_id, at, lease)
+        missing = [n for n in names if n not in held]
+        if missing:
+            for name in missing:
+                insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
+            held |= _take(conn, missing, worker_id, at, lease)
+        return held
+
+
+def _take(conn, names: list[str], worker_id: str, at: float, lease: float) -> set[str]:
+    """The leases of ``names`` that are free or ``worker_id``'s, taken until ``at + lease``
+    (inside the caller's transaction); returns their names."""
+    return set(
         conn.execute(
             update(sensors)
             .where(
@@ -95,13 +108,9 @@ def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: fl
                 ),
             )
             .values(locked_by=worker_id, locked_until=at + lease)
-        )
-        held = conn.execute(
-            select(sensors.c.name).where(
-                sensors.c.name.in_(names), sensors.c.locked_by == worker_id
-            )
+            .returning(sensors.c.name)
         ).scalars()
-        return set(held)
+    )
 
 
 def release_leases(engine: Engine, worker_id: str, names: Iterable[str] | None = None) -> None:
