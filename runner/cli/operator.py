@@ -208,9 +208,9 @@ def events(c: Ctx, as_json: bool, limit: int):
     Raises:
         ConfigError: the database cannot be opened.
     """
-    from runner.sensors.events import list_events
+    from runner.ops.queries import list_events
 
-    rows = list_events(c.engine, limit=limit)
+    rows = list_events(c.reader, limit=limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -1,5 +1,6 @@
 """The read side's listings and counts, shared by the CLI and the console: ``flowrun ls``
-(text and ``--json``), the counts per status of the console and the progress line.
+(text and ``--json``), the counts per status of the console and the progress line, and
+``flowrun events`` (the sensors' stored events and what the rules did).
 
 Each query is one SQL text run through a ``runner.store.reader.Reader`` (stdlib
 ``sqlite3`` for the CLI on a SQLite file, SQLAlchemy otherwise); every function takes a
@@ -12,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from runner.lifecycle import STATUSES
-from runner.ops.views import JSON_KEYS, instance_json
-from runner.store.reader import as_dicts, columns, reader_of
+from runner.ops.views import JSON_KEYS, instance_json, iso
+from runner.store.reader import EVENT_COLUMNS, as_dicts, columns, reader_of
 
 SORTABLE = (
     "id",
@@ -121,3 +122,24 @@ def count_by_status(db: Any, flow: str | None = None) -> dict[str, int]:
     with reader_of(db).snapshot() as run:
         row = run(f"SELECT {subs}", params)[0]
     return {status: int(row[i] or 0) for i, status in enumerate(STATUSES)}
+
+
+def list_events(db: Any, *, limit: int = 50) -> list[dict]:
+    """The newest ``limit`` sensor events, newest first, as JSON-ready dicts: ``flowrun
+    events`` (text and ``--json``); ``db`` a ``Reader`` or an ``Engine``.
+
+    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
+    ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
+    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    reader = reader_of(db)
+    sql = f"SELECT {columns(EVENT_COLUMNS)} FROM events ORDER BY id DESC LIMIT :limit"
+    with reader.snapshot() as run:
+        rows = run(sql, {"limit": limit})
+    out = as_dicts(reader, EVENT_COLUMNS, rows)
+    for r in out:
+        r.update(created_at=iso(r["created_at"]), handled_at=iso(r["handled_at"]))
+    return out

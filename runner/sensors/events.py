@@ -17,7 +17,6 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
-from runner.ops.views import iso
 from runner.store.db import insert_ignore, reading
 from runner.store.notify import notify_event
 from runner.store.tables import events, sensors
@@ -76,15 +75,28 @@ def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: fl
     """Claim or renew the leases of ``names`` for ``worker_id``; return the names held now.
 
     A lease is taken when free (``locked_until`` NULL or past) or already ours; it then
-    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created.
+    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created. A renewal
+    of leases already held is one ``UPDATE ... RETURNING``; only the names it did not
+    return (a new sensor, or one another daemon holds) are inserted and tried again.
     """
     names = sorted(set(names))
     if not names:
         return set()
     at = time.time()
     with engine.begin() as conn:
-        for name in names:
-            insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
+        held = _take(conn, names, worker_id, at, lease)
+        missing = [n for n in names if n not in held]
+        if missing:
+            for name in missing:
+                insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
+            held |= _take(conn, missing, worker_id, at, lease)
+        return held
+
+
+def _take(conn, names: list[str], worker_id: str, at: float, lease: float) -> set[str]:
+    """The leases of ``names`` that are free or ``worker_id``'s, taken until ``at + lease``
+    (inside the caller's transaction); returns their names."""
+    return set(
         conn.execute(
             update(sensors)
             .where(
@@ -96,13 +108,9 @@ def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: fl
                 ),
             )
             .values(locked_by=worker_id, locked_until=at + lease)
-        )
-        held = conn.execute(
-            select(sensors.c.name).where(
-                sensors.c.name.in_(names), sensors.c.locked_by == worker_id
-            )
+            .returning(sensors.c.name)
         ).scalars()
-        return set(held)
+    )
 
 
 def release_leases(engine: Engine, worker_id: str, names: Iterable[str] | None = None) -> None:
@@ -125,26 +133,3 @@ def pending_events(engine: Engine) -> int:
                 select(func.count()).select_from(events).where(events.c.handled_at.is_(None))
             ).scalar_one()
         )
-
-
-def list_events(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest ``limit`` events, newest first, as JSON-ready dicts.
-
-    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
-    ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
-    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
-    """
-    with reading(engine) as conn:
-        rows = conn.execute(select(events).order_by(events.c.id.desc()).limit(limit)).mappings()
-        return [
-            {
-                "id": r["id"],
-                "sensor": r["sensor"],
-                "key": r["key"],
-                "payload": r["payload"],
-                "created_at": iso(r["created_at"]),
-                "handled_at": iso(r["handled_at"]),
-                "action": r["action"],
-            }
-            for r in rows
-        ]

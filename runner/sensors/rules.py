@@ -1,6 +1,7 @@
 """Rules: turn stored sensor events into actions, each event exactly once.
 
-For a batch of pending events (``handled_at IS NULL``), in one transaction: claim them with
+For a batch of pending events (``handled_at IS NULL``, read without the write lock; an
+idle poll writes nothing), in one transaction: claim them with
 ``UPDATE events SET handled_at=now WHERE id IN (...) AND handled_at IS NULL RETURNING id``
 (an event another daemon got first is not returned and is skipped), run every rule of the
 event's flow whose ``when`` is the event's sensor and whose ``match`` regexes all
@@ -31,6 +32,7 @@ from runner.errors import IllegalMove, UserError
 from runner.ops import commands
 from runner.sensors.base import log
 from runner.store import create
+from runner.store.db import reading
 from runner.store.tables import events
 from runner.templating import render, render_event_refs
 
@@ -80,16 +82,21 @@ class RuleEngine:
         Returns:
             ``(events seen, actions taken)``; fewer than ``batch`` seen means none are left.
         """
-        at = time.time()
         acted = 0
         by_sensor: Counter[str] = Counter()
-        with self.engine.begin() as conn:
+        # a read first: an idle poll (every 0.5 s on SQLite) takes no write lock and
+        # writes nothing; the claim below still decides which daemon handles an event
+        with reading(self.engine) as conn:
             rows = conn.execute(
                 select(events.c.id, events.c.sensor, events.c.payload)
                 .where(events.c.handled_at.is_(None))
                 .order_by(events.c.id)
                 .limit(self.batch)
             ).all()
+        if not rows:
+            return 0, 0
+        at = time.time()
+        with self.engine.begin() as conn:
             claimed = set(
                 conn.execute(
                     update(events)

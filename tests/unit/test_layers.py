@@ -433,7 +433,13 @@ def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
 
     make_engine(url).dispose()  # creates the schema (alembic)
     heavy = {"alembic", "textual", "psycopg", "sqlalchemy", "sqlmodel", "pydantic"}
-    for args in (["ls"], ["ls", "--json", "--limit", "5"], ["workers", "--json"]):
+    for args in (
+        ["ls"],
+        ["ls", "--json", "--limit", "5"],
+        ["workers", "--json"],
+        ["events"],
+        ["events", "--json"],
+    ):
         loaded = tops(run_cli(["--db", url, *args], tmp_path))
         # a SQLite file at this revision is read by stdlib sqlite3 (runner.store.reader)
         assert "sqlite3" in loaded, args

@@ -16,7 +16,7 @@ from sqlalchemy import text, update
 
 from runner.ops.detail import get_instance, instance_rows, read_instance
 from runner.ops.liveness import list_workers, read_workers
-from runner.ops.queries import count_by_status, list_instances, read_instances
+from runner.ops.queries import count_by_status, list_events, list_instances, read_instances
 from runner.ops.views import TABLE_KEYS
 from runner.store import reader as rd
 from runner.store import tables
@@ -85,6 +85,8 @@ def test_every_query_reads_the_same_through_sqlite3_and_sqlalchemy(db):
             lambda r: instance_rows(r, 1),
             lambda r: read_workers(r, now=NOW),
             lambda r: list_workers(r, now=NOW + 60),
+            lambda r: list_events(r),
+            lambda r: list_events(r, limit=1),
         ]
         for i, query in enumerate(queries):
             assert typed(query(fast)) == typed(query(slow)), i
@@ -95,6 +97,12 @@ def test_every_query_reads_the_same_through_sqlite3_and_sqlalchemy(db):
         assert read_instances(fast, keys=("id", "state_errors"))[3]["state_errors"][0] > 0
         assert get_instance(fast, 1)["budget"] == get_instance(slow, 1)["budget"] is not None
         assert sum(count_by_status(fast).values()) == 12
+        events = list_events(fast)
+        assert [(e["key"], e["payload"], e["handled_at"]) for e in events] == [
+            ("inbox/b.csv", {"path": "inbox/b.csv"}, None),
+            ("inbox/a.csv", {"path": "inbox/a.csv"}, events[1]["handled_at"]),
+        ]
+        assert events[1]["handled_at"].endswith("Z") and events[1]["action"]
     finally:
         fast.close()
 
@@ -116,6 +124,9 @@ def test_cli_output_is_byte_identical_on_both_paths(db, tmp_path: Path):
         ["workers"],
         ["workers", "--json"],
         ["explain", "4", "--json"],
+        ["events"],
+        ["events", "--json"],
+        ["events", "--limit", "1", "--json"],
     ):
         fast, slow = (flowrun(env, "--db", url, *args).stdout for url in urls)
         assert fast == slow, args
