@@ -9,8 +9,8 @@ are in ``runner.flowspec.spec_types``, the sensors' models in
 every node's position.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` in the spec modules: pydantic would evaluate
+# every field's annotation string when the models are made (3 ms of a daemon's start).
 from pathlib import Path
 from typing import Annotated, Any, Literal
 

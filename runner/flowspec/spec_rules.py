@@ -5,9 +5,7 @@ send an event to selected instances (:class:`SendSpec`), or pause, resume or kil
 (:class:`SelectorSpec`). The rule engine is ``runner.sensors.rules``.
 """
 
-from __future__ import annotations
-
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
@@ -68,7 +66,7 @@ class RuleSpec(Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_action(self) -> RuleSpec:
+    def _one_action(self) -> Self:
         actions = [a for a in ACTIONS if getattr(self, a) is not None]
         if len(actions) != 1:
             got = ", ".join(actions) or "none"

@@ -6,10 +6,8 @@ A sensor is exactly one of ``files`` (:class:`FilesSpec`), ``tail`` (:class:`Tai
 :data:`EVENT_FIELDS` (the sensors themselves live in ``runner.sensors``).
 """
 
-from __future__ import annotations
-
 import re
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -75,7 +73,7 @@ class SensorSpec(Strict):
         return _check_cron(value)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> SensorSpec:
+    def _exactly_one(self) -> Self:
         kinds = [k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None]
         if len(kinds) != 1:
             got = ", ".join(kinds) or "none"

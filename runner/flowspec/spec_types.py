@@ -7,8 +7,6 @@ them: ``runner.flowspec.spec`` (flow, defaults, states), ``runner.flowspec.spec_
 and ``runner.flowspec.spec_rules``.
 """
 
-from __future__ import annotations
-
 import re
 from typing import Annotated, Any
 

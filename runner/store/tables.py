@@ -11,10 +11,11 @@ outcome only while ``locked_by`` and ``fence`` still match what it claimed (see
 claim query (source: Takahē ``stator/models.py``: lock columns + one index).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: SQLAlchemy and pydantic would evaluate
+# every field's annotation string when the classes are made (3 ms of a daemon's start).
 from typing import Any
 
+from pydantic import ConfigDict
 from sqlalchemy import JSON, Column, Dialect, Index, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
@@ -39,6 +40,13 @@ class JSONOrJSONB(TypeDecorator):
 #: The type of every JSON column (and of the hot statements' JSON parameters).
 JSONType = JSONOrJSONB()
 
+#: Every table's pydantic configuration: its validator and serializer are built on first
+#: use instead of when the class is made (``defer_build``). flowrun writes and reads the
+#: tables through their SQLAlchemy ``Table`` (Core statements), never through a pydantic
+#: validation or dump, so a daemon builds none: 7 ms less to its first claim
+#: (``docs/performance.md``, "First claim, keeping SQLModel").
+TABLE_CONFIG = ConfigDict(defer_build=True)
+
 
 class Instance(SQLModel, table=True):
     """One run of a flow.
@@ -56,6 +64,7 @@ class Instance(SQLModel, table=True):
     """
 
     __tablename__ = "instances"
+    model_config = TABLE_CONFIG
     __table_args__ = (
         Index("ix_instances_claim", "status", "due_at"),
         Index("ix_instances_flow_status", "flow", "status"),
@@ -102,6 +111,7 @@ class Attempt(SQLModel, table=True):
     """
 
     __tablename__ = "attempts"
+    model_config = TABLE_CONFIG
     __table_args__ = (
         UniqueConstraint("instance_id", "attempt", name="uq_attempts_instance_attempt"),
     )
@@ -129,6 +139,7 @@ class Command(SQLModel, table=True):
     """
 
     __tablename__ = "commands"
+    model_config = TABLE_CONFIG
     __table_args__ = (Index("ix_commands_instance", "instance_id"),)
 
     id: int | None = Field(default=None, primary_key=True)
@@ -151,6 +162,7 @@ class Event(SQLModel, table=True):
     """
 
     __tablename__ = "events"
+    model_config = TABLE_CONFIG
     __table_args__ = (
         UniqueConstraint("sensor", "key", name="uq_events_sensor_key"),
         Index("ix_events_pending", "handled_at", "id"),
@@ -175,6 +187,7 @@ class SensorLease(SQLModel, table=True):
     """
 
     __tablename__ = "sensors"
+    model_config = TABLE_CONFIG
 
     name: str = Field(primary_key=True, max_length=400)
     cursor: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
@@ -187,6 +200,7 @@ class WorkerRow(SQLModel, table=True):
     """A running worker (daemon or console-embedded) and its heartbeat."""
 
     __tablename__ = "workers"
+    model_config = TABLE_CONFIG
 
     id: str = Field(primary_key=True, max_length=200)
     host: str = Field(max_length=255)
@@ -208,6 +222,7 @@ class FlowVersion(SQLModel, table=True):
     """
 
     __tablename__ = "flow_versions"
+    model_config = TABLE_CONFIG
 
     version: str = Field(primary_key=True, max_length=64)
     flow: str = Field(max_length=200)
