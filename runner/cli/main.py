@@ -76,7 +76,8 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     default=None,
     envvar="FLOWRUN_PREFETCH",
     help="Most instances claimed ahead of the free slots while attempts end quickly, "
-    "started the moment a slot frees (default: --concurrency; 0: never).",
+    "started the moment a slot frees (default: --concurrency on PostgreSQL, 0 on SQLite; "
+    "0: never).",
 )
 @click.option("--worker-id", envvar="FLOWRUN_WORKER_ID", help="Worker id (default host:pid).")
 @click.option(

@@ -1,4 +1,5 @@
-"""How many instances a worker claims ahead of its free slots (``--prefetch``).
+"""How many instances a worker claims ahead of its free slots (``--prefetch``; by default
+on PostgreSQL only: on SQLite a cycle runs on the loop in a millisecond or two).
 
 A worker whose slots are all busy would otherwise wait for one database cycle (commit the
 finished attempts, claim new ones: a few milliseconds on PostgreSQL, thread hops
@@ -11,16 +12,18 @@ dequeue a batch and run it as their concurrency allows.
 
 A claimed-ahead instance cannot be taken by another worker while it waits, so a worker
 claims ahead only as many as its attempts have been ending lately (:class:`ClaimAhead`:
-the ends in the last :data:`WINDOW`, at most ``--prefetch``), and gives back any that
-waited longer than :data:`WAIT_MAX` (``commit.give_back``): long handlers keep nothing
-waiting behind them for more than about a second.
+the ends in the last :data:`WINDOW`, at most ``--prefetch``), and never starts one
+claimed more than :data:`WAIT_MAX` ago (or half the lease, if shorter): that one is given
+back (``commit.give_back``), so long handlers keep nothing waiting behind them for more
+than about a second, and nothing starts on a lease that may be running out.
 """
 
 from __future__ import annotations
 
 #: Seconds over which the worker counts its attempts' ends (how many to claim ahead).
 WINDOW = 0.25
-#: Seconds a claimed-ahead instance may wait for a slot before it is given back.
+#: Seconds a claimed-ahead instance may wait for a slot before it is given back (the
+#: worker uses half its lease instead when that is shorter).
 WAIT_MAX = 1.0
 
 

@@ -22,8 +22,9 @@ class WorkerConfig:
     ``heartbeat`` the interval of this worker's heartbeat (``None``: a third of the lease,
     at most a minute, ``runner.store.heartbeat.heartbeat_interval``), recorded in its row.
     ``prefetch`` is the most instances claimed ahead of the free slots (``None``: as many
-    as ``concurrency``; ``0``: never), as many as attempts ended in the last quarter
-    second (``runner.engine.ahead``): each starts the moment a slot frees.
+    as ``concurrency`` on PostgreSQL, none on SQLite; ``0``: never), as many as attempts
+    ended in the last quarter second (``runner.engine.ahead``): each starts the moment a
+    slot frees.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
     and must not raise.

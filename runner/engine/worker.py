@@ -2,13 +2,13 @@
 
 A reconciliation loop after Takahē's Stator: there is no queue, only rows that are due.
 Each turn of the loop is one transaction that commits every finished attempt (fenced) and
-claims as many due instances as there are free slots (``--concurrency``), and a few more
-while attempts end quickly (claimed ahead, ``--prefetch``: they start the moment a slot
-frees, see ``ahead``); handlers run concurrently as asyncio tasks. While attempts run
-(or wait), their leases are renewed every third of the lease, and every ``fence_poll``
-seconds the worker checks whether an operator command (pause, kill, send) or another
-worker took an instance away: that attempt is cancelled at once (process group
-terminated, coroutine cancelled) and recorded ``cancelled``.
+claims as many due instances as there are free slots (``--concurrency``), and on
+PostgreSQL a few more while attempts end quickly (claimed ahead, ``--prefetch``: they
+start the moment a slot frees, see ``ahead``); handlers run concurrently as asyncio
+tasks. While attempts run (or wait), their leases are renewed every third of the lease,
+and every ``fence_poll`` seconds the worker checks whether an operator command (pause,
+kill, send) or another worker took an instance away: that attempt is cancelled at once
+(process group terminated, coroutine cancelled) and recorded ``cancelled``.
 
 Shutdown (huey's consumer, Stator's runstator): :meth:`Worker.request_stop` once → stop
 claiming, give back the claims not started, let running attempts finish within ``grace``
@@ -93,8 +93,11 @@ class Worker:
         self.cycles = CycleRunner(engine, self.attempts, self._db)
         self.cycles.on_done = self._wake.set
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
-        #: how many instances to hold claimed beyond the free slots
-        self._ahead = ClaimAhead(cfg.concurrency if cfg.prefetch is None else cfg.prefetch)
+        # how many instances to hold claimed beyond the free slots; by default only where
+        # a cycle is a round trip on the database thread (PostgreSQL), not on SQLite,
+        # whose cycles run on the loop in a millisecond or two
+        default = cfg.concurrency if self.cycles.no_wait is None else 0
+        self._ahead = ClaimAhead(default if cfg.prefetch is None else cfg.prefetch)
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up

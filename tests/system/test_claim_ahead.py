@@ -298,15 +298,15 @@ def test_claims_of_a_dead_worker_are_taken_over_once(tmp_path, engine, monkeypat
     assert starts.count(first) == 2, "the running one was cut short, then run again"
 
 
-def test_prefetch_defaults_to_the_concurrency(tmp_path) -> None:
-    """``--prefetch`` reaches the worker; unset, it claims ahead at most ``--concurrency``;
-    0 never claims ahead."""
+def test_prefetch_defaults_to_the_concurrency_on_postgresql(tmp_path, engine) -> None:
+    """``--prefetch`` reaches the worker; unset, it claims ahead at most ``--concurrency``
+    on PostgreSQL and nothing on SQLite; 0 never claims ahead."""
     from runner.cli.context import Ctx, worker_config
 
-    engine = make_engine(f"sqlite:///{tmp_path / 'p.db'}")
     c = Ctx(tmp_path / "flows", "sqlite://", 30.0)
     options = dict(concurrency=3, worker_id=None, exit_when_idle=False, grace=1.0)
-    for given, limit in ((None, 3), (0, 0), (5, 5)):
+    default = 0 if engine.dialect.name == "sqlite" else 3
+    for given, limit in ((None, default), (0, 0), (5, 5)):
         c.worker_options = {**options, "prefetch": given}
         cfg = worker_config(c)
         assert cfg.prefetch == given
@@ -314,4 +314,3 @@ def test_prefetch_defaults_to_the_concurrency(tmp_path) -> None:
         assert w._ahead.limit == limit
         w.cycles.close()
         w.attempts.close()
-    engine.dispose()
