@@ -49,6 +49,7 @@ class Ctx:
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
     ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
+    ``prefetch`` (int or ``None``),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
     """
@@ -184,6 +185,7 @@ def worker_config(c: Ctx) -> WorkerConfig:
     cfg = WorkerConfig(
         lease=c.lease,
         concurrency=o["concurrency"],
+        prefetch=o.get("prefetch"),
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
         idle_poll=o.get("idle_poll"),

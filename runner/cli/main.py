@@ -70,6 +70,15 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     envvar="FLOWRUN_CONCURRENCY",
     help="Attempts run at once by this worker.",
 )
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    envvar="FLOWRUN_PREFETCH",
+    help="Most instances claimed ahead of the free slots while attempts end quickly, "
+    "started the moment a slot frees (default: --concurrency on PostgreSQL, 0 on SQLite; "
+    "0: never).",
+)
 @click.option("--worker-id", envvar="FLOWRUN_WORKER_ID", help="Worker id (default host:pid).")
 @click.option(
     "--exit-when-idle",
@@ -136,6 +145,7 @@ def main_group(
     metrics=None,
     idle_poll=None,
     pool_size=2,
+    prefetch=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -147,6 +157,7 @@ def main_group(
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
         concurrency=concurrency,
+        prefetch=prefetch,
         worker_id=worker_id,
         exit_when_idle=exit_when_idle,
         log_format=log_format,

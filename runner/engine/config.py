@@ -21,6 +21,10 @@ class WorkerConfig:
     checked for commands; ``grace`` how long a graceful stop waits for running attempts.
     ``heartbeat`` the interval of this worker's heartbeat (``None``: a third of the lease,
     at most a minute, ``runner.store.heartbeat.heartbeat_interval``), recorded in its row.
+    ``prefetch`` is the most instances claimed ahead of the free slots (``None``: as many
+    as ``concurrency`` on PostgreSQL, none on SQLite; ``0``: never), as many as attempts
+    ended in the last quarter second (``runner.engine.ahead``): each starts the moment a
+    slot frees.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
     and must not raise.
@@ -29,6 +33,7 @@ class WorkerConfig:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     lease: float = 60.0
     concurrency: int = 8
+    prefetch: int | None = None
     poll: float = 0.05
     fence_poll: float = 0.25
     grace: float = 30.0

@@ -3,8 +3,9 @@
 One cycle commits the finished attempts (fenced: an attempt whose instance was taken away
 by a command or another worker is not committed but reported lost), continues the chained
 ones (an instance due again at once keeps its lease, see :func:`decide_finished`), closes
-the cancelled ones, records the attempts lost by dead workers when asked
-(``store.recover_lost``), and claims due instances up to the free slots left.
+the cancelled ones, gives back claims whose attempts never started (``commit.give_back``),
+records the attempts lost by dead workers when asked (``store.recover_lost``), and claims
+due instances up to the free slots left (claimed ahead included, ``engine.ahead``).
 
 Where the database serialises writers (SQLite) the commit is optimistic: it does not read
 the fences first; if one claim was lost (``commit.FenceMoved``) the transaction rolls back
@@ -50,8 +51,10 @@ class CycleRequest:
 
     ``outcomes`` (``rows.Outcome``), ``cancels`` (``(rows.Claim, reason)`` pairs) and
     ``chain`` (the outcomes, also in ``outcomes``, that continue without a new claim) are
-    filled by :func:`decide_finished`; ``free`` is the worker's free slots (chained
-    instances take theirs first, the claim the rest); ``probe`` means the worker only
+    filled by :func:`decide_finished`; ``free`` is the worker's free slots and the
+    claims it may hold ahead of them (chained instances take theirs first, the claim the
+    rest); ``release`` the claims to give back, their attempts never started; ``probe``
+    means the worker only
     looks for due work, so an idle cycle first checks cheaply whether anything is due;
     ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``);
     ``plan`` asks, when the claim leaves slots free, when work next appears by itself
@@ -67,6 +70,7 @@ class CycleRequest:
     outcomes: list[Outcome] = field(default_factory=list)
     cancels: list[tuple[Claim, str]] = field(default_factory=list)
     chain: list[Outcome] = field(default_factory=list)
+    release: list[Claim] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -196,7 +200,7 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     the careful way."""
     outcomes, cancels = request.outcomes, request.cancels
     limit = max(0, request.free - len(request.chain))
-    if request.probe and not request.recover and not outcomes and not cancels:
+    if request.probe and not (request.recover or outcomes or cancels or request.release):
         idle = _idle_probe(engine, request.plan)
         if idle is not None:
             return idle
@@ -267,6 +271,8 @@ def _transaction(
         )
         for claim, why in request.cancels:
             commit.cancel_attempt(conn, worker_id, claim, why)
+        if request.release:
+            commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))

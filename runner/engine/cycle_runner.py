@@ -49,6 +49,7 @@ class CycleRunner:
         self.inflight: asyncio.Future | None = None
         self.on_done: Callable[[], None] | None = None
         self._sent: list = []  # the finished attempts the cycle in flight commits
+        self._released: list = []  # the waiting claims it gives back
 
     def start_wal(self) -> None:
         """Start the WAL checkpointer of the no-wait engine (its commits leave
@@ -56,10 +57,16 @@ class CycleRunner:
         if self.no_wait is not None:
             self.wal = WalCheckpointer(self.no_wait.url.database or "").start()
 
-    def request(self, request: CycleRequest, *, stopping: bool) -> CycleRequest:
+    def request(
+        self, request: CycleRequest, *, stopping: bool, release: list | None = None
+    ) -> CycleRequest:
         """Fill ``request`` with every attempt finished so far (``cycle.decide_finished``;
-        they are held until the cycle that commits them is done) and return it."""
+        they are held until the cycle that commits them is done) and the waiting claims
+        to give back (``release``: ``running.Running`` objects taken out of ``waiting``),
+        and return it."""
         self._sent = self.attempts.take()
+        self._released = release or []
+        request.release = [r.claim for r in self._released]
         return cycle.decide_finished(self.engine, self._sent, request, stopping=stopping)
 
     def submit(self, request: CycleRequest) -> asyncio.Future:
@@ -95,7 +102,7 @@ class CycleRunner:
             self.give_back()
             raise
         finally:
-            self._sent = []
+            self._sent, self._released = [], []
 
     async def settle(self) -> CycleResult | None:
         """Wait for the cycle in flight, if any; its result, or ``None`` (none, or it
@@ -117,12 +124,14 @@ class CycleRunner:
             self.give_back()
             raise
         finally:
-            self._sent = []
+            self._sent, self._released = [], []
 
     def give_back(self) -> None:
-        """The attempts of a failed cycle go back, ahead of those finished since."""
+        """The attempts of a failed cycle go back, ahead of those finished since, and the
+        claims it was to give back wait again."""
         self.attempts.put_back(self._sent)
-        self._sent = []
+        self.attempts.keep_waiting(self._released)
+        self._sent, self._released = [], []
 
     def close(self) -> None:
         """Stop the checkpointer and dispose of the no-wait engine."""

@@ -1,9 +1,11 @@
 """The attempts one worker is running: started from claims as asyncio tasks, handed back
 to the loop as they end, cancelled on command.
 
-The worker loop (``runner.engine.worker``) decides when to start, commit and cancel;
-this module keeps the attempts in between (``running`` by instance id, ``finished`` in
-the order they ended) and runs each through ``attempt_run.run_attempt``.
+The worker loop (``runner.engine.worker``) decides when to claim, commit and cancel;
+this module keeps the attempts in between (``running`` by instance id, ``waiting`` the
+claims beyond the free slots (claimed ahead, ``engine.ahead``), ``finished`` in the
+order they ended) and runs each through ``attempt_run.run_attempt``. A slot that frees
+starts the oldest waiting claim at once, without waiting for the loop or the database.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,13 +44,17 @@ class Running:
 class RunningAttempts:
     """The attempts of worker ``worker_id`` on ``engine``, each an asyncio task.
 
-    ``running`` maps instance ids to :class:`Running`; ``finished`` holds ``(run,
-    AttemptResult)`` pairs in the order the attempts ended, until the loop takes them
-    (:meth:`take`). ``ended`` (the loop's wake-up event, once it has one) is set whenever
-    an attempt ends (unless :attr:`quiet_above` says to wait). ``in_db(fn, *args)`` runs
-    ``fn`` on the worker's database thread; sync ``call`` handlers run on a pool of
-    ``max(4, concurrency)`` threads;
-    ``kill_grace`` is the seconds between SIGTERM and SIGKILL of an ``exec`` handler.
+    ``running`` maps instance ids to :class:`Running` (at most ``concurrency``);
+    ``waiting`` the claims beyond them, oldest first (a :class:`Running` without a task
+    yet), each started as a slot frees while :attr:`refill` is true (and given back, not
+    started, once :attr:`start_within` has passed); ``finished`` holds
+    ``(run, AttemptResult)`` pairs in the order the attempts ended, until the loop takes
+    them (:meth:`take`); ``ends`` counts the attempts ended since the start. ``ended``
+    (the loop's wake-up event, once it has one) is set whenever an attempt ends (unless
+    :attr:`quiet_above` says to wait). ``in_db(fn, *args)`` runs ``fn`` on the worker's
+    database thread; sync ``call`` handlers run on a pool of ``max(4, concurrency)``
+    threads; ``kill_grace`` is the seconds between SIGTERM and SIGKILL of an ``exec``
+    handler.
     """
 
     def __init__(
@@ -61,10 +68,19 @@ class RunningAttempts:
     ) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        self.concurrency = concurrency
         self.kill_grace = kill_grace
         self.in_db = in_db
         self.running: dict[int, Running] = {}
+        self.waiting: dict[int, Running] = {}
+        #: start waiting claims as slots free (false once the worker stops)
+        self.refill = True
+        #: seconds after its claim a waiting claim may still start (then it is given back)
+        self.start_within = 1.0
+        #: waiting claims that were not started in time, to be given back
+        self.lapsed: list[Running] = []
         self.finished: list[tuple[Running, AttemptResult]] = []
+        self.ends = 0
         self.ended: asyncio.Event | None = None
         #: while not ``None``, an attempt's end sets ``ended`` only once at most this many
         #: attempts still run (the loop is waiting for a batch: ``batching.Hold``)
@@ -74,12 +90,61 @@ class RunningAttempts:
         self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
 
     def start(self, claims: list[rows.Claim]) -> None:
-        """Start one attempt per claim (``rows.Claim``) as a task on the running loop."""
-        loop = asyncio.get_running_loop()
+        """Start one attempt per claim (``rows.Claim``) as a task on the running loop,
+        as many as there are free slots; the rest wait (:attr:`waiting`)."""
+        waiting = self.waiting
         for claim in claims:
-            run = Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
+            waiting[claim.id] = Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
+        if self.refill:
+            self._refill()
+
+    def _refill(self) -> None:
+        """Start the oldest waiting claims while there are free slots. The attempt's
+        ``started_at`` is now (epoch seconds): when its handler really starts. A claim
+        made more than :attr:`start_within` seconds ago never starts (its lease may be
+        running out, or another worker may need it): it waits in :attr:`lapsed` to be
+        given back."""
+        waiting, running = self.waiting, self.running
+        if not waiting or len(running) >= self.concurrency:
+            return
+        loop = asyncio.get_running_loop()
+        at = time.time()
+        fresh = at - self.start_within
+        while waiting and len(running) < self.concurrency:
+            iid = next(iter(waiting))
+            run = waiting.pop(iid)
+            if run.claim.started_at < fresh:
+                self.lapsed.append(run)
+                continue
+            run.claim.started_at = at
             run.task = loop.create_task(self._attempt(run))
-            self.running[claim.id] = run
+            running[iid] = run
+
+    def overdue(self) -> bool:
+        """True when a claim waits to be given back: it lapsed, or the oldest waiting
+        one was made more than :attr:`start_within` seconds ago."""
+        if self.lapsed:
+            return True
+        waiting = self.waiting
+        if not waiting:
+            return False
+        return next(iter(waiting.values())).claim.started_at < time.time() - self.start_within
+
+    def give_back(self, *, everything: bool = False) -> list[Running]:
+        """Take out the claims to give back (``commit.give_back``): the lapsed ones and
+        the waiting ones made more than :attr:`start_within` seconds ago (with
+        ``everything``: every waiting one)."""
+        too_old = time.time() - self.start_within
+        out, self.lapsed = self.lapsed, []
+        out += [r for r in self.waiting.values() if everything or r.claim.started_at < too_old]
+        for run in out:
+            self.waiting.pop(run.claim.id, None)
+        return out
+
+    def keep_waiting(self, runs: list[Running]) -> None:
+        """Keep claims taken out by :meth:`give_back` (the cycle that was to give them
+        back failed): the next one gives them back."""
+        self.lapsed[:0] = runs
 
     def take(self) -> list[tuple[Running, AttemptResult]]:
         """Every attempt finished so far (they leave ``finished``)."""
@@ -91,11 +156,14 @@ class RunningAttempts:
         self.finished[:0] = batch
 
     def held(self) -> dict[int, int]:
-        """The fence each running attempt was claimed under, by instance id."""
-        return {iid: r.claim.fence for iid, r in self.running.items()}
+        """The fence each running or waiting attempt was claimed under, by instance id."""
+        held = {iid: r.claim.fence for iid, r in self.running.items()}
+        for iid, r in self.waiting.items():
+            held[iid] = r.claim.fence
+        return held
 
     def lease_check(self, *, renew: bool, lease: float) -> Callable[[], list[int]]:
-        """A function for the database thread: renew the running attempts' leases (to
+        """A function for the database thread: renew the held attempts' leases (to
         ``lease`` seconds from now) when ``renew``, else only read whether each is still
         held; it returns the ids of the instances taken away (for :meth:`taken_away`)."""
         held, engine, worker_id = self.held(), self.engine, self.worker_id
@@ -110,8 +178,19 @@ class RunningAttempts:
         return check
 
     def taken_away(self, ids) -> None:
-        """Cancel the attempts of instances ``ids`` (a command or another worker took them)."""
+        """Cancel the attempts of instances ``ids`` (a command or another worker took them);
+        a waiting one never starts: it ends ``cancelled`` at once."""
         for iid in ids:
+            waiting = self.waiting.pop(iid, None)
+            if waiting is not None:
+                why = "cancelled before it started: the instance was paused, killed, moved or taken"
+                result = AttemptResult("cancelled", waiting.durable[0], error=why)
+                if self.on_finished is not None:
+                    self.on_finished(waiting.claim, result)
+                self.finished.append((waiting, result))
+                if self.ended is not None:
+                    self.ended.set()
+                continue
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
                 log.info(
@@ -129,7 +208,8 @@ class RunningAttempts:
     def abort(self) -> None:
         """SIGKILL every handler process group still running (and the descendants that
         left them) and cancel every task: the attempts are left for a worker to record as
-        lost once their lease expired."""
+        lost once their lease expired (the waiting ones too)."""
+        self.refill = False
         reaper.kill_all(signal.SIGKILL)
         for run in self.running.values():
             run.task.cancel()
@@ -169,6 +249,9 @@ class RunningAttempts:
             self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
+        self.ends += 1
+        if self.waiting and self.refill:
+            self._refill()
         if self.ended is not None and (
             self.quiet_above is None or len(self.running) <= self.quiet_above
         ):

@@ -2,17 +2,19 @@
 
 A reconciliation loop after Takahē's Stator: there is no queue, only rows that are due.
 Each turn of the loop is one transaction that commits every finished attempt (fenced) and
-claims as many due instances as there are free slots (``--concurrency``); handlers run
-concurrently as asyncio tasks. While attempts run, their leases are renewed every third of
-the lease, and every ``fence_poll`` seconds the worker checks whether an operator command
-(pause, kill, send) or another worker took an instance away: that attempt is cancelled at
-once (process group terminated, coroutine cancelled) and recorded ``cancelled``.
+claims as many due instances as there are free slots (``--concurrency``), and on
+PostgreSQL a few more while attempts end quickly (claimed ahead, ``--prefetch``: they
+start the moment a slot frees, see ``ahead``); handlers run concurrently as asyncio
+tasks. While attempts run (or wait), their leases are renewed every third of the lease,
+and every ``fence_poll`` seconds the worker checks whether an operator command (pause,
+kill, send) or another worker took an instance away: that attempt is cancelled at once
+(process group terminated, coroutine cancelled) and recorded ``cancelled``.
 
 Shutdown (huey's consumer, Stator's runstator): :meth:`Worker.request_stop` once → stop
-claiming and let running attempts finish within ``grace`` seconds (then cancel them),
-release every lock, exit cleanly; twice → abort now: handler process groups are killed and
-the attempts still running are left for a worker to record as ``lost`` once their lease
-has expired (``store.recover_lost``).
+claiming, give back the claims not started, let running attempts finish within ``grace``
+seconds (then cancel them), release every lock, exit cleanly; twice → abort now: handler
+process groups are killed and the attempts still running (or waiting) are left for a
+worker to record as ``lost`` once their lease has expired (``store.recover_lost``).
 
 Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one turn, in
 named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
@@ -39,6 +41,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine import batching, cycle
+from runner.engine.ahead import WAIT_MAX, ClaimAhead
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import CycleRunner
@@ -90,6 +93,13 @@ class Worker:
         self.cycles = CycleRunner(engine, self.attempts, self._db)
         self.cycles.on_done = self._wake.set
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
+        # how many instances to hold claimed beyond the free slots; by default only where
+        # a cycle is a round trip on the database thread (PostgreSQL), not on SQLite,
+        # whose cycles run on the loop in a millisecond or two
+        default = cfg.concurrency if self.cycles.no_wait is None else 0
+        self._ahead = ClaimAhead(default if cfg.prefetch is None else cfg.prefetch)
+        # a waiting claim starts within a second of its claim, with half its lease left
+        self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
         self._grace_deadline: float | None = None
         self._outage = OutageBackoff()
@@ -125,6 +135,7 @@ class Worker:
         """First call: graceful stop; second: abort. Returns "graceful" or "abort"."""
         if not self._stopping:
             self._stopping = True
+            self.attempts.refill = False  # the claims not started are given back
             self.wake()
             return "graceful"
         self._abort = True
@@ -229,14 +240,17 @@ class Worker:
         self.cycles.start_wal()
 
     def _stop_done(self, now: float) -> bool:
-        """While stopping: True once nothing runs, waits or is in flight; past the grace
-        period (``config.grace`` s after the first call) the running attempts are cancelled."""
+        """While stopping: True once nothing runs, waits, is finished or in flight; past
+        the grace period (``config.grace`` s after the first call) the running attempts
+        are cancelled."""
         if self._grace_deadline is None:
             self._grace_deadline = now + self.config.grace
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
-        if not self.running and not self.attempts.finished and self.cycles.inflight is None:
+        a = self.attempts
+        busy = self.running or a.waiting or a.lapsed or a.finished
+        if not busy and self.cycles.inflight is None:
             return True
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
@@ -270,23 +284,26 @@ class Worker:
             await asyncio.sleep(min(left, 0.1))
 
     def _start_cycle(self, now: float) -> bool:
-        """Start the next database cycle when there are finished attempts to commit, lost
-        attempts to look for, or free slots and reason to claim; True if one started."""
+        """Start the next database cycle when there are finished attempts to commit,
+        claims to give back, lost attempts to look for, or room (free slots, claims to
+        hold ahead) and reason to claim; True if one started."""
         self.attempts.quiet_above = None
-        free = self._free()
-        probe = free > 0 and not self._want_claim and self._probe.due(now)
+        room, release = self._room(now)
+        probe = room > 0 and not self._want_claim and self._probe.due(now)
         recover = not self._stopping and self._recover.due(now)
-        if not (self.attempts.finished or recover or (free > 0 and (self._want_claim or probe))):
+        wanted = room > 0 and (self._want_claim or probe)
+        if not (self.attempts.finished or release or recover or wanted):
             self._hold.reset()
             return False
-        if recover:
+        if recover or release:
             self._hold.reset()
         elif self._hold.wait(now, 0 if self._stopping else len(self.running)):
-            # nearly full: more attempts end soon, commit them together (their ends wake
-            # the loop only once there are enough; the hold's timer wakes it anyway)
+            # nearly full (claims waiting refill the slots that free): more attempts end
+            # soon, commit them together (their ends wake the loop only once there are
+            # enough free slots; the hold's timer wakes it anyway)
             self.attempts.quiet_above = self.config.concurrency - self._hold.batch
             return False
-        self.cycles.submit(self._request(free, probe, recover))
+        self.cycles.submit(self._request(room, probe, recover, release))
         self._want_claim = False
         if probe:
             self._probe.restart(now)
@@ -297,7 +314,8 @@ class Worker:
     async def _chores(self, now: float) -> None:
         """Check fences (and renew leases) of the running attempts and beat the
         heartbeat, each when its timer is due at ``now`` (monotonic seconds)."""
-        if self.running and (self._fence.due(now) or self._renew.due(now)):
+        held = self.running or self.attempts.waiting
+        if held and (self._fence.due(now) or self._renew.due(now)):
             check = self.attempts.lease_check(renew=self._renew.check(now), lease=self.config.lease)
             self.attempts.taken_away(await self._db.guard(check) or ())
             self._fence.restart(now)
@@ -307,9 +325,10 @@ class Worker:
             )
 
     async def _idle_exit(self, now: float) -> bool:
-        """``--exit-when-idle``: True when nothing is in flight, running, finished,
+        """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
         pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if self.cycles.inflight is not None or self.running or self.attempts.finished:
+        a = self.attempts
+        if self.cycles.inflight is not None or self.running or a.waiting or a.lapsed or a.finished:
             return False
         if not self._idle_check.check(now):
             return False
@@ -332,7 +351,7 @@ class Worker:
             timeout = max(0.0, next_at - time.monotonic())
         else:
             timeout = cfg.fence_poll
-        if self.running:
+        if self.running or self.attempts.waiting:
             timeout = min(timeout, cfg.fence_poll)
         return timeout
 
@@ -342,12 +361,29 @@ class Worker:
         """Free slots for new attempts (none while stopping)."""
         return 0 if self._stopping else self.config.concurrency - len(self.running)
 
-    def _request(self, free: int, probe: bool = False, recover: bool = False) -> CycleRequest:
+    def _room(self, now: float) -> tuple[int, list]:
+        """``(room, release)`` at ``now`` (monotonic seconds): how many instances the next
+        cycle may claim (free slots, and claims to hold ahead of them
+        (``ahead.ClaimAhead``), less those waiting), and the waiting claims to give back
+        (``running.Running``): all of them while stopping, else those not started within
+        ``ahead.WAIT_MAX`` (then no claim ahead in that cycle)."""
+        a = self.attempts
+        if self._stopping:
+            return 0, a.give_back(everything=True) if a.waiting or a.lapsed else []
+        free = self.config.concurrency - len(self.running)
+        if a.overdue():
+            return free, a.give_back()
+        return max(0, free + self._ahead.target(now, a.ends) - len(a.waiting)), []
+
+    def _request(
+        self, free: int, probe: bool = False, recover: bool = False, release: list | None = None
+    ) -> CycleRequest:
         """The next cycle's :class:`CycleRequest`: every attempt finished so far, with
-        ``free`` slots."""
+        ``free`` slots (claims ahead included), giving back ``release`` (waiting
+        ``running.Running`` claims)."""
         cfg = self.config
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
-        return self.cycles.request(request, stopping=self._stopping)
+        return self.cycles.request(request, stopping=self._stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
@@ -378,10 +414,12 @@ class Worker:
             # the last outcomes; the database may be briefly away (once: it was down for
             # the whole grace already)
             for _ in range(1 if self._down_at_stop else 5):
-                if not self.attempts.finished:
+                a = self.attempts
+                if not (a.finished or a.waiting or a.lapsed):
                     break
                 try:
-                    self.stats.add(await self.cycles.run_now(self._request(0)))
+                    release = a.give_back(everything=True)
+                    self.stats.add(await self.cycles.run_now(self._request(0, release=release)))
                 except DBAPIError as exc:
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
                     await asyncio.sleep(1.0)

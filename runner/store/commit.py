@@ -196,6 +196,47 @@ def cancel_attempt(
     )
 
 
+def give_back(
+    conn: Connection, worker_id: str, claims: Iterable[Claim], *, at: float | None = None
+) -> int:
+    """Undo the claims of attempts that never started (claimed ahead, then not needed:
+    the worker stops, or its slots stayed busy too long); returns how many were undone.
+
+    A claim still held as claimed (``locked_by``, ``fence`` and ``running_attempt`` as
+    the claim left them) is undone: unlocked, no attempt running, its attempt count back
+    (no row is written: nothing ran), due as it was, and the listening daemons are told.
+    One whose fence moved meanwhile (a command, another worker) is closed as
+    ``cancelled`` instead (:func:`cancel_attempt`), like an attempt cancelled at once.
+    """
+    at = time.time() if at is None else at
+    i = instances.c
+    undone = 0
+    for claim in claims:  # rare (a stop, a long wait): one statement each
+        res = conn.execute(
+            update(instances)
+            .where(
+                i.id == claim.id,
+                i.locked_by == worker_id,
+                i.fence == claim.fence,
+                i.running_attempt == claim.attempt,
+            )
+            .values(
+                locked_by=None,
+                locked_until=None,
+                running_attempt=None,
+                attempts=claim.attempt - 1,
+                updated_at=at,
+            )
+        )
+        if res.rowcount == 1:
+            undone += 1
+        else:
+            cancel_attempt(conn, worker_id, claim, "cancelled before it started", at=at)
+    if undone:
+        notify_due(conn)
+    return undone
+
+
 def save_checkpoint(
     conn: Connection,
     worker_id: str,
