@@ -1,0 +1,189 @@
+"""The CPU a job costs in a worker's database cycles on PostgreSQL, without a worker loop
+(not a test).
+
+N no-op instances of a 2-state flow (a ``call`` state, then a terminal one) are queued in
+a fresh database; then one connection runs the worker's cycles back to back, as
+``runner.engine.cycle`` does: in one transaction, commit the previous batch's outcomes
+(``store.commit.commit_outcomes``, each attempt ``moved`` to the terminal state) and claim
+the next batch (``store.leases.claim_batch``), with ``store.leases.recover_lost`` once a
+second of the run, as a worker asks for it. Measured per statement and per job: the
+server backend's CPU time (``/proc/<pid>/schedstat`` of the connection's backend: the
+server must run on this machine) and this process's CPU time (``time.process_time``).
+CPU time, so the machine's load matters less than for a rate (still: note it).
+
+    python bench/pg_cycles.py [--n 10000] [--batch 64] [--repeat 3]
+        [--server postgresql://postgres@127.0.0.1:5432/test] [--compare OLD_TREE]
+        [--setup SQL ...]
+
+``--compare OLD_TREE`` (another checkout, e.g. ``git archive main`` extracted) runs the
+same cycles with that checkout's ``runner`` in turn with this one's (each side creates
+its own database and schema), and prints both and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FLOW = """\
+flow: job
+initial: s1
+states:
+  s1: {call: "json:dumps", next: done}
+  done: {terminal: true}
+"""
+
+#: the rows printed, in this order
+PARTS = ("commit", "claim", "COMMIT", "recover", "all")
+
+
+def _backend_ns(pid: int) -> int:
+    """CPU nanoseconds a server backend has used (first field of its ``schedstat``)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
+    """Run the cycles with the ``runner`` on the import path (``setup``: SQL run once the
+    schema is made, before the instances are queued); returns
+    ``{part: [server us a job, client us a job]}`` and ``seconds``."""
+    import psycopg
+    from sqlalchemy import text
+
+    from runner.engine.outcomes import decide
+    from runner.flowspec.compiler import load_flow
+    from runner.handlers.attempt import AttemptResult
+    from runner.store import commit, leases
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    name = f"pgcycles_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = server.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "job.yaml"
+            path.write_text(FLOW)
+            flow = load_flow(path)
+        engine = make_engine(url)
+        with engine.begin() as conn:
+            for sql in setup:
+                conn.execute(text(sql))
+            create_instances(conn, flow, [{"i": i} for i in range(n)])
+        server_ns = dict.fromkeys(PARTS, 0)
+        client_s = dict.fromkeys(PARTS, 0.0)
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            conn.commit()
+            pending: list = []
+            done = 0
+            last_recover = 0.0
+            start = time.time()
+            while True:
+                s0, c0 = _backend_ns(pid), time.process_time()
+                with conn.begin() as tx:
+                    at = time.time()
+                    outcomes = [
+                        decide(flow, c, AttemptResult("moved", c.data, to_state="done"), c.data, at)
+                        for c in pending
+                    ]
+                    commit.commit_outcomes(conn, "w0", outcomes, lease=60.0)
+                    s1, c1 = _backend_ns(pid), time.process_time()
+                    recover = 0 if at - last_recover < 1.0 else 1
+                    if recover:
+                        leases.recover_lost(conn, lambda v, s: 0)
+                        last_recover = at
+                    s2, c2 = _backend_ns(pid), time.process_time()
+                    claims = leases.claim_batch(conn, "w0", 60.0, batch)
+                    s3, c3 = _backend_ns(pid), time.process_time()
+                    tx.commit()
+                s4, c4 = _backend_ns(pid), time.process_time()
+                for part, (sa, sb, ca, cb) in {
+                    "commit": (s0, s1, c0, c1),
+                    "recover": (s1, s2, c1, c2),
+                    "claim": (s2, s3, c2, c3),
+                    "COMMIT": (s3, s4, c3, c4),
+                    "all": (s0, s4, c0, c4),
+                }.items():
+                    server_ns[part] += sb - sa
+                    client_s[part] += cb - ca
+                done += len(pending)
+                pending = claims
+                if not claims:
+                    break
+            seconds = time.time() - start
+        engine.dispose()
+        assert done == n, (done, n)
+        return {
+            "seconds": seconds,
+            **{p: [server_ns[p] / 1e3 / n, client_s[p] * 1e6 / n] for p in PARTS},
+        }
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _run(tree: Path | None, args: argparse.Namespace) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree or ROOT), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--server", args.server]
+        + ["--n", str(args.n), "--batch", str(args.batch)]
+        + [x for sql in args.setup for x in ("--setup", sql)],
+        env=env,
+        cwd=str(tree or ROOT),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Parse the options; run the repeats interleaved; print the medians."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", default="postgresql://postgres@127.0.0.1:5432/test")
+    p.add_argument("--n", type=int, default=10_000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--compare", type=Path, default=None, help="another checkout (A/B)")
+    p.add_argument(
+        "--setup", action="append", default=[], help="SQL run before queuing (both sides)"
+    )
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.server, args.n, args.batch, args.setup)))
+        return
+    sides = {"new": None, **({"old": args.compare} if args.compare else {})}
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    for r in range(args.repeat):
+        for side, tree in sides.items() if r % 2 == 0 else reversed(sides.items()):
+            runs[side].append(_run(tree, args))
+            print(f"# {side} run {r + 1}: {json.dumps(runs[side][-1])}", file=sys.stderr)
+    print(f"load {os.getloadavg()[0]:.1f}; {args.n} jobs, batches of {args.batch}; us a job")
+    print(f"{'part':10}" + "".join(f"{s + ' server':>14}{s + ' client':>14}" for s in sides))
+    for part in PARTS:
+        row = f"{part:10}"
+        for side in sides:
+            for k in (0, 1):
+                row += f"{statistics.median(x[part][k] for x in runs[side]):14.1f}"
+        print(row)
+    for side in sides:
+        rate = statistics.median(args.n / x["seconds"] for x in runs[side])
+        print(f"{side}: {rate:,.0f} jobs/s (cycles alone)")
+
+
+if __name__ == "__main__":
+    main()
