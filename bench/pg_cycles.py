@@ -3,7 +3,8 @@
 
 N no-op instances of a 2-state flow (a ``call`` state, then a terminal one) are queued in
 a fresh database; then one connection runs the worker's cycles back to back, as
-``runner.engine.cycle`` does: in one transaction, commit the previous batch's outcomes
+``runner.engine.cycle`` does: in one transaction, plan by index (``store.leases.by_index``,
+where the checkout has it), commit the previous batch's outcomes
 (``store.commit.commit_outcomes``, each attempt ``moved`` to the terminal state) and claim
 the next batch (``store.leases.claim_batch``), with ``store.leases.recover_lost`` once a
 second of the run, as a worker asks for it. Measured per statement and per job: the
@@ -17,7 +18,13 @@ CPU time, so the machine's load matters less than for a rate (still: note it).
 
 ``--compare OLD_TREE`` (another checkout, e.g. ``git archive main`` extracted) runs the
 same cycles with that checkout's ``runner`` in turn with this one's (each side creates
-its own database and schema), and prints both and the ratios.
+its own database and schema), and prints both.
+
+``--daemons`` measures a whole daemon instead (``flowrun --daemon --exit-when-idle
+--concurrency 256``, the call handler a no-op coroutine): the CPU of the daemon's process
+(``wait4``'s rusage) and of its backends (their ``schedstat``, read every 20 ms while it
+runs), for ``--n`` jobs and for ``--n-small`` jobs; a job costs the difference divided by
+the difference in jobs (so start-up is not counted).
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
         with engine.connect() as conn:
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
             conn.commit()
+            steer = getattr(leases, "by_index", None)  # (an older checkout has none)
             pending: list = []
             done = 0
             last_recover = 0.0
@@ -93,6 +101,8 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
             while True:
                 s0, c0 = _backend_ns(pid), time.process_time()
                 with conn.begin() as tx:
+                    if steer is not None:  # as the worker's cycle does (counted in commit)
+                        steer(conn)
                     at = time.time()
                     outcomes = [
                         decide(flow, c, AttemptResult("moved", c.data, to_state="done"), c.data, at)
@@ -134,20 +144,95 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _run(tree: Path | None, args: argparse.Namespace) -> dict:
+DAEMON_FLOW = """\
+flow: job
+initial: s1
+states:
+  s1: {call: "job_tasks:noop", next: done}
+  done: {terminal: true}
+"""
+
+
+def daemon_child(server: str, n: int) -> dict:
+    """One daemon of the ``runner`` on the import path draining ``n`` no-op instances;
+    returns ``{"server": s, "client": s, "seconds": s}`` (CPU seconds and wall time)."""
+    import psycopg
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    name = f"pgcycles_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = server.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            flows = Path(tmp)
+            (flows / "job.yaml").write_text(DAEMON_FLOW)
+            (flows / "job_tasks.py").write_text("async def noop(ctx):\n    return True\n")
+            engine = make_engine(url)
+            with engine.begin() as conn:
+                create_instances(conn, load_flow(flows / "job.yaml"), [{"i": i} for i in range(n)])
+            engine.dispose()
+            argv = [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", url]
+            argv += ["--daemon", "--exit-when-idle", "--concurrency", "256", "--worker-id", "w0"]
+            start = time.time()
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            seen: dict[int, int] = {}
+            with psycopg.connect(server, autocommit=True) as watch:
+                while True:
+                    done, _status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if done:
+                        break
+                    if time.time() - start > 600:
+                        proc.kill()
+                        raise SystemExit("the daemon did not finish in 600 s")
+                    pids = watch.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,)
+                    ).fetchall()
+                    for (pid,) in pids:
+                        try:
+                            seen[pid] = _backend_ns(pid)
+                        except OSError:
+                            pass
+                    time.sleep(0.02)
+            seconds = time.time() - start
+        return {
+            "server": sum(seen.values()) / 1e9,
+            "client": usage.ru_utime + usage.ru_stime,
+            "seconds": seconds,
+        }
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _run(tree: Path | None, args: argparse.Namespace, n: int | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree or ROOT), env.get("PYTHONPATH")]))
-    out = subprocess.run(
+    for _attempt in range(3):  # the server may be restarted by someone else meanwhile
+        out = _child(tree, args, n, env)
+        if out.returncode == 0:
+            break
+        print(f"# a run failed, again in 10 s: {out.stderr[-300:]}", file=sys.stderr)
+        time.sleep(10)
+    if out.returncode:
+        raise SystemExit(f"a run failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child(tree: Path | None, args: argparse.Namespace, n: int | None, env: dict):
+    return subprocess.run(
         [sys.executable, __file__, "--child", "--server", args.server]
-        + ["--n", str(args.n), "--batch", str(args.batch)]
+        + ["--n", str(n or args.n), "--batch", str(args.batch)]
+        + (["--daemons"] if args.daemons else [])
         + [x for sql in args.setup for x in ("--setup", sql)],
         env=env,
         cwd=str(tree or ROOT),
         capture_output=True,
         text=True,
-        check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -161,10 +246,18 @@ def main() -> None:
     p.add_argument(
         "--setup", action="append", default=[], help="SQL run before queuing (both sides)"
     )
+    p.add_argument("--daemons", action="store_true", help="a whole daemon (see above)")
+    p.add_argument("--n-small", type=int, default=1000, help="--daemons: the start-up run")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.server, args.n, args.batch, args.setup)))
+        if args.daemons:
+            print(json.dumps(daemon_child(args.server, args.n)))
+        else:
+            print(json.dumps(child(args.server, args.n, args.batch, args.setup)))
+        return
+    if args.daemons:
+        daemons(args)
         return
     sides = {"new": None, **({"old": args.compare} if args.compare else {})}
     runs: dict[str, list[dict]] = {s: [] for s in sides}
@@ -183,6 +276,25 @@ def main() -> None:
     for side in sides:
         rate = statistics.median(args.n / x["seconds"] for x in runs[side])
         print(f"{side}: {rate:,.0f} jobs/s (cycles alone)")
+
+
+def daemons(args: argparse.Namespace) -> None:
+    """``--daemons``: interleaved runs of ``--n`` and ``--n-small`` jobs per side; prints
+    the medians of the CPU a job (server, client) and of the rate of the large runs."""
+    sides = {"new": None, **({"old": args.compare} if args.compare else {})}
+    runs: dict[str, list[tuple[dict, dict]]] = {s: [] for s in sides}
+    for r in range(args.repeat):
+        for side, tree in sides.items() if r % 2 == 0 else reversed(sides.items()):
+            big, small = _run(tree, args), _run(tree, args, args.n_small)
+            runs[side].append((big, small))
+            print(f"# {side} run {r + 1}: {json.dumps([big, small])}", file=sys.stderr)
+    jobs = args.n - args.n_small
+    print(f"load {os.getloadavg()[0]:.1f}; daemons, {args.n} - {args.n_small} jobs; us a job")
+    for side in sides:
+        server = statistics.median((b["server"] - s["server"]) / jobs * 1e6 for b, s in runs[side])
+        client = statistics.median((b["client"] - s["client"]) / jobs * 1e6 for b, s in runs[side])
+        rate = statistics.median(args.n / b["seconds"] for b, _ in runs[side])
+        print(f"{side}: server {server:.1f}, client {client:.1f}; {rate:,.0f} jobs/s (wall)")
 
 
 if __name__ == "__main__":

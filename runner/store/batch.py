@@ -10,10 +10,11 @@ in one statement (data-modifying CTEs). Before, one ``UPDATE`` and one ``INSERT`
 (``SELECT ... FOR UPDATE``); arrays of each column (``unnest``) instead of JSON cost
 psycopg 20 us a row to dump, JSON 4 us. See ``docs/performance.md``.
 
-The statement takes the row dicts :func:`runner.store.commit.commit_outcomes` builds (the
-``rows.Hot.commit_instances`` / ``commit_chained`` parameters, JSON values not adapted)
-and :func:`runner.store.rows.attempt_row`'s, so both dialects share the code that makes
-them.
+The rows are built here (:func:`batch_rows`, from the ``rows.Outcome`` list
+:func:`runner.store.commit.commit_outcomes` gets), with short keys and nothing the
+statement does not read: PostgreSQL lexes every byte of the documents (~3.5-5 us a row
+of 250 bytes here). Each row is looked up by primary key, in a transaction that plans
+by index only (``runner.store.leases.by_index``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
-    any_,
     bindparam,
     cast,
     column,
@@ -37,7 +37,7 @@ from sqlalchemy import (
     null,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from runner.store.db import Prepared
 from runner.store.rows import Claim, Outcome, completing_open, next_claim
@@ -107,17 +107,17 @@ def _fenced_update(
     }
     values.update(updated_at=bindparam("b_at", type_=Float()), **scalar)
     values.update({col: v.c[k] for col, k in (copies or {}).items()})
-    # the rows are found by primary key whatever the planner thinks of the recordset: their
-    # ids also travel as one array (``= ANY``, as in the claim); joined on ``id`` alone it
-    # read them through ``ix_instances_locked_by`` (every row this worker ever held, dead
-    # versions included until a vacuum: 5,000 index entries for 64 rows half way through
-    # 10,000 jobs) or scanned the table. The owner is checked on each row found, through
-    # no index (``coalesce``)
-    ids = cast(bindparam(prefix + "ids", type_=String()), ARRAY(Integer()))
+    # each row is looked up by primary key from the recordset (a nested loop over an
+    # index scan, the planner's choice once the table has more than a few hundred
+    # rows). The owner is checked on the rows found, through no index (``coalesce``):
+    # an index condition on ``locked_by`` read ``ix_instances_locked_by`` instead, every
+    # row this worker ever held with its dead versions until a vacuum (5,000 index
+    # entries for 64 rows half way through 10,000 jobs); the ids as an array as well
+    # (``id = ANY``) made PostgreSQL join the batch to itself row by row (a nested loop
+    # over the recordset: 47 ms for 256 rows)
     return (
         instances.update()
         .where(
-            i.id == any_(ids),
             i.id == v.c.i,
             func.coalesce(i.locked_by, "") == bindparam("w"),
             i.fence == v.c.f,
@@ -130,8 +130,8 @@ def _fenced_update(
 
 def commit_statement():
     """The whole commit of a batch: the fenced updates of the outcomes that release their
-    instance (rows in ``r_rows``, ids in ``r_ids``) and of those that keep it (chained:
-    ``k_rows``, ``k_ids``; the next attempt's number is ``n``), and the finished attempts'
+    instance (rows in ``r_rows``) and of those that keep it (chained, ``k_rows``: the
+    next attempt's number is ``n``), and the finished attempts'
     rows (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is
     completed, one already closed left as it is) written only for the instances the
     updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
@@ -219,11 +219,6 @@ def batch_rows(
     return released, kept, chained, finished
 
 
-def _ids(rows: list[dict]) -> str:
-    """The ids of ``rows`` as a PostgreSQL array literal (``{1,2,3}``)."""
-    return "{" + ",".join([str(r["i"]) for r in rows]) + "}"
-
-
 class Batch:
     """The batch statements of one engine (compiled once, see ``db.Prepared``)."""
 
@@ -253,9 +248,7 @@ class Batch:
             "b_at": at,
             "b_until": until,
             "r_rows": _encode(released),
-            "r_ids": _ids(released),
             "k_rows": _encode(kept),
-            "k_ids": _ids(kept),
             "a_rows": _encode(finished),
         }
         return {r[0] for r in self.commit_all.fetch(conn, params)}

@@ -28,7 +28,7 @@ from sqlalchemy.exc import (
 
 from runner.errors import ConfigError
 from runner.store.dialect import dialect_of
-from runner.store.json_codec import bytes_json_loader
+from runner.store.json_codec import loads_bytes
 from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
@@ -179,7 +179,7 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         connect_args=args,
         # jsonb values decoded without json.loads' Python layers (the claim reads two
         # per instance); psycopg calls it (SQLAlchemy registers it on its connections)
-        json_deserializer=bytes_json_loader(),
+        json_deserializer=loads_bytes,
     )
 
     @event.listens_for(engine, "checkin")

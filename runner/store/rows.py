@@ -246,6 +246,16 @@ class Hot:
         )
         #: record finished attempts, one row each (params: see :func:`attempt_row`)
         self.close_attempts = Prepared(engine, close_attempts(engine))
+        #: PostgreSQL: the rest of the transaction plans index scans only (no params)
+        self.by_index = None
+        if d.skip_locked:
+            self.by_index = Prepared(
+                engine,
+                select(
+                    func.set_config("enable_seqscan", "off", True),
+                    func.set_config("enable_bitmapscan", "off", True),
+                ),
+            )
 
 
 def claim_statement(engine: Engine, at):
