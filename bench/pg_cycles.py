@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,9 +48,31 @@ FLOW = """\
 flow: job
 initial: s1
 states:
-  s1: {call: "json:dumps", next: done}
+  s1: {call: "%s", next: done}
   done: {terminal: true}
 """
+
+
+@contextmanager
+def fresh_db(server: str) -> Iterator[tuple[str, str]]:
+    """A new database on ``server`` (a libpq URL): yields its name and SQLAlchemy URL,
+    drops it after."""
+    import psycopg
+
+    name = f"pgcycles_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield (
+            name,
+            server.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://")
+            + "/"
+            + name,
+        )
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
 
 #: the rows printed, in this order
 PARTS = ("commit", "claim", "COMMIT", "recover", "all")
@@ -64,7 +88,6 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
     """Run the cycles with the ``runner`` on the import path (``setup``: SQL run once the
     schema is made, before the instances are queued); returns
     ``{part: [server us a job, client us a job]}`` and ``seconds``."""
-    import psycopg
     from sqlalchemy import text
 
     from runner.engine.outcomes import decide
@@ -74,14 +97,10 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
     from runner.store.create import create_instances
     from runner.store.db import make_engine
 
-    name = f"pgcycles_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = server.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
-    try:
+    with fresh_db(server) as (name, url):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "job.yaml"
-            path.write_text(FLOW)
+            path.write_text(FLOW % "json:dumps")
             flow = load_flow(path)
         engine = make_engine(url)
         with engine.begin() as conn:
@@ -139,18 +158,6 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
             "seconds": seconds,
             **{p: [server_ns[p] / 1e3 / n, client_s[p] * 1e6 / n] for p in PARTS},
         }
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-DAEMON_FLOW = """\
-flow: job
-initial: s1
-states:
-  s1: {call: "job_tasks:noop", next: done}
-  done: {terminal: true}
-"""
 
 
 def daemon_child(server: str, n: int) -> dict:
@@ -162,14 +169,10 @@ def daemon_child(server: str, n: int) -> dict:
     from runner.store.create import create_instances
     from runner.store.db import make_engine
 
-    name = f"pgcycles_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = server.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
-    try:
+    with fresh_db(server) as (name, url):
         with tempfile.TemporaryDirectory() as tmp:
             flows = Path(tmp)
-            (flows / "job.yaml").write_text(DAEMON_FLOW)
+            (flows / "job.yaml").write_text(FLOW % "job_tasks:noop")
             (flows / "job_tasks.py").write_text("async def noop(ctx):\n    return True\n")
             engine = make_engine(url)
             with engine.begin() as conn:
@@ -203,9 +206,6 @@ def daemon_child(server: str, n: int) -> dict:
             "client": usage.ru_utime + usage.ru_stime,
             "seconds": seconds,
         }
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _run(tree: Path | None, args: argparse.Namespace, n: int | None = None) -> dict:
