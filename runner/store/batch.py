@@ -46,10 +46,11 @@ from runner.store.tables import attempts, instances
 #: the per-row columns of an outcome (short keys: PostgreSQL lexes every byte of the
 #: document, ~5 us a row of 250 bytes here), ``{key: (instances column or None, type)}``;
 #: ``None``: used by the statement itself (``i`` the id, ``f`` the fence it was claimed
-#: under, ``n`` the attempts count)
+#: under, ``w`` the worker that must still hold it, ``n`` the attempts count)
 _OUTCOME: dict[str, tuple[str | None, Any]] = {
     "i": (None, Integer()),
     "f": (None, Integer()),
+    "w": (None, String()),
     "n": ("attempts", Integer()),
     "s": ("state", String()),
     "e": ("errors", Integer()),
@@ -108,18 +109,19 @@ def _fenced_update(
     values.update(updated_at=bindparam("b_at", type_=Float()), **scalar)
     values.update({col: v.c[k] for col, k in (copies or {}).items()})
     # each row is looked up by primary key from the recordset (a nested loop over an
-    # index scan, the planner's choice once the table has more than a few hundred
-    # rows). The owner is checked on the rows found, through no index (``coalesce``):
-    # an index condition on ``locked_by`` read ``ix_instances_locked_by`` instead, every
-    # row this worker ever held with its dead versions until a vacuum (5,000 index
-    # entries for 64 rows half way through 10,000 jobs); the ids as an array as well
-    # (``id = ANY``) made PostgreSQL join the batch to itself row by row (a nested loop
-    # over the recordset: 47 ms for 256 rows)
+    # index scan once the table has more than a few hundred rows, a hash join before;
+    # ``leases.by_index`` rules out the rest). The owner is checked against the row's
+    # ``w`` (the worker), a join condition, through no index (``coalesce``): a condition
+    # on ``locked_by`` alone read ``ix_instances_locked_by`` (every row this worker ever
+    # held with its dead versions until a vacuum: 5,000 index entries for 64 rows half
+    # way through 10,000 jobs) or, estimated to leave one row of the table, joined each
+    # to the whole batch (26 ms for 256 rows of 1,000); the ids as an array as well
+    # (``id = ANY``) did the same (47 ms for 256 rows)
     return (
         instances.update()
         .where(
             i.id == v.c.i,
-            func.coalesce(i.locked_by, "") == bindparam("w"),
+            func.coalesce(i.locked_by, "") == v.c.w,
             i.fence == v.c.f,
         )
         .values(values)
@@ -135,8 +137,8 @@ def commit_statement():
     rows (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is
     completed, one already closed left as it is) written only for the instances the
     updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
-    params: ``w`` (worker), ``b_at`` (commit time, epoch s), ``b_until`` (the kept leases'
-    end)."""
+    params: ``w`` (worker, for the attempt rows), ``b_at`` (commit time, epoch s),
+    ``b_until`` (the kept leases' end)."""
     released = _fenced_update(
         "r_",
         _RELEASED,
@@ -173,9 +175,10 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def batch_rows(
-    outcomes: list[Outcome], at: float
+    outcomes: list[Outcome], worker_id: str, at: float
 ) -> tuple[list[dict], list[dict], list[Claim], list[dict]]:
-    """The rows of :func:`commit_statement` for ``outcomes`` ending at ``at`` (epoch s):
+    """The rows of :func:`commit_statement` for ``outcomes`` of ``worker_id`` ending at
+    ``at`` (epoch s):
     ``(released, kept, chained, finished)``: the outcomes that free their instance and
     those that keep it (with the next :class:`Claim` of each kept one, ``chained``), and
     the attempt rows, all with the short keys of :data:`_OUTCOME` and :data:`_ATTEMPT`
@@ -186,6 +189,7 @@ def batch_rows(
         row = {
             "i": c.id,
             "f": c.fence,
+            "w": worker_id,
             "s": v["state"],
             "e": v["errors"],
             "r": v["restarts"],

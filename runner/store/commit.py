@@ -14,7 +14,7 @@ from sqlalchemy import Connection, update
 
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
-from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for, next_claim
+from runner.store.rows import CLAIMABLE, Claim, Hot, Outcome, attempt_row, hot_for, next_claim
 from runner.store.tables import attempts, instances
 
 
@@ -73,7 +73,7 @@ def commit_outcomes(
     if batch is not None:  # one statement: fenced updates and the attempt rows
         from runner.store.batch import batch_rows
 
-        released, kept, chained, finished = batch_rows(good, at)
+        released, kept, chained, finished = batch_rows(good, worker_id, at)
         held = batch.commit(conn, worker_id, at, at + lease, (released, kept, finished))
         if len(held) != len(good):  # taken away: their attempt rows were not written
             lost = [o for o in good if o.instance_id not in held]
@@ -93,7 +93,7 @@ def commit_outcomes(
 
 
 def _commit_rows(
-    conn: Connection, hot, worker_id: str, good: list[Outcome], at: float, lease: float
+    conn: Connection, hot: Hot, worker_id: str, good: list[Outcome], at: float, lease: float
 ) -> tuple[int, list[Claim], list[dict]]:
     """The outcomes ``good`` written one statement a row (``executemany``: SQLite, where a
     statement is no round trip); returns how many instance rows changed, the chained

@@ -585,7 +585,8 @@ def test_the_cycle_plans_by_index_without_statistics(pg_url: str, tmp_path) -> N
                 commit.commit_outcomes(conn, "w", [_moved(flow, c, at) for c in claims], at=at)
                 claims = leases.claim_batch(conn, "w", LEASE, 256, at=at)
         at = t0 + 5
-        released, kept, _chained, finished = batch_rows([_moved(flow, c, at) for c in claims], at)
+        ended = [_moved(flow, c, at) for c in claims]
+        released, kept, _chained, finished = batch_rows(ended, "w", at)
         commit_params = {
             "w": "w",
             "b_at": at,
