@@ -266,6 +266,7 @@ def _transaction(
     rolled back, try again without)."""
     worker_id, lease = request.worker_id, request.lease
     with engine.begin() as conn:
+        leases.by_index(conn)  # PostgreSQL: the cycle's statements plan by index only
         lost, chained = commit.commit_outcomes(
             conn, worker_id, request.outcomes, lease=lease, optimistic=optimistic
         )

@@ -10,10 +10,11 @@ in one statement (data-modifying CTEs). Before, one ``UPDATE`` and one ``INSERT`
 (``SELECT ... FOR UPDATE``); arrays of each column (``unnest``) instead of JSON cost
 psycopg 20 us a row to dump, JSON 4 us. See ``docs/performance.md``.
 
-The statement takes the row dicts :func:`runner.store.commit.commit_outcomes` builds (the
-``rows.Hot.commit_instances`` / ``commit_chained`` parameters, JSON values not adapted)
-and :func:`runner.store.rows.attempt_row`'s, so both dialects share the code that makes
-them.
+The rows are built here (:func:`batch_rows`, from the ``rows.Outcome`` list
+:func:`runner.store.commit.commit_outcomes` gets), with short keys and nothing the
+statement does not read: PostgreSQL lexes every byte of the documents (~3.5-5 us a row
+of 250 bytes here). Each row is looked up by primary key, in a transaction that plans
+by index only (``runner.store.leases.by_index``).
 """
 
 from __future__ import annotations
@@ -39,77 +40,90 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from runner.store.db import Prepared
-from runner.store.rows import completing_open
+from runner.store.rows import Claim, Outcome, completing_open, next_claim
 from runner.store.tables import attempts, instances
 
-#: the outcome columns of an instance, with their SQL types
-_OUTCOME = {
-    "state": String(),
-    "errors": Integer(),
-    "restarts": Integer(),
-    "state_restarts": Integer(),
-    "last_error": String(),
-    "state_changed": Float(),
-    "data": JSONB(),
-    "state_errors": JSONB(),
-    "b_id": Integer(),
-    "b_fence": Integer(),
-    "b_attempts": Integer(),
+#: the per-row columns of an outcome (short keys: PostgreSQL lexes every byte of the
+#: document, ~5 us a row of 250 bytes here), ``{key: (instances column or None, type)}``;
+#: ``None``: used by the statement itself (``i`` the id, ``f`` the fence it was claimed
+#: under, ``w`` the worker that must still hold it, ``n`` the attempts count)
+_OUTCOME: dict[str, tuple[str | None, Any]] = {
+    "i": (None, Integer()),
+    "f": (None, Integer()),
+    "w": (None, String()),
+    "n": ("attempts", Integer()),
+    "s": ("state", String()),
+    "e": ("errors", Integer()),
+    "r": ("restarts", Integer()),
+    "sr": ("state_restarts", Integer()),
+    "le": ("last_error", String()),
+    "sc": ("state_changed", Float()),  # NULL keeps the stored value (no move)
+    "da": ("data", JSONB()),  # NULL: unchanged, not rewritten
+    "se": ("state_errors", JSONB()),  # NULL: unchanged, not rewritten
 }
-#: more per-row columns of an outcome that releases its instance / keeps it (chained):
-#: ``{key: (instances column, type)}``
-_RELEASED = {"status": ("status", String()), "due_at": ("due_at", Float())}
-_CHAINED = {"b_next": ("running_attempt", Integer())}
-#: the columns of an attempt row (``rows.attempt_row``'s keys)
+#: more per-row columns of an outcome that releases its instance
+_RELEASED = {"st": ("status", String()), "d": ("due_at", Float())}
+#: the per-row columns of an attempt row (worker and end time are the batch's)
 _ATTEMPT = {
-    "i": Integer(),
-    "a": Integer(),
-    "s": String(),
-    "w": String(),
-    "f": Integer(),
-    "t": Float(),
-    "at": Float(),
-    "outcome": String(),
-    "to_state": String(),
-    "error": String(),
-    "checkpoint": JSONB(),
+    "i": ("instance_id", Integer()),
+    "a": ("attempt", Integer()),
+    "s": ("state", String()),
+    "f": ("fence", Integer()),
+    "t": ("started_at", Float()),
+    "o": ("outcome", String()),
+    "ts": ("to_state", String()),
+    "er": ("error", String()),
+    "c": ("checkpoint", JSONB()),
 }
+#: columns whose NULL keeps the stored value
+_KEEP_IF_NULL = ("sc", "da", "se")
 
 
-def _rows(cols: dict[str, Any], prefix: str):
+def _rows(cols: dict[str, tuple[str | None, Any]], prefix: str):
     """``json_to_recordset(%(<prefix>rows)s) AS <prefix>(<key> <type>, ...)``: the batch's
     rows as one JSON array of objects (keys beyond ``cols`` are ignored)."""
-    names = [column(k, t) for k, t in cols.items()]
+    names = [column(k, t) for k, (_, t) in cols.items()]
     text = cast(bindparam(prefix + "rows", type_=String()), JSON())
     rows = func.json_to_recordset(text).table_valued(*names).render_derived(with_types=True)
     return rows.alias(prefix.rstrip("_"))
 
 
-def _fenced_update(prefix: str, extra: dict[str, tuple[str, Any]], scalar: dict[str, Any]):
+def _fenced_update(
+    prefix: str,
+    extra: dict[str, tuple[str, Any]],
+    scalar: dict[str, Any],
+    copies: dict[str, str] | None = None,
+):
     """``UPDATE instances ... FROM json_to_recordset(...) RETURNING id`` as a CTE named
     after ``prefix``, each row fenced by ``locked_by`` (param ``w``) and its ``fence``;
-    ``extra`` holds the per-row columns beyond :data:`_OUTCOME` (``{key: (column,
-    type)}``), ``scalar`` the values the same for the whole batch."""
-    v = _rows({**_OUTCOME, **{k: t for k, (_, t) in extra.items()}}, prefix)
+    ``extra`` holds the per-row columns beyond :data:`_OUTCOME`, ``scalar`` the values the
+    same for the whole batch (``{column: value}``), ``copies`` more columns set from a
+    row's key (``{column: key}``)."""
+    v = _rows({**_OUTCOME, **extra}, prefix)
     i = instances.c
     values = {
-        "state": v.c.state,
-        "errors": v.c.errors,
-        "restarts": v.c.restarts,
-        "state_restarts": v.c.state_restarts,
-        "last_error": v.c.last_error,
-        # NULL keeps the stored value: unchanged JSON is not rewritten
-        "state_changed": func.coalesce(v.c.state_changed, i.state_changed),
-        "data": func.coalesce(v.c.data, i.data),
-        "state_errors": func.coalesce(v.c.state_errors, i.state_errors),
-        "attempts": v.c.b_attempts,
-        "updated_at": bindparam("b_at", type_=Float()),
-        **{col: v.c[k] for k, (col, _) in extra.items()},
-        **scalar,
+        col: func.coalesce(v.c[k], i[col]) if k in _KEEP_IF_NULL else v.c[k]
+        for k, (col, _) in {**_OUTCOME, **extra}.items()
+        if col is not None
     }
+    values.update(updated_at=bindparam("b_at", type_=Float()), **scalar)
+    values.update({col: v.c[k] for col, k in (copies or {}).items()})
+    # each row is looked up by primary key from the recordset (a nested loop over an
+    # index scan once the table has more than a few hundred rows, a hash join before;
+    # ``leases.by_index`` rules out the rest). The owner is checked against the row's
+    # ``w`` (the worker), a join condition, through no index (``coalesce``): a condition
+    # on ``locked_by`` alone read ``ix_instances_locked_by`` (every row this worker ever
+    # held with its dead versions until a vacuum: 5,000 index entries for 64 rows half
+    # way through 10,000 jobs) or, estimated to leave one row of the table, joined each
+    # to the whole batch (26 ms for 256 rows of 1,000); the ids as an array as well
+    # (``id = ANY``) did the same (47 ms for 256 rows)
     return (
         instances.update()
-        .where(i.id == v.c.b_id, i.locked_by == bindparam("w"), i.fence == v.c.b_fence)
+        .where(
+            i.id == v.c.i,
+            func.coalesce(i.locked_by, "") == v.c.w,
+            i.fence == v.c.f,
+        )
         .values(values)
         .returning(i.id)
         .cte(prefix.rstrip("_"))
@@ -118,11 +132,12 @@ def _fenced_update(prefix: str, extra: dict[str, tuple[str, Any]], scalar: dict[
 
 def commit_statement():
     """The whole commit of a batch: the fenced updates of the outcomes that release their
-    instance (rows in ``r_rows``, as ``rows.Hot.commit_instances``) and of those that keep
-    it (``k_rows``, as ``rows.Hot.commit_chained``), and the finished attempts' rows
-    (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is completed,
-    one already closed left as it is) written only for the instances the updates held;
-    selects the ids held. Scalar params: ``w`` (worker), ``b_at`` (commit time, epoch s),
+    instance (rows in ``r_rows``) and of those that keep it (chained, ``k_rows``: the
+    next attempt's number is ``n``), and the finished attempts'
+    rows (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is
+    completed, one already closed left as it is) written only for the instances the
+    updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
+    params: ``w`` (worker, for the attempt rows), ``b_at`` (commit time, epoch s),
     ``b_until`` (the kept leases' end)."""
     released = _fenced_update(
         "r_",
@@ -131,29 +146,24 @@ def commit_statement():
     )
     kept = _fenced_update(
         "k_",
-        _CHAINED,
+        {},
         {
             "locked_until": bindparam("b_until", type_=Float()),
             "state_attempted": bindparam("b_at", type_=Float()),
         },
+        # the chained attempt's number is the new attempts count
+        {"running_attempt": "n"},
     )
     held = select(released.c.id).union_all(select(kept.c.id))
     a = _rows(_ATTEMPT, "a_")
+    cols = [col for col, _ in _ATTEMPT.values()]
     ins = insert(attempts).from_select(
-        [
-            "instance_id",
-            "attempt",
-            "state",
-            "worker",
-            "fence",
-            "started_at",
-            "finished_at",
-            "outcome",
-            "to_state",
-            "error",
-            "checkpoint",
-        ],
-        select(*(a.c[k] for k in _ATTEMPT)).where(a.c.i.in_(held)),
+        [*cols, "worker", "finished_at"],
+        select(
+            *(a.c[k] for k in _ATTEMPT),
+            bindparam("w", type_=String()),
+            bindparam("b_at", type_=Float()),
+        ).where(a.c.i.in_(held)),
     )
     ins = completing_open(ins)
     return held.add_cte(ins.cte("closed"))
@@ -162,6 +172,55 @@ def commit_statement():
 #: a batch's rows as one JSON text (a NaN, which JSON cannot spell, fails the statement
 #: as it did through psycopg's ``Jsonb``)
 _encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def batch_rows(
+    outcomes: list[Outcome], worker_id: str, at: float
+) -> tuple[list[dict], list[dict], list[Claim], list[dict]]:
+    """The rows of :func:`commit_statement` for ``outcomes`` of ``worker_id`` ending at
+    ``at`` (epoch s):
+    ``(released, kept, chained, finished)``: the outcomes that free their instance and
+    those that keep it (with the next :class:`Claim` of each kept one, ``chained``), and
+    the attempt rows, all with the short keys of :data:`_OUTCOME` and :data:`_ATTEMPT`
+    (JSON values as Python objects: they go into the document as they are)."""
+    released, kept, chained, finished = [], [], [], []
+    for o in outcomes:  # the hot loop: plain item assignments, no helper calls per field
+        v, c, av = o.values, o.claim, o.attempt_values
+        row = {
+            "i": c.id,
+            "f": c.fence,
+            "w": worker_id,
+            "s": v["state"],
+            "e": v["errors"],
+            "r": v["restarts"],
+            "sr": v["state_restarts"],
+            "le": v["last_error"],
+            "sc": v["state_changed"],
+            "da": None if "data" in o.unchanged else v["data"],
+            "se": None if "state_errors" in o.unchanged else v["state_errors"],
+        }
+        if o.chain:
+            nxt = next_claim(o, at)
+            chained.append(nxt)
+            row["n"] = nxt.attempt
+            kept.append(row)
+        else:
+            row.update(st=v["status"], d=v["due_at"], n=c.attempt)
+            released.append(row)
+        finished.append(
+            {
+                "i": c.id,
+                "a": c.attempt,
+                "s": c.state,
+                "f": c.fence,
+                "t": c.started_at,
+                "o": av["outcome"],
+                "ts": av["to_state"],
+                "er": av["error"],
+                "c": av["checkpoint"],
+            }
+        )
+    return released, kept, chained, finished
 
 
 class Batch:
@@ -182,15 +241,20 @@ class Batch:
         """Write a batch of outcomes in one statement, each only where ``worker_id`` still
         holds its instance under the claimed fence, with its attempt's row.
 
-        ``batches``: the row dicts ``commit_outcomes`` builds, ``(released, kept,
-        finished)``: outcomes that free their instance, outcomes that keep it (chained,
-        lease until ``until``), and the attempt rows (``rows.attempt_row``); ``at``: the
-        commit time (epoch s). Returns the ids written; the others were taken away (no
-        attempt row is written for them).
+        ``batches``: ``(released, kept, finished)`` of :func:`batch_rows`: outcomes that
+        free their instance, outcomes that keep it (chained, lease until ``until``), and
+        the attempt rows; ``at``: the commit time (epoch s). Returns the ids written; the
+        others were taken away (no attempt row is written for them).
         """
-        params: dict[str, Any] = {"w": worker_id, "b_at": at, "b_until": until}
-        for prefix, rows in zip(("r_", "k_", "a_"), batches, strict=True):
-            params[prefix + "rows"] = _encode(rows)
+        released, kept, finished = batches
+        params: dict[str, Any] = {
+            "w": worker_id,
+            "b_at": at,
+            "b_until": until,
+            "r_rows": _encode(released),
+            "k_rows": _encode(kept),
+            "a_rows": _encode(finished),
+        }
         return {r[0] for r in self.commit_all.fetch(conn, params)}
 
 

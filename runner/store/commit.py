@@ -14,7 +14,7 @@ from sqlalchemy import Connection, update
 
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
-from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, hot_for
+from runner.store.rows import CLAIMABLE, Claim, Hot, Outcome, attempt_row, hot_for, next_claim
 from runner.store.tables import attempts, instances
 
 
@@ -70,7 +70,35 @@ def commit_outcomes(
         current = dict(hot.fences.fetch(conn, {"ids": ids, "w": worker_id}))
         good = [o for o in outcomes if current.get(o.instance_id) == o.fence]
         lost = [o for o in outcomes if current.get(o.instance_id) != o.fence]
-    js = hot.json if batch is None else _as_is  # (batch: JSON values go in one document)
+    if batch is not None:  # one statement: fenced updates and the attempt rows
+        from runner.store.batch import batch_rows
+
+        released, kept, chained, finished = batch_rows(good, worker_id, at)
+        held = batch.commit(conn, worker_id, at, at + lease, (released, kept, finished))
+        if len(held) != len(good):  # taken away: their attempt rows were not written
+            lost = [o for o in good if o.instance_id not in held]
+            chained = [c for c in chained if c.id in held]
+        if hot.dialect.notify:
+            freed = [o.values for o in good if not o.chain and o.instance_id in held]
+            _notify_released(conn, freed)
+        finished = []
+    else:
+        changed, chained, finished = _commit_rows(conn, hot, worker_id, good, at, lease)
+        if optimistic and changed != len(good):
+            raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
+    hot.close_attempts.executemany(conn, finished)
+    for o in lost:
+        cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
+    return [o.instance_id for o in lost], chained
+
+
+def _commit_rows(
+    conn: Connection, hot: Hot, worker_id: str, good: list[Outcome], at: float, lease: float
+) -> tuple[int, list[Claim], list[dict]]:
+    """The outcomes ``good`` written one statement a row (``executemany``: SQLite, where a
+    statement is no round trip); returns how many instance rows changed, the chained
+    claims and the attempt rows still to write (``rows.attempt_row``)."""
+    js = hot.json
     released, kept, chained, finished = [], [], [], []
     for o in good:  # the hot loop: plain item assignments, no helper calls per field
         v, c, av = o.values, o.claim, o.attempt_values
@@ -89,8 +117,7 @@ def commit_outcomes(
             "b_at": at,
         }
         if o.chain:
-            assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
-            nxt = _next_claim(o, at)
+            nxt = next_claim(o, at)
             chained.append(nxt)
             row["b_until"] = at + lease
             row["b_next"] = row["b_attempts"] = nxt.attempt
@@ -112,57 +139,21 @@ def commit_outcomes(
                 None if checkpoint is None else js(checkpoint),
             )
         )
-    if batch is not None:  # one statement: fenced updates and the attempt rows
-        held = batch.commit(conn, worker_id, at, at + lease, (released, kept, finished))
-        if len(held) != len(good):  # taken away: their attempt rows were not written
-            lost = [o for o in good if o.instance_id not in held]
-            released = [r for r in released if r["b_id"] in held]
-            chained = [c for c in chained if c.id in held]
-        finished, changed = [], len(held)
-    else:
-        changed = hot.commit_instances.executemany(conn, released)
-        changed += hot.commit_chained.executemany(conn, kept)
+    changed = hot.commit_instances.executemany(conn, released)
+    changed += hot.commit_chained.executemany(conn, kept)
     if released and hot.dialect.notify:
         _notify_released(conn, released)
-    if optimistic and changed != len(good):
-        raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
-    hot.close_attempts.executemany(conn, finished)
-    for o in lost:
-        cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
-    return [o.instance_id for o in lost], chained
-
-
-def _as_is(value):
-    return value
+    return changed, chained, finished
 
 
 def _notify_released(conn: Connection, released: list[dict]) -> None:
     """Tell the listening daemons when the instances this commit released are due again
     (a backoff, a try interval, a move another worker may take): one notification, the
-    earliest due time, sent when the transaction commits (``runner.store.notify``)."""
+    earliest due time, sent when the transaction commits (``runner.store.notify``);
+    ``released``: their ``status`` and ``due_at`` (dicts)."""
     due = [r["due_at"] for r in released if r["status"] in CLAIMABLE and r["due_at"] is not None]
     if due:
         notify_due(conn, min(due))
-
-
-def _next_claim(o: Outcome, at: float) -> Claim:
-    prev, v = o.claim, o.values
-    return Claim(
-        id=prev.id,
-        flow=prev.flow,
-        version=prev.version,
-        state=v["state"],
-        data=v["data"],
-        fence=prev.fence,
-        attempt=prev.attempt + 1,
-        errors=v["errors"],
-        restarts=v["restarts"],
-        state_errors=list(v["state_errors"]),
-        state_restarts=v["state_restarts"],
-        event_id=prev.event_id,
-        started_at=at,
-        chain=prev.chain + 1,
-    )
 
 
 def cancel_attempt(

@@ -28,6 +28,7 @@ from sqlalchemy.exc import (
 
 from runner.errors import ConfigError
 from runner.store.dialect import dialect_of
+from runner.store.json_codec import loads_bytes
 from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
@@ -176,6 +177,9 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         max_overflow=max(0, pool - 1),
         pool_use_lifo=True,
         connect_args=args,
+        # jsonb values decoded without json.loads' Python layers (the claim reads two
+        # per instance); psycopg calls it (SQLAlchemy registers it on its connections)
+        json_deserializer=loads_bytes,
     )
 
     @event.listens_for(engine, "checkin")

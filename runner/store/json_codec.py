@@ -1,4 +1,5 @@
-"""SQLite's JSON columns to and from Python, fast, with the ``json`` module alone.
+"""SQLite's JSON columns to and from Python, fast, with the ``json`` module alone (and
+PostgreSQL's ``jsonb`` values as psycopg reads them, :func:`loads_bytes`).
 
 Both the worker's prepared statements (``runner.store.dialect.SQLITE``) and the read side
 run without SQLAlchemy's JSON type (``runner.store.reader``: the CLI reads a SQLite file
@@ -36,6 +37,27 @@ def sqlite_json_loader() -> Callable[[Any], Any]:
     return load
 
 
+def loads_bytes(data: bytes) -> Any:
+    """A JSON document in bytes (UTF-8) as Python, equal to ``json.loads`` and faster:
+    what psycopg calls for every ``jsonb`` value it reads on PostgreSQL
+    (``runner.store.db.pg_engine``; a module-level function: psycopg keeps one loader
+    class per function it is given).
+
+    psycopg's default, ``json.loads`` on bytes, first guesses the encoding
+    (``json.detect_encoding``) and goes through the module's Python layers: ~2.5 us for
+    each of the two JSON columns of every claimed instance here. This decodes UTF-8
+    (what PostgreSQL sends to a UTF8 client, as ``json.loads`` assumes too) and runs the C
+    scanner directly, like :func:`sqlite_json_loader`; the empty object and list (an
+    instance's ``data`` and ``state_errors``, usually) are built without it. Raises
+    ``json.JSONDecodeError`` as ``json.loads`` does."""
+    if len(data) == 2:
+        if data == b"{}":
+            return {}
+        if data == b"[]":
+            return []
+    return _load_text(data.decode())
+
+
 def sqlite_json_adapter() -> Callable[[Any], Any]:
     """A function turning a Python value into the JSON text of a parameter.
 
@@ -61,3 +83,6 @@ def sqlite_json_adapter() -> Callable[[Any], Any]:
         return encode(v)
 
     return adapt
+
+
+_load_text = sqlite_json_loader()

@@ -127,6 +127,29 @@ class Outcome:
         return self.claim.fence
 
 
+def next_claim(o: Outcome, at: float) -> Claim:
+    """The claim of the attempt that continues ``o`` (a chained outcome) at ``at`` (epoch
+    s): the same instance, lease and fence, the next attempt number, the outcome's values."""
+    prev, v = o.claim, o.values
+    assert v["status"] == "runnable", "only a runnable outcome keeps its lock"
+    return Claim(
+        id=prev.id,
+        flow=prev.flow,
+        version=prev.version,
+        state=v["state"],
+        data=v["data"],
+        fence=prev.fence,
+        attempt=prev.attempt + 1,
+        errors=v["errors"],
+        restarts=v["restarts"],
+        state_errors=list(v["state_errors"]),
+        state_restarts=v["state_restarts"],
+        event_id=prev.event_id,
+        started_at=at,
+        chain=prev.chain + 1,
+    )
+
+
 COMMIT_KEYS = (
     "state",
     "status",
@@ -223,6 +246,16 @@ class Hot:
         )
         #: record finished attempts, one row each (params: see :func:`attempt_row`)
         self.close_attempts = Prepared(engine, close_attempts(engine))
+        #: PostgreSQL: the rest of the transaction plans index scans only (no params)
+        self.by_index = None
+        if d.skip_locked:
+            self.by_index = Prepared(
+                engine,
+                select(
+                    func.set_config("enable_seqscan", "off", True),
+                    func.set_config("enable_bitmapscan", "off", True),
+                ),
+            )
 
 
 def claim_statement(engine: Engine, at):
@@ -236,13 +269,19 @@ def claim_statement(engine: Engine, at):
     give the ``due_at`` order, so PostgreSQL read and sorted every due row on each claim
     (measured: 5 ms a claim with 10,000 queued, against 0.05 ms for an ordered index
     scan per status; at most ``n`` rows more are locked, the few due sleeping ones). The
-    chosen ids are handed over as an array (``= ANY(ARRAY(...))``): the planner then
-    looks each up by primary key, where a join to them may scan the whole table.
+    chosen rows are handed over as an array of their ``ctid`` (``= ANY(ARRAY(...))``): the
+    update fetches each where the lock found it (a TID scan), where a join to them may
+    scan the whole table and ids cost a primary key lookup each (134 buffers read for 64
+    rows against 208). A row locked here is not updated by anyone else before this
+    statement's update; one updated by another transaction between this statement's
+    snapshot and its lock is locked in its newer version, which that snapshot does not
+    see: it is left unclaimed this time (the lock ends with the transaction).
     """
     n = bindparam("n", type_=Integer())
     if dialect_of(engine).skip_locked:
+        ctid = literal_column("instances.ctid")
         ordered = [
-            select(instances.c.id, instances.c.due_at)
+            select(ctid.label("t"), instances.c.due_at)
             .where(due_clause(at, (status,)))
             .order_by(instances.c.due_at)
             .limit(n)
@@ -250,9 +289,9 @@ def claim_statement(engine: Engine, at):
             .cte(f"due_{status}")
             for status in CLAIMABLE
         ]
-        both = union_all(*(select(c.c.id, c.c.due_at) for c in ordered)).subquery("due")
-        pick = select(both.c.id).order_by(both.c.due_at).limit(n).cte("pick")
-        chosen = instances.c.id == any_(func.array(select(pick.c.id).scalar_subquery()))
+        both = union_all(*(select(c.c.t, c.c.due_at) for c in ordered)).subquery("due")
+        pick = select(both.c.t).order_by(both.c.due_at).limit(n).cte("pick")
+        chosen = ctid == any_(func.array(select(pick.c.t).scalar_subquery()))
     else:
         inner = select(instances.c.id).where(due_clause(at)).order_by(instances.c.due_at)
         chosen = instances.c.id.in_(inner.limit(n).scalar_subquery())

@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from runner.store.db import make_engine
 from runner.store.dialect import dialect_of
+from runner.store.json_codec import loads_bytes
 
 
 def json_adapter(engine):
@@ -68,3 +69,25 @@ def test_loader_raises_on_invalid_text(raw: str) -> None:
 def test_loader_passes_decoded_values_through() -> None:
     load = json_loader(make_engine("sqlite://"))
     assert load(None) is None and load({"x": 1}) == {"x": 1}
+
+
+DOCUMENTS = [b"{}", b"[]", b'{"a": [1.5, null, true], "s": "\\u00fc\\n"}', ' ["ü"] '.encode(), b"3"]
+
+
+@pytest.mark.parametrize("raw", DOCUMENTS, ids=repr)
+def test_the_jsonb_loader_reads_what_json_loads_reads(raw: bytes) -> None:
+    """What psycopg calls for each jsonb value on PostgreSQL (``db.pg_engine``)."""
+    assert loads_bytes(raw) == json.loads(raw)
+
+
+def test_the_jsonb_loader_builds_a_new_empty_value_each_time() -> None:
+    load = loads_bytes
+    first, second = load(b"{}"), load(b"{}")
+    first["x"] = 1
+    assert second == {} and load(b"[]") is not load(b"[]")
+
+
+@pytest.mark.parametrize("raw", [b"{bad", b'{"a":1} x', b""])
+def test_the_jsonb_loader_raises_on_invalid_documents(raw: bytes) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        loads_bytes(raw)

@@ -9,6 +9,7 @@ test sleeps or depends on timing.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -553,3 +554,58 @@ def test_a_claim_takes_the_oldest_due_first_across_statuses(any_world) -> None:
     assert sorted(c.id for c in claims) == sorted([ids[0], ids[1], ids[3]])
     [c], _ = _claim(engine, "b", t0, limit=3)
     assert c.id == ids[2]
+
+
+def _plan(conn, prepared, params: dict) -> str:
+    """The plan PostgreSQL makes for a hot statement (``db.Prepared``) with ``params``."""
+    rows = conn.exec_driver_sql("EXPLAIN " + prepared.sql, {**prepared.defaults, **params})
+    return "\n".join(rows.scalars().all())
+
+
+@pytest.mark.postgres
+def test_the_cycle_plans_by_index_without_statistics(pg_url: str, tmp_path) -> None:
+    """A new table (never analyzed) with a backlog, the worker having held and released
+    many rows (their dead versions still indexed): the claim reads the oldest due rows
+    in index order and the batch commit finds its rows by primary key, never a scan of
+    every due row, of ``ix_instances_locked_by`` or of the table (``leases.by_index``);
+    the setting ends with the transaction."""
+    from runner.store.batch import batch_for, batch_rows
+    from runner.store.rows import hot_for
+
+    flow = load(write_flow(tmp_path / "flows", "st", FLOW))
+    engine = make_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            create.create_instances(conn, flow, [{"i": i} for i in range(5000)])
+        t0 = leases.now()
+        claims: list = []
+        for k in range(4):  # as a worker's cycles do: commit the last batch, claim the next
+            at = t0 + k
+            with engine.begin() as conn:
+                commit.commit_outcomes(conn, "w", [_moved(flow, c, at) for c in claims], at=at)
+                claims = leases.claim_batch(conn, "w", LEASE, 256, at=at)
+        at = t0 + 5
+        ended = [_moved(flow, c, at) for c in claims]
+        released, kept, _chained, finished = batch_rows(ended, "w", at)
+        commit_params = {
+            "w": "w",
+            "b_at": at,
+            "b_until": at + LEASE,
+            **{
+                f"{p}_rows": json.dumps(r)
+                for p, r in zip("rka", (released, kept, finished), strict=True)
+            },
+        }
+        claim_params = {"at": at, "n": 256, "w": "w", "until": at + LEASE}
+        with engine.begin() as conn:
+            leases.by_index(conn)
+            claim = _plan(conn, hot_for(conn).claim, claim_params)
+            batch = _plan(conn, batch_for(conn).commit_all, commit_params)
+        assert "ix_instances_claim" in claim and "Bitmap" not in claim, claim
+        assert "Seq Scan on instances" not in claim, claim
+        assert "instances_pkey" in batch and "Seq Scan on instances" not in batch, batch
+        assert "ix_instances_locked_by" not in batch and "Bitmap" not in batch, batch
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar() == "on"
+    finally:
+        engine.dispose()
