@@ -146,6 +146,11 @@ class RunningAttempts:
         back failed): the next one gives them back."""
         self.lapsed[:0] = runs
 
+    def unsettled(self) -> bool:
+        """True while a claim waits (for a slot, or to be given back) or a finished attempt
+        waits for the cycle that commits it."""
+        return bool(self.waiting or self.lapsed or self.finished)
+
     def take(self) -> list[tuple[Running, AttemptResult]]:
         """Every attempt finished so far (they leave ``finished``)."""
         batch, self.finished = self.finished, []
@@ -185,11 +190,7 @@ class RunningAttempts:
             if waiting is not None:
                 why = "cancelled before it started: the instance was paused, killed, moved or taken"
                 result = AttemptResult("cancelled", waiting.durable[0], error=why)
-                if self.on_finished is not None:
-                    self.on_finished(waiting.claim, result)
-                self.finished.append((waiting, result))
-                if self.ended is not None:
-                    self.ended.set()
+                self._finished(waiting, result, ran=False)
                 continue
             run = self.running.get(iid)
             if run is not None and not run.cancel.is_set():
@@ -244,12 +245,15 @@ class RunningAttempts:
             result = AttemptResult("error", run.durable[0], error=error)
         self._finished(run, result)
 
-    def _finished(self, run: Running, result: AttemptResult) -> None:
+    def _finished(self, run: Running, result: AttemptResult, *, ran: bool = True) -> None:
+        """Hand ``run``'s ``result`` to the loop; ``ran``: its handler ran (it counts in
+        :attr:`ends`), else it was cancelled while waiting."""
         if self.on_finished is not None:
             self.on_finished(run.claim, result)
         self.running.pop(run.claim.id, None)
         self.finished.append((run, result))
-        self.ends += 1
+        if ran:
+            self.ends += 1
         if self.waiting and self.refill:
             self._refill()
         if self.ended is not None and (

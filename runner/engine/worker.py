@@ -248,9 +248,7 @@ class Worker:
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
-        a = self.attempts
-        busy = self.running or a.waiting or a.lapsed or a.finished
-        if not busy and self.cycles.inflight is None:
+        if not (self.running or self.attempts.unsettled()) and self.cycles.inflight is None:
             return True
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
@@ -327,8 +325,7 @@ class Worker:
     async def _idle_exit(self, now: float) -> bool:
         """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
         pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        a = self.attempts
-        if self.cycles.inflight is not None or self.running or a.waiting or a.lapsed or a.finished:
+        if self.cycles.inflight is not None or self.running or self.attempts.unsettled():
             return False
         if not self._idle_check.check(now):
             return False
@@ -370,7 +367,7 @@ class Worker:
         a = self.attempts
         if self._stopping:
             return 0, a.give_back(everything=True) if a.waiting or a.lapsed else []
-        free = self.config.concurrency - len(self.running)
+        free = self._free()
         if a.overdue():
             return free, a.give_back()
         return max(0, free + self._ahead.target(now, a.ends) - len(a.waiting)), []
@@ -414,11 +411,10 @@ class Worker:
             # the last outcomes; the database may be briefly away (once: it was down for
             # the whole grace already)
             for _ in range(1 if self._down_at_stop else 5):
-                a = self.attempts
-                if not (a.finished or a.waiting or a.lapsed):
+                if not self.attempts.unsettled():
                     break
                 try:
-                    release = a.give_back(everything=True)
+                    release = self.attempts.give_back(everything=True)
                     self.stats.add(await self.cycles.run_now(self._request(0, release=release)))
                 except DBAPIError as exc:
                     log.warning("database unavailable at stop (%s); retrying", short_error(exc))
