@@ -30,6 +30,8 @@ import signal
 import threading
 import time
 
+from runner.handlers import native
+
 log = logging.getLogger("flowrun.reaper")
 
 TOKEN_ENV = "FLOWRUN_RUN"
@@ -191,17 +193,25 @@ def sweep() -> None:
 
 
 def _reap(pids: list[int]) -> None:
+    """Reap the dead ``pids`` that are not handlers: the spawns under way are waited for
+    (their threads' locks; the C extension's hold) and none started meanwhile, so a
+    handler that exited before it was registered is never taken for an orphan."""
     locks = list(_spawn_locks)
     for lock in locks:
         lock.acquire()
+    ext = native.ext
+    if ext is not None:
+        ext.hold_reaps(True)
     try:
         for pid in pids:
-            if pid in leaders:
+            if pid in leaders or (ext is not None and ext.is_pending(pid)):
                 continue
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             _signalled.pop(pid, None)
     finally:
+        if ext is not None:
+            ext.hold_reaps(False)
         for lock in locks:
             lock.release()
 

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner import control
-from runner.handlers import exits, reaper
+from runner.handlers import exits, native, reaper
 from runner.handlers.environ import add_env, encode_env
 from runner.handlers.handoff import Handoff
 
@@ -59,6 +60,7 @@ SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 #: of a spawn thread's time
 _jobs: queue.SimpleQueue = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
+_NATIVE_CONTROL = str(native.CONTROL_FD)
 _threads_lock = threading.Lock()
 _devnull: int | None = None  # /dev/null, opened once: every handler's stdin
 _local = threading.local()  # a spawn thread's lasting error pipe (_lasting_error_pipe)
@@ -321,14 +323,39 @@ def _child_error(data: bytes, cwd: str, program: str) -> Exception:
 
 
 def _orphan(child: Child) -> None:
-    """A child started for an attempt that was cancelled meanwhile (a worker abort):
-    close its pipes; its group is ended with the others (``reaper.kill_all``)."""
+    """A child started for an attempt that was cancelled meanwhile (a worker abort): end
+    its group, close its pipes (its exit is still collected: ``exits``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, signal.SIGKILL)
     for fd in (child.out, child.err, child.control):
         os.close(fd)
     reaper.ended(child.token)
 
 
+def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple]) -> None:
+    """Spawns the C extension finished (``native.submit``), on ``loop``: each child is
+    registered with the reaper and the exits, then handed to its attempt's future."""
+    pids = []
+    for (fut, token, program, cwd), pid, pidfd, out_r, err_r, ctl_r in results:
+        if pid is None:  # pidfd is the errno, out_r the stage
+            if not fut.done():
+                name = cwd if out_r == native.STAGE_CHDIR else program
+                fut.set_exception(OSError(pidfd, os.strerror(pidfd), name))
+            continue
+        reaper.add_leader(pid)
+        pids.append(pid)
+        proc = Proc(pid)
+        child = Child(proc, out_r, err_r, ctl_r, token=token)
+        child.exit_watched = exits.watch(proc, loop, child.exited, pidfd)
+        if fut.done():
+            _orphan(child)
+        else:
+            fut.set_result(child)
+    native.forget(pids)
+
+
 _started = Handoff(_orphan)  # started children, handed to the loop in batches
+exits.on_loop_closed(native.drop)
 
 
 def _spawner() -> None:
@@ -369,16 +396,22 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
     """
     extra, path = data_env(data)
     add_env(env, extra)
-    if len(_threads) < SPAWN_THREADS:
-        _add_thread()
     loop = asyncio.get_running_loop()
     exits.prepare(loop)
+    token = reaper.new_token()
     fut = loop.create_future()
     try:
-        _jobs.put((argv, cwd, env, reaper.new_token(), loop, fut))
+        if native.ext is not None:
+            add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
+            native.submit(loop, (fut, token, argv[0], cwd), argv, cwd, env, _collected)
+        else:
+            if len(_threads) < SPAWN_THREADS:
+                _add_thread()
+            _jobs.put((argv, cwd, env, token, loop, fut))
         child = await fut
     except BaseException:
         remove_data_file(path)
+        reaper.ended(token)
         raise
     child.data_file = path
     return child
