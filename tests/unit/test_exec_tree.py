@@ -23,6 +23,9 @@ from runner.handlers.attempt import Cancel, Limits
 from tests.support.fault import pid_alive, poll
 from tests.unit.test_executor import run
 
+#: every test here on both spawn paths (the C extension and Python: ``spawn_path``)
+pytestmark = pytest.mark.usefixtures("spawn_path")
+
 PY_READ_DATA = (
     "import json, os\n"
     "path = os.environ.get('FLOWRUN_DATA_FILE')\n"
