@@ -216,15 +216,17 @@ def _reap(pids: list[int]) -> None:
             lock.release()
 
 
-def _children() -> dict[int, tuple[str, int]]:
-    """``{pid: (state letter, session id)}`` of this process's children (adopted orphans
-    are re-parented to the main thread, whose ``children`` file lists them)."""
+def _children(tasks: tuple[str, ...] | None = None) -> dict[int, tuple[str, int]]:
+    """``{pid: (state letter, session id)}`` of this process's children: those of the main
+    thread (adopted orphans are re-parented to it, whose ``children`` file lists them),
+    or of every thread in ``tasks`` (thread ids, as in ``/proc/self/task``)."""
     pids: list[str] = []
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            pids = f.read().split()
-    except OSError:
-        return {}
+    for task in tasks or (str(os.getpid()),):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            continue
     out: dict[int, tuple[str, int]] = {}
     for pid in pids:
         try:

@@ -62,8 +62,18 @@ ESCAPED = ("escaped", "orphan", "orphan_setsid")
 
 
 def _escaped_pids(folder: Path) -> list[int]:
-    poll(lambda: all((folder / n).exists() for n in ESCAPED), 30, 0.02)
-    return [int((folder / n).read_text()) for n in ESCAPED]
+    return _written_pids(folder, ESCAPED)
+
+
+def _written_pids(folder: Path, names: tuple[str, ...]) -> list[int]:
+    """The pids in these files, once each is written (it exists before ``echo`` writes)."""
+
+    def written(name: str) -> bool:
+        path = folder / name
+        return path.exists() and path.read_text().endswith("\n")
+
+    poll(lambda: all(written(n) for n in names), 30, 0.02)
+    return [int((folder / n).read_text()) for n in names]
 
 
 async def _all_ended(pids: list[int]) -> None:
@@ -100,8 +110,7 @@ async def test_escapee_of_a_running_attempt_is_left_alone(tmp_path: Path, subrea
     cancel = Cancel()
     script = "(sleep 1000 & echo $! > orphan); sleep 1000"
     task = asyncio.ensure_future(run(["sh", "-c", script], tmp_path, cancel=cancel))
-    await asyncio.to_thread(poll, lambda: (tmp_path / "orphan").exists(), 30, 0.02)
-    orphan = int((tmp_path / "orphan").read_text())
+    [orphan] = await asyncio.to_thread(_written_pids, tmp_path, ("orphan",))
     await asyncio.sleep(10 * reaper.EVERY)  # several sweeps
     assert pid_alive(orphan), "ended while its attempt was still running"
     cancel.set("done")

@@ -27,23 +27,10 @@ def _open_fds() -> set[int]:
 
 
 def _zombie_children() -> list[int]:
-    """Our children (of any thread) that are zombies."""
-    found = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids = f.read().split()
-        except OSError:
-            continue
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if stat[stat.rindex(b")") + 2 :].split()[0] == b"Z":
-                found.append(int(pid))
-    return found
+    """Our children (of any thread: handlers are children of the threads that spawned
+    them) that are zombies."""
+    children = reaper._children(tuple(os.listdir("/proc/self/task")))
+    return [pid for pid, (state, _sid) in children.items() if state == "Z"]
 
 
 def test_many_attempts_leave_no_descriptor_and_no_zombie(tmp_path: Path, spawn_path: str) -> None:
