@@ -1,18 +1,25 @@
 """Starting one ``exec`` handler's process, cheaply: pipes, environment, data, the spawn.
 
-The process is started the way ``subprocess.Popen`` starts one with no ``preexec_fn``:
-CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new session, ``cwd``, the
-descriptors and the closing of all others are done in the child between ``vfork`` and
-``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL while it spawns). It is
-called directly (:func:`_fork_exec`), not through ``Popen``: Popen's own Python code,
-re-encoding the whole environment and opening ``/dev/null`` on every call, cost as much
-of the parent's CPU as the spawn itself (``docs/performance.md``, issue 13). Should that
-private function not take the arguments it takes in CPython 3.11-3.13, ``Popen`` is
-used instead. The spawn blocks its thread until the child has exec'd, so it runs in a
-small pool of threads (:func:`spawn`) while the event loop goes on; the started children
-reach the loop in batches, one wake-up for all those started meanwhile. The pipes are
-plain descriptors: the read ends are read by the loop itself, only when ready
-(``runner.handlers.exec_handler``), with no asyncio transport or stream per process.
+Where the C extension is built (``runner.handlers.native``), :func:`spawn` hands the
+start to it and the started children come back through :func:`_collected`. Otherwise
+(no compiler at install time, ``FLOWRUN_SPAWN=python``) the Python path below runs, with
+the same guarantees; the control channel's descriptor number differs (3 with the
+extension).
+
+On the Python path the process is started the way ``subprocess.Popen`` starts one with
+no ``preexec_fn``: CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new
+session, ``cwd``, the descriptors and the closing of all others are done in the child
+between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL
+while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
+Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
+every call, cost as much of the parent's CPU as the spawn itself
+(``docs/performance.md``, issue 13). Should that private function not take the arguments
+it takes in CPython 3.11-3.13, ``Popen`` is used instead. The spawn blocks its thread
+until the child has exec'd, so it runs in a small pool of threads (:func:`spawn`) while
+the event loop goes on; the started children reach the loop in batches, one wake-up for
+all those started meanwhile. The pipes are plain descriptors: the read ends are read by
+the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
+transport or stream per process.
 
 Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
 :data:`DATA_INLINE_MAX` bytes. Larger data (an environment string is capped at 128 kB by
@@ -214,11 +221,7 @@ def _fork_exec(
     """``subprocess.Popen._execute_child`` without its overheads (same arguments to
     ``_posixsubprocess.fork_exec``, same errors: ``OSError`` with the child's errno when
     ``cwd`` or the program cannot be used)."""
-    executable = os.fsencode(argv[0])
-    if os.path.dirname(executable):
-        executables: tuple[bytes, ...] = (executable,)
-    else:  # as Popen (os._execvpe): the PATH of the handler's environment
-        executables = tuple(os.path.join(os.fsencode(d), executable) for d in os.get_exec_path(env))
+    executables = native.executables(argv[0], env)  # the PATH of the handler's environment
     lasting = getattr(_local, "errpipe", None)
     if lasting is not None:  # vfork: the child has exec'd or failed when this returns
         pid = _call_fork_exec(argv, executables, cwd, env, stdin, out, err, ctl, *lasting)
