@@ -52,6 +52,8 @@ try:
 except ImportError:  # not POSIX CPython
     _posix_fork_exec = None
 
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 #: Largest JSON (bytes) passed inline in ``FLOWRUN_DATA``; larger goes to a file.
 DATA_INLINE_MAX = 64 * 1024
 DATA_ENV = "FLOWRUN_DATA"
@@ -143,7 +145,7 @@ def data_env(data: dict) -> tuple[dict[str, str], str | None]:
     folder; the caller removes it (:func:`remove_data_file`). Raises ``OSError`` if the
     file cannot be written.
     """
-    text = json.dumps(data, separators=(",", ":"))
+    text = _compact_json(data)
     if len(text) <= DATA_INLINE_MAX:  # characters ≤ bytes: the file path is rarely taken
         return {DATA_ENV: text}, None
     fd, path = tempfile.mkstemp(prefix="flowrun-data-", suffix=".json")
