@@ -486,11 +486,28 @@ grow(void)
 }
 
 static void
+before_fork(void)
+{
+    pthread_mutex_lock(&q_lock);
+    pthread_mutex_lock(&p_lock);
+}
+
+static void
+after_fork_parent(void)
+{
+    pthread_mutex_unlock(&p_lock);
+    pthread_mutex_unlock(&q_lock);
+}
+
+static void
 after_fork_child(void)
 {
-    /* a forked child has none of the pool's threads */
+    /* a forked child has none of the pool's threads, and none of its children */
+    pthread_mutex_init(&q_lock, NULL);
+    pthread_mutex_init(&p_lock, NULL);
     n_threads = idle_threads = 0;
     q_head = q_tail = NULL;
+    n_pending = 0;
 }
 
 typedef struct {
@@ -803,7 +820,7 @@ PyInit__spawn(void)
         pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
         pthread_rwlock_init(&reap_lock, &attr);
         pthread_rwlockattr_destroy(&attr);
-        pthread_atfork(NULL, NULL, after_fork_child);
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
         ready = 1;
     }
     if (PyType_Ready(&SpawnerType) < 0)

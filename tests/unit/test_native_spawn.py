@@ -142,3 +142,15 @@ def test_flowrun_spawn_python_forces_the_python_path() -> None:
     ).stdout  # fmt: skip
     built = importlib.util.find_spec("runner.handlers._spawn") is not None
     assert ("C extension" in out) == built, out
+
+
+@needs_c
+def test_a_forked_child_starts_handlers_with_a_pool_of_its_own(tmp_path: Path) -> None:
+    """The pool's threads do not survive a ``fork``: the child starts its own (its locks
+    and queue reset by the extension's ``pthread_atfork`` handlers)."""
+    assert asyncio.run(run(["/bin/true"], tmp_path)).outcome == "moved"  # the pool runs
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        outcome = asyncio.run(run(["/bin/true"], tmp_path)).outcome
+        os._exit(0 if outcome == "moved" else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
