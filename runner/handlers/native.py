@@ -8,7 +8,7 @@ other descriptor closed, ``SIGPIPE``/``SIGXFSZ`` back to their defaults), an exe
 reported as an errno through the memory a ``vfork`` child shares with its parent (no
 error pipe), and the child's pidfd. Each event loop has a ``_spawn.Spawner``: the loop
 submits spawns without waiting (:func:`submit`) and collects the finished ones in
-batches when the spawner's eventfd is readable. About 90 µs less of the daemon's CPU an
+batches when the spawner's eventfd is readable. 70-90 µs less of the daemon's CPU an
 attempt than the Python path, and a third of its context switches (``docs/performance.md``,
 issue 13, fifth pass).
 
