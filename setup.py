@@ -9,7 +9,12 @@ from setuptools import Extension, setup
 ext_modules = []
 if sys.platform.startswith("linux"):
     ext_modules.append(
-        Extension("runner.handlers._spawn", ["runner/handlers/_spawn.c"], optional=True)
+        Extension(
+            "runner.handlers._spawn",
+            ["runner/handlers/_spawn.c", "runner/handlers/_spawn_child.c"],
+            depends=["runner/handlers/_spawn_child.h"],
+            optional=True,
+        )
     )
 
 setup(ext_modules=ext_modules)

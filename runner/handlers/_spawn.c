@@ -6,10 +6,7 @@
  * stdin_fd, stdout/stderr to the pipes, the control channel's write end as descriptor 3,
  * every other descriptor closed, SIGPIPE and SIGXFSZ back to their defaults, no signal
  * blocked), the child's pidfd (pidfd_open; -1 where the kernel has none), and the closing
- * of the write ends. The child's steps are CPython's _posixsubprocess's (same order, same
- * errors: the first errno of the candidate paths that is not ENOENT/ENOTDIR), but an exec
- * failure comes back as an errno through the memory a vfork child shares with its parent
- * instead of an error pipe. Finished spawns are collected by the loop in batches: the
+ * of the write ends (_spawn_child.c: no Python there). Finished spawns are collected by the loop in batches: the
  * Spawner's eventfd is readable while there are some.
  *
  * The reaper (runner.handlers.reaper) must never reap a handler the loop has not taken
@@ -22,184 +19,16 @@
 #include <Python.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_close_range
-#define SYS_close_range 436
-#endif
-
-/* the handler's descriptors 0-3 (stdin, stdout, stderr, control); 4 and above closed */
-#define CHILD_FDS 4
-
-enum { STAGE_NONE = 0, STAGE_CHDIR = 1, STAGE_EXEC = 2, STAGE_OTHER = 3 };
-
-struct child {
-    char *const *argv;
-    char *const *execs; /* candidates, tried in order (a PATH search done by the caller) */
-    Py_ssize_t n_execs;
-    char *const *envp;
-    const char *cwd; /* NULL: stay */
-    int src[CHILD_FDS];
-    const sigset_t *mask; /* the child's mask (the caller's, saved before blocking all) */
-    unsigned int max_fd;  /* for the close loop without close_range */
-    /* written by the vfork child, read by the parent once it runs again */
-    volatile int err;
-    volatile int stage;
-};
-
-static void
-reset_signals(const sigset_t *mask)
-{
-    /* A handler the parent installed must not run in the child before its exec (they
-     * share memory): back to the default for every signal the child's mask lets in. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < _NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP || sigismember(mask, sig) == 1)
-            continue;
-        struct sigaction sa;
-        if (sigaction(sig, NULL, &sa) == -1)
-            continue;
-        void *h = (sa.sa_flags & SA_SIGINFO) ? (void *)sa.sa_sigaction : (void *)sa.sa_handler;
-        if (h == (void *)SIG_IGN || h == (void *)SIG_DFL)
-            continue;
-        (void)sigaction(sig, &dfl, NULL);
-    }
-}
-
-/* The vfork child: only async-signal-safe calls, nothing written but c->err/c->stage. */
-static void
-child_exec(struct child *c)
-{
-    int sig_restore[] = {SIGPIPE, SIGXFSZ}; /* Python ignores them; Popen restores them */
-    for (int i = 0; i < CHILD_FDS; i++) {
-        if (dup2(c->src[i], i) < 0)
-            goto fail;
-    }
-    if (c->cwd != NULL && chdir(c->cwd) < 0) {
-        c->err = errno;
-        c->stage = STAGE_CHDIR;
-        _exit(127);
-    }
-    for (size_t i = 0; i < sizeof sig_restore / sizeof sig_restore[0]; i++)
-        signal(sig_restore[i], SIG_DFL);
-    if (setsid() < 0)
-        goto fail;
-    if (syscall(SYS_close_range, CHILD_FDS, ~0U, 0) < 0) {
-        for (unsigned int fd = CHILD_FDS; fd < c->max_fd; fd++)
-            close(fd);
-    }
-    reset_signals(c->mask);
-    if (pthread_sigmask(SIG_SETMASK, c->mask, NULL) != 0)
-        goto fail;
-    int saved = 0;
-    for (Py_ssize_t i = 0; i < c->n_execs; i++) {
-        execve(c->execs[i], c->argv, c->envp);
-        if (errno != ENOENT && errno != ENOTDIR && saved == 0)
-            saved = errno;
-    }
-    c->err = saved ? saved : errno;
-    c->stage = STAGE_EXEC;
-    _exit(127);
-fail:
-    c->err = errno;
-    c->stage = STAGE_OTHER;
-    _exit(127);
-}
-
-/* Make `fd` 4 or above (the child's 0-3 are dup2 targets); close-on-exec. */
-static int
-lift(int fd)
-{
-    if (fd >= CHILD_FDS)
-        return fd;
-    int up = fcntl(fd, F_DUPFD_CLOEXEC, CHILD_FDS);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return up;
-}
-
-static void
-close_all(int *fds, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (fds[i] >= 0) {
-            close(fds[i]);
-            fds[i] = -1;
-        }
-    }
-}
-
-/* Pipes, spawn, pidfd; GIL released by the caller. Returns 0, or an errno with
- * c->stage telling where. pipes[0..2] are the read ends on success. */
-static int
-run_spawn(struct child *c, const sigset_t *child_mask, int stdin_fd, pid_t *pid_out, int *pidfd_out,
-          int reads[3])
-{
-    int ends[6] = {-1, -1, -1, -1, -1, -1}; /* (read, write) x stdout, stderr, control */
-    int err = 0;
-    pid_t pid = -1;
-    for (int i = 0; i < 3; i++) {
-        if (pipe2(ends + 2 * i, O_CLOEXEC) < 0 || (ends[2 * i + 1] = lift(ends[2 * i + 1])) < 0) {
-            err = errno;
-            goto fail;
-        }
-    }
-    c->src[0] = stdin_fd;
-    c->src[1] = ends[1];
-    c->src[2] = ends[3];
-    c->src[3] = ends[5];
-    sigset_t all, old;
-    sigfillset(&all);
-    if ((err = pthread_sigmask(SIG_BLOCK, &all, &old)) != 0)
-        goto fail;
-    c->mask = child_mask;
-    c->err = 0;
-    c->stage = STAGE_NONE;
-    pid = vfork();
-    if (pid == 0)
-        child_exec(c); /* never returns */
-    err = pid < 0 ? errno : 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
-        c->stage = STAGE_OTHER;
-        goto fail;
-    }
-    if (c->err) {
-        err = c->err;
-        goto reap;
-    }
-    close(ends[1]);
-    close(ends[3]);
-    close(ends[5]);
-    *pid_out = pid;
-    *pidfd_out = (int)syscall(SYS_pidfd_open, pid, 0);
-    reads[0] = ends[0];
-    reads[1] = ends[2];
-    reads[2] = ends[4];
-    return 0;
-reap:
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-fail:
-    close_all(ends, 6);
-    return err;
-}
+#include "_spawn_child.h"
 
 /* bytes/str items of a sequence -> a NULL-terminated char* array into `keep`'s bytes */
 static char **
@@ -293,7 +122,7 @@ struct req {
     PyObject *key;  /* handed back by collect(); never touched off the GIL */
     PyObject *keep; /* the bytes the arrays point into */
     char **argv, **execs, **envp;
-    Py_ssize_t n_execs;
+    ssize_t n_execs;
     PyObject *cwd_b;
     int stdin_fd;
     /* results */
@@ -405,7 +234,7 @@ finish(struct req *r)
         if (r->err == 0) { /* nobody will run it: end its group, let the reaper reap it */
             kill(-r->pid, SIGKILL);
             int fds[4] = {r->pidfd, r->reads[0], r->reads[1], r->reads[2]};
-            close_all(fds, 4);
+            flowrun_close_all(fds, 4);
             pending_remove(r->pid);
         }
         pthread_mutex_lock(&g_lock);
@@ -453,7 +282,7 @@ worker(void *unused)
         c.cwd = r->cwd_b != NULL ? PyBytes_AS_STRING(r->cwd_b) : NULL;
         c.max_fd = max_fd_cached;
         pthread_rwlock_rdlock(&reap_lock);
-        r->err = run_spawn(&c, &empty, r->stdin_fd, &r->pid, &r->pidfd, r->reads);
+        r->err = flowrun_spawn_child(&c, &empty, r->stdin_fd, &r->pid, &r->pidfd, r->reads);
         if (r->err == 0)
             pending_add(r->pid);
         pthread_rwlock_unlock(&reap_lock);
@@ -556,7 +385,7 @@ Spawner_close_core(Spawner *self)
         if (r->err == 0) {
             kill(-r->pid, SIGKILL);
             int fds[4] = {r->pidfd, r->reads[0], r->reads[1], r->reads[2]};
-            close_all(fds, 4);
+            flowrun_close_all(fds, 4);
             pending_remove(r->pid);
         }
         free_req(r);
@@ -689,7 +518,7 @@ Spawner_collect(Spawner *self, PyObject *unused)
             Py_XDECREF(item);
             if (r->err == 0) {
                 int fds[4] = {r->pidfd, r->reads[0], r->reads[1], r->reads[2]};
-                close_all(fds, 4);
+                flowrun_close_all(fds, 4);
             }
         }
         else
