@@ -141,7 +141,7 @@ def test_flowrun_spawn_python_forces_the_python_path() -> None:
         env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     built = importlib.util.find_spec("runner.handlers._spawn") is not None
-    assert ("C extension" in out) == built, out
+    assert ("started by: C extension" in out) == built, out
 
 
 @needs_c
