@@ -86,3 +86,19 @@ def _redacted(url: str) -> str:
     from runner.store.db import redact
 
     return redact(url)
+
+
+@pytest.fixture(params=["c", "python"])
+def spawn_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run an ``exec`` handler test on both ways of starting a handler: the C extension
+    ``runner.handlers._spawn`` (skipped where it is not built, or with
+    ``FLOWRUN_SPAWN=python``) and the Python path (``_posixsubprocess`` on spawn threads,
+    what a machine without a compiler runs)."""
+    from runner.handlers import native
+
+    if request.param == "c":
+        if native.ext is None:
+            pytest.skip(f"C spawn path not in use: {native.path_in_use()}")
+    else:
+        monkeypatch.setattr(native, "ext", None)
+    return request.param

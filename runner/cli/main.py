@@ -127,7 +127,14 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     help="PostgreSQL: most connections this process opens for statements (one kept open); "
     "--daemon adds one listening connection.",
 )
-@click.version_option(package_name="flowrun")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=lambda ctx, _param, value: _version(ctx, value),
+    help="Show the version (and how exec handlers are started) and exit.",
+)
 @click.pass_context
 def main_group(
     ctx,
@@ -339,3 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0
+
+
+def _version(ctx: click.Context, value: bool) -> None:
+    """``--version``: flowrun's version and which spawn path runs ``exec`` handlers (the C
+    extension or the Python fallback: ``runner.handlers.native``)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from runner.handlers.native import path_in_use
+
+    click.echo(f"flowrun, version {version('flowrun')}")
+    click.echo(f"exec handlers started by: {path_in_use()}")
+    ctx.exit()

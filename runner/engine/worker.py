@@ -49,7 +49,7 @@ from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
-from runner.handlers import reaper
+from runner.handlers import native, reaper
 from runner.store import heartbeat
 from runner.store.db import short_error
 
@@ -232,10 +232,11 @@ class Worker:
             log.warning("worker %s stopped before the database came back", cfg.worker_id)
             return  # a stop must not wait for the database
         log.info(
-            "worker %s started (concurrency %d, lease %gs)",
+            "worker %s started (concurrency %d, lease %gs; exec handlers: %s)",
             cfg.worker_id,
             cfg.concurrency,
             cfg.lease,
+            native.path_in_use(),
         )
         self.cycles.start_wal()
 

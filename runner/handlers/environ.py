@@ -72,22 +72,35 @@ class Env(dict):
 def encode_env(env: dict[str, str]) -> list[bytes]:
     """``env`` as ``b"key=value"`` items; an :class:`Env`'s base is encoded once.
     Raises ``ValueError`` for a key with ``=``."""
+    items, added = encode_parts(env)
+    return [*items, *(_encode_item(key, value) for key, value in added.items())]
+
+
+def encode_parts(env: dict[str, str]) -> tuple[list[bytes], dict[str, str]]:
+    """``(items, added)``: ``env`` as ``b"key=value"`` items encoded once (an
+    :class:`Env`'s base, less the keys set again) plus the variables still to encode (its
+    added ones; all of a plain dict's). The list may be the cache's own: never change it.
+    For ``runner.handlers._spawn``, which encodes ``added`` itself. Raises ``ValueError``
+    for a base key with ``=``."""
     base = getattr(env, "base", None)
     if base is None:
-        return [_encode_item(key, value) for key, value in env.items()]
+        return [], env
+    cached = _encoded_base(base)
+    added: dict[str, str] = env.added  # type: ignore[attr-defined]
+    if added.keys().isdisjoint(base):
+        return cached, added
+    return [item for key, item in zip(base, cached, strict=True) if key not in added], added
+
+
+def _encoded_base(base: dict[str, str]) -> list[bytes]:
+    """``base``'s items encoded, once for each base dict (a never-changed one)."""
     cached = _encoded.get(id(base))
     if cached is None or cached[0] is not base:
         cached = (base, [_encode_item(key, value) for key, value in base.items()])
         if len(_encoded) >= 64:
             _encoded.clear()
         _encoded[id(base)] = cached
-    added: dict[str, str] = env.added  # type: ignore[attr-defined]
-    if added.keys().isdisjoint(base):
-        items = list(cached[1])
-    else:  # a base variable set again (a handler's daemon started by a handler)
-        items = [item for key, item in zip(base, cached[1], strict=True) if key not in added]
-    items.extend(_encode_item(key, value) for key, value in added.items())
-    return items
+    return cached[1]
 
 
 def add_env(env: dict[str, str], values: dict[str, str]) -> None:

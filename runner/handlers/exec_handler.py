@@ -148,7 +148,7 @@ class _Supervised:
         self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
         self.bad: str | None = None
         self.last_checkpoint: dict | None = None
-        self._pending: list[dict] = []
+        self._pending: list[tuple[dict, dict]] = []  # (data after the line, its values)
         self._storing: asyncio.Task | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
@@ -290,14 +290,15 @@ class _Supervised:
         elif kind == "checkpoint":
             self.data.update(value)  # type: ignore[arg-type]
             self.last_checkpoint = value  # type: ignore[assignment]
-            self._pending.append(dict(value))  # type: ignore[arg-type]
+            self._pending.append((dict(self.data), dict(value)))  # type: ignore[arg-type]
             if self._storing is None or self._storing.done():
                 self._storing = self.loop.create_task(self._store())
 
     async def _store(self) -> None:
         while self._pending:
-            values = self._pending.pop(0)
-            ok = await asyncio.to_thread(self.checkpoint, dict(self.data), values)
+            # the data as of this line: a later line read meanwhile is stored by its own turn
+            data, values = self._pending.pop(0)
+            ok = await asyncio.to_thread(self.checkpoint, data, values)
             if not ok:
                 self._pending.clear()
                 self.cancel.set("instance taken away during checkpoint")

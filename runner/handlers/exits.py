@@ -46,6 +46,8 @@ _waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
 #: ``epoll fd -> set`` of closed loops, watched by the thread
 _adopted: dict[int, _ExitSet] = {}
 _epoll: select.epoll | None = None  # the thread's
+#: called (on the thread) with each loop found closed: ``on_loop_closed``
+_closers: list[Callable[[asyncio.AbstractEventLoop], None]] = []
 
 
 class _ExitSet:
@@ -92,15 +94,31 @@ def prepare(loop: asyncio.AbstractEventLoop) -> None:
         _thread_epoll()
 
 
-def watch(proc: Any, loop: asyncio.AbstractEventLoop, callback: Callable[[int], None]) -> bool:
+def on_loop_closed(closer: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+    """Have ``closer(loop)`` called (on this module's thread, within :data:`ADOPT_EVERY`
+    seconds) for every loop given to :func:`prepare` that closes; it must not raise."""
+    _closers.append(closer)
+
+
+def watch(
+    proc: Any,
+    loop: asyncio.AbstractEventLoop,
+    callback: Callable[[int], None],
+    pidfd: int | None = None,
+) -> bool:
     """Call ``callback(returncode)`` on ``loop`` once ``proc`` exits (thread-safe);
     ``proc`` has ``pid``, ``poll()`` and ``wait()`` (``spawn.Proc``, ``subprocess.Popen``).
+    ``pidfd``: its pidfd, already open (``runner.handlers._spawn``; -1: none), else it is
+    opened here; this module closes it.
 
     False when pidfds are not available (not Linux ≥ 5.3): the caller polls instead.
     """
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
+    if pidfd is None:
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            return False
+    elif pidfd < 0:
         return False
     exit_set = _sets.get(loop)
     if exit_set is not None and exit_set.add(pidfd, proc, callback):
@@ -161,6 +179,8 @@ def _adopt(ep: select.epoll) -> None:
         if loop.is_closed():
             with _lock:
                 del _sets[loop]
+            for closer in _closers:
+                closer(loop)
             _adopted[exit_set.ep.fileno()] = exit_set
             ep.register(exit_set.ep.fileno(), select.EPOLLIN)
             exit_set.collect(deliver=False)  # exits that came before it was adopted

@@ -30,6 +30,8 @@ import signal
 import threading
 import time
 
+from runner.handlers import native
+
 log = logging.getLogger("flowrun.reaper")
 
 TOKEN_ENV = "FLOWRUN_RUN"
@@ -191,30 +193,40 @@ def sweep() -> None:
 
 
 def _reap(pids: list[int]) -> None:
+    """Reap the dead ``pids`` that are not handlers: the spawns under way are waited for
+    (their threads' locks; the C extension's hold) and none started meanwhile, so a
+    handler that exited before it was registered is never taken for an orphan."""
     locks = list(_spawn_locks)
     for lock in locks:
         lock.acquire()
+    ext = native.ext
+    if ext is not None:
+        ext.hold_reaps(True)
     try:
         for pid in pids:
-            if pid in leaders:
+            if pid in leaders or (ext is not None and ext.is_pending(pid)):
                 continue
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             _signalled.pop(pid, None)
     finally:
+        if ext is not None:
+            ext.hold_reaps(False)
         for lock in locks:
             lock.release()
 
 
-def _children() -> dict[int, tuple[str, int]]:
-    """``{pid: (state letter, session id)}`` of this process's children (adopted orphans
-    are re-parented to the main thread, whose ``children`` file lists them)."""
+def _children(tasks: tuple[str, ...] | None = None) -> dict[int, tuple[str, int]]:
+    """``{pid: (state letter, session id)}`` of this process's children: those of the main
+    thread (adopted orphans are re-parented to it, whose ``children`` file lists them),
+    or of every thread in ``tasks`` (thread ids, as in ``/proc/self/task``)."""
     pids: list[str] = []
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            pids = f.read().split()
-    except OSError:
-        return {}
+    for task in tasks or (str(os.getpid()),):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            continue
     out: dict[int, tuple[str, int]] = {}
     for pid in pids:
         try:

@@ -1,18 +1,25 @@
 """Starting one ``exec`` handler's process, cheaply: pipes, environment, data, the spawn.
 
-The process is started the way ``subprocess.Popen`` starts one with no ``preexec_fn``:
-CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new session, ``cwd``, the
-descriptors and the closing of all others are done in the child between ``vfork`` and
-``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL while it spawns). It is
-called directly (:func:`_fork_exec`), not through ``Popen``: Popen's own Python code,
-re-encoding the whole environment and opening ``/dev/null`` on every call, cost as much
-of the parent's CPU as the spawn itself (``docs/performance.md``, issue 13). Should that
-private function not take the arguments it takes in CPython 3.11-3.13, ``Popen`` is
-used instead. The spawn blocks its thread until the child has exec'd, so it runs in a
-small pool of threads (:func:`spawn`) while the event loop goes on; the started children
-reach the loop in batches, one wake-up for all those started meanwhile. The pipes are
-plain descriptors: the read ends are read by the loop itself, only when ready
-(``runner.handlers.exec_handler``), with no asyncio transport or stream per process.
+Where the C extension is built (``runner.handlers.native``), :func:`spawn` hands the
+start to it and the started children come back through :func:`_collected`. Otherwise
+(no compiler at install time, ``FLOWRUN_SPAWN=python``) the Python path below runs, with
+the same guarantees; the control channel's descriptor number differs (3 with the
+extension).
+
+On the Python path the process is started the way ``subprocess.Popen`` starts one with
+no ``preexec_fn``: CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new
+session, ``cwd``, the descriptors and the closing of all others are done in the child
+between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL
+while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
+Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
+every call, cost as much of the parent's CPU as the spawn itself
+(``docs/performance.md``, issue 13). Should that private function not take the arguments
+it takes in CPython 3.11-3.13, ``Popen`` is used instead. The spawn blocks its thread
+until the child has exec'd, so it runs in a small pool of threads (:func:`spawn`) while
+the event loop goes on; the started children reach the loop in batches, one wake-up for
+all those started meanwhile. The pipes are plain descriptors: the read ends are read by
+the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
+transport or stream per process.
 
 Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
 :data:`DATA_INLINE_MAX` bytes. Larger data (an environment string is capped at 128 kB by
@@ -28,6 +35,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner import control
-from runner.handlers import exits, reaper
+from runner.handlers import exits, native, reaper
 from runner.handlers.environ import add_env, encode_env
 from runner.handlers.handoff import Handoff
 
@@ -44,6 +52,8 @@ try:
 except ImportError:  # not POSIX CPython
     _posix_fork_exec = None
 
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 #: Largest JSON (bytes) passed inline in ``FLOWRUN_DATA``; larger goes to a file.
 DATA_INLINE_MAX = 64 * 1024
 DATA_ENV = "FLOWRUN_DATA"
@@ -59,6 +69,7 @@ SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 #: of a spawn thread's time
 _jobs: queue.SimpleQueue = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
+_NATIVE_CONTROL = str(native.CONTROL_FD)
 _threads_lock = threading.Lock()
 _devnull: int | None = None  # /dev/null, opened once: every handler's stdin
 _local = threading.local()  # a spawn thread's lasting error pipe (_lasting_error_pipe)
@@ -134,7 +145,7 @@ def data_env(data: dict) -> tuple[dict[str, str], str | None]:
     folder; the caller removes it (:func:`remove_data_file`). Raises ``OSError`` if the
     file cannot be written.
     """
-    text = json.dumps(data, separators=(",", ":"))
+    text = _compact_json(data)
     if len(text) <= DATA_INLINE_MAX:  # characters ≤ bytes: the file path is rarely taken
         return {DATA_ENV: text}, None
     fd, path = tempfile.mkstemp(prefix="flowrun-data-", suffix=".json")
@@ -212,11 +223,7 @@ def _fork_exec(
     """``subprocess.Popen._execute_child`` without its overheads (same arguments to
     ``_posixsubprocess.fork_exec``, same errors: ``OSError`` with the child's errno when
     ``cwd`` or the program cannot be used)."""
-    executable = os.fsencode(argv[0])
-    if os.path.dirname(executable):
-        executables: tuple[bytes, ...] = (executable,)
-    else:  # as Popen (os._execvpe): the PATH of the handler's environment
-        executables = tuple(os.path.join(os.fsencode(d), executable) for d in os.get_exec_path(env))
+    executables = native.executables(argv[0], env)  # the PATH of the handler's environment
     lasting = getattr(_local, "errpipe", None)
     if lasting is not None:  # vfork: the child has exec'd or failed when this returns
         pid = _call_fork_exec(argv, executables, cwd, env, stdin, out, err, ctl, *lasting)
@@ -321,14 +328,39 @@ def _child_error(data: bytes, cwd: str, program: str) -> Exception:
 
 
 def _orphan(child: Child) -> None:
-    """A child started for an attempt that was cancelled meanwhile (a worker abort):
-    close its pipes; its group is ended with the others (``reaper.kill_all``)."""
+    """A child started for an attempt that was cancelled meanwhile (a worker abort): end
+    its group, close its pipes (its exit is still collected: ``exits``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, signal.SIGKILL)
     for fd in (child.out, child.err, child.control):
         os.close(fd)
     reaper.ended(child.token)
 
 
+def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple]) -> None:
+    """Spawns the C extension finished (``native.submit``), on ``loop``: each child is
+    registered with the reaper and the exits, then handed to its attempt's future."""
+    pids = []
+    for (fut, token, program, cwd), pid, pidfd, out_r, err_r, ctl_r in results:
+        if pid is None:  # pidfd is the errno, out_r the stage
+            if not fut.done():
+                name = cwd if out_r == native.STAGE_CHDIR else program
+                fut.set_exception(OSError(pidfd, os.strerror(pidfd), name))
+            continue
+        reaper.add_leader(pid)
+        pids.append(pid)
+        proc = Proc(pid)
+        child = Child(proc, out_r, err_r, ctl_r, token=token)
+        child.exit_watched = exits.watch(proc, loop, child.exited, pidfd)
+        if fut.done():
+            _orphan(child)
+        else:
+            fut.set_result(child)
+    native.forget(pids)
+
+
 _started = Handoff(_orphan)  # started children, handed to the loop in batches
+exits.on_loop_closed(native.drop)
 
 
 def _spawner() -> None:
@@ -369,16 +401,22 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
     """
     extra, path = data_env(data)
     add_env(env, extra)
-    if len(_threads) < SPAWN_THREADS:
-        _add_thread()
     loop = asyncio.get_running_loop()
     exits.prepare(loop)
+    token = reaper.new_token()
     fut = loop.create_future()
     try:
-        _jobs.put((argv, cwd, env, reaper.new_token(), loop, fut))
+        if native.ext is not None:
+            add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
+            native.submit(loop, (fut, token, argv[0], cwd), argv, cwd, env, _collected)
+        else:
+            if len(_threads) < SPAWN_THREADS:
+                _add_thread()
+            _jobs.put((argv, cwd, env, token, loop, fut))
         child = await fut
     except BaseException:
         remove_data_file(path)
+        reaper.ended(token)
         raise
     child.data_file = path
     return child

@@ -130,7 +130,7 @@ def pid_alive(pid: int) -> bool:
         return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between the open and the read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 

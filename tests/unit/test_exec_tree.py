@@ -23,6 +23,9 @@ from runner.handlers.attempt import Cancel, Limits
 from tests.support.fault import pid_alive, poll
 from tests.unit.test_executor import run
 
+#: every test here on both spawn paths (the C extension and Python: ``spawn_path``)
+pytestmark = pytest.mark.usefixtures("spawn_path")
+
 PY_READ_DATA = (
     "import json, os\n"
     "path = os.environ.get('FLOWRUN_DATA_FILE')\n"
@@ -59,8 +62,18 @@ ESCAPED = ("escaped", "orphan", "orphan_setsid")
 
 
 def _escaped_pids(folder: Path) -> list[int]:
-    poll(lambda: all((folder / n).exists() for n in ESCAPED), 30, 0.02)
-    return [int((folder / n).read_text()) for n in ESCAPED]
+    return _written_pids(folder, ESCAPED)
+
+
+def _written_pids(folder: Path, names: tuple[str, ...]) -> list[int]:
+    """The pids in these files, once each is written (it exists before ``echo`` writes)."""
+
+    def written(name: str) -> bool:
+        path = folder / name
+        return path.exists() and path.read_text().endswith("\n")
+
+    poll(lambda: all(written(n) for n in names), 30, 0.02)
+    return [int((folder / n).read_text()) for n in names]
 
 
 async def _all_ended(pids: list[int]) -> None:
@@ -97,8 +110,7 @@ async def test_escapee_of_a_running_attempt_is_left_alone(tmp_path: Path, subrea
     cancel = Cancel()
     script = "(sleep 1000 & echo $! > orphan); sleep 1000"
     task = asyncio.ensure_future(run(["sh", "-c", script], tmp_path, cancel=cancel))
-    await asyncio.to_thread(poll, lambda: (tmp_path / "orphan").exists(), 30, 0.02)
-    orphan = int((tmp_path / "orphan").read_text())
+    [orphan] = await asyncio.to_thread(_written_pids, tmp_path, ("orphan",))
     await asyncio.sleep(10 * reaper.EVERY)  # several sweeps
     assert pid_alive(orphan), "ended while its attempt was still running"
     cancel.set("done")

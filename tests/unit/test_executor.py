@@ -24,6 +24,8 @@ from tests.support.fault import group_alive, pid_alive, poll
 
 PY = sys.executable
 NO_LIMITS = Limits(timeout=60, keepalive=None, kill_grace=2.0)
+#: an ``exec`` test run on both spawn paths (the C extension and Python: ``spawn_path``)
+BOTH_PATHS = pytest.mark.usefixtures("spawn_path")
 
 
 class Checkpoints:
@@ -67,6 +69,7 @@ async def run(
 HOSTILE = ["$(touch pwned)", "; touch pwned2; rm -rf .", "`touch pwned3`", "a b|c>out", "*"]
 
 
+@BOTH_PATHS
 async def test_argv_never_goes_through_a_shell(tmp_path: Path) -> None:
     (tmp_path / "keep").write_text("x")
     script = "import json, sys; open('args.json', 'w').write(json.dumps(sys.argv[1:]))"
@@ -77,6 +80,7 @@ async def test_argv_never_goes_through_a_shell(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["args.json", "keep"]
 
 
+@BOTH_PATHS
 async def test_exit_codes(tmp_path: Path) -> None:
     ok = await run(["python", "-c", "pass"], tmp_path)
     assert (ok.outcome, ok.to_state, ok.error) == ("moved", "next", None)
@@ -92,6 +96,7 @@ async def test_exit_codes(tmp_path: Path) -> None:
     assert err.error == "exit code 3: bad input on line 3"
 
 
+@BOTH_PATHS
 async def test_stderr_tail_is_the_end_of_a_long_stderr(tmp_path: Path) -> None:
     script = "import sys; sys.stderr.write('x' * 20000 + 'THE END'); sys.exit(1)"
     res = await run(["python", "-c", script], tmp_path)
@@ -100,11 +105,13 @@ async def test_stderr_tail_is_the_end_of_a_long_stderr(tmp_path: Path) -> None:
     assert len(res.error) <= TAIL + len("exit code 1: ")
 
 
+@BOTH_PATHS
 async def test_missing_program_is_an_error(tmp_path: Path) -> None:
     res = await run(["/no/such/program"], tmp_path)
     assert res.outcome == "error" and "cannot start '/no/such/program'" in res.error
 
 
+@BOTH_PATHS
 async def test_env_names_the_attempt(tmp_path: Path) -> None:
     script = (
         "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
@@ -122,6 +129,7 @@ async def test_env_names_the_attempt(tmp_path: Path) -> None:
 # -- exec: the control channel --------------------------------------------------------------
 
 
+@BOTH_PATHS
 async def test_control_lines_from_shell(tmp_path: Path) -> None:
     script = (
         'echo keepalive > "/dev/fd/$FLOWRUN_CONTROL_FD"; '
@@ -141,12 +149,14 @@ async def test_control_lines_from_shell(tmp_path: Path) -> None:
     ]
 
 
+@BOTH_PATHS
 async def test_control_lines_from_bash_redirect(tmp_path: Path) -> None:
     script = 'echo "goto other" >&"$FLOWRUN_CONTROL_FD"'
     res = await run(["bash", "-c", script], tmp_path)
     assert (res.outcome, res.to_state) == ("moved", "other"), res.error
 
 
+@BOTH_PATHS
 async def test_control_from_python_and_keepalive_keeps_it_alive(tmp_path: Path) -> None:
     script = (
         "import time\n"
@@ -162,6 +172,7 @@ async def test_control_from_python_and_keepalive_keeps_it_alive(tmp_path: Path) 
     assert (res.outcome, res.to_state, res.data) == ("moved", "other", {"i": 11}), res.error
 
 
+@BOTH_PATHS
 async def test_malformed_control_line_is_an_error(tmp_path: Path) -> None:
     res = await run(["sh", "-c", 'echo "checkpont {}" > "/dev/fd/$FLOWRUN_CONTROL_FD"'], tmp_path)
     assert res.outcome == "error"
@@ -181,6 +192,7 @@ def test_control_helpers_outside_flowrun(monkeypatch: pytest.MonkeyPatch) -> Non
         control.checkpoint([1])  # type: ignore[arg-type]
 
 
+@BOTH_PATHS
 async def test_checkpoint_refused_cancels_the_attempt(tmp_path: Path) -> None:
     script = "echo $$ > pid; python -m runner.control checkpoint '{\"a\": 1}'; sleep 1000"
     res = await run(["sh", "-c", script], tmp_path, checkpoint=Checkpoints(ok=False))
@@ -207,6 +219,7 @@ def _pids(folder: Path) -> tuple[int, int]:
     return int((folder / "pid").read_text()), int((folder / "child").read_text())
 
 
+@BOTH_PATHS
 async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     res = await run(["sh", "-c", SPAWNER], tmp_path, limits=Limits(1.0, None, 2.0))
     assert res.outcome == "timeout" and res.error.startswith("timeout (1s)")
@@ -214,6 +227,7 @@ async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     assert gone(leader, child), "the handler's child survived the timeout"
 
 
+@BOTH_PATHS
 async def test_missed_keepalive_kills_the_process_group(tmp_path: Path) -> None:
     script = 'echo keepalive > "/dev/fd/$FLOWRUN_CONTROL_FD"; ' + SPAWNER
     res = await run(["sh", "-c", script], tmp_path, limits=Limits(60, 0.5, 2.0))
@@ -222,6 +236,7 @@ async def test_missed_keepalive_kills_the_process_group(tmp_path: Path) -> None:
     assert gone(leader, child)
 
 
+@BOTH_PATHS
 async def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     script = "trap '' TERM; " + SPAWNER.replace(
         "sleep 1000 &", "sh -c \"trap '' TERM; sleep 1000\" &"
@@ -232,6 +247,7 @@ async def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     assert gone(leader, child)
 
 
+@BOTH_PATHS
 async def test_cancel_terminates_the_process_group(tmp_path: Path) -> None:
     cancel = Cancel()
     task = asyncio.ensure_future(run(["sh", "-c", SPAWNER], tmp_path, cancel=cancel))
@@ -406,6 +422,7 @@ def test_handler_env_puts_runner_on_pythonpath(tmp_path: Path) -> None:
     assert (Path(parts[1]) / "runner" / "control.py").exists()
 
 
+@BOTH_PATHS
 async def test_clean_exit_ends_what_the_handler_left_in_its_group(tmp_path: Path) -> None:
     """A handler that exits 0 with a background child: the child does not outlive it."""
     script = "echo $$ > pid; sleep 1000 & echo $! > child; exit 0"

@@ -16,17 +16,23 @@ from pathlib import Path
 import pytest
 
 from runner.engine.batching import HOLD_MAX, Hold
-from runner.handlers import exits, spawn
+from runner.handlers import exits, native, spawn
 from runner.handlers.environ import Env, encode_env
 from runner.handlers.handoff import Handoff
 from tests.support.fault import poll
 from tests.unit.test_executor import run
 
 
-@pytest.fixture(params=["fork_exec", "Popen"])
+@pytest.fixture(params=["C", "fork_exec", "Popen"])
 def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each start test twice: through ``_posixsubprocess.fork_exec`` directly, and through
-    ``subprocess.Popen`` (the fallback): both must behave the same."""
+    """Each start test three times: through the C extension (skipped where it is not
+    built), ``_posixsubprocess.fork_exec`` directly, and ``subprocess.Popen`` (the
+    Python path's fallback): all must behave the same."""
+    if request.param == "C":
+        if native.ext is None:
+            pytest.skip(f"C spawn path not in use: {native.path_in_use()}")
+    else:
+        monkeypatch.setattr(native, "ext", None)
     if request.param == "Popen":
         monkeypatch.setattr(spawn, "_posix_fork_exec", None)
     return request.param
@@ -121,8 +127,7 @@ def _lasting_fds() -> set[int]:
     """Descriptors kept for the life of the process: /dev/null, each spawn thread's error
     pipe, the exits thread's epoll set."""
     fds = {fd for pair in spawn._error_pipes for fd in pair}
-    if spawn._devnull is not None:
-        fds.add(spawn._devnull)
+    fds |= {fd for fd in (spawn._devnull, native._devnull) if fd is not None}
     if exits._epoll is not None:
         fds.add(exits._epoll.fileno())
     return fds

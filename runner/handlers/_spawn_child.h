@@ -1,0 +1,37 @@
+/* runner.handlers._spawn: one handler's start (pipes, vfork, the child's steps, pidfd),
+ * without Python: called by the pool's threads (_spawn.c), which never hold the GIL. */
+#ifndef FLOWRUN_SPAWN_CHILD_H
+#define FLOWRUN_SPAWN_CHILD_H
+
+#include <signal.h>
+#include <sys/types.h>
+
+/* the handler's descriptors 0-3 (stdin, stdout, stderr, control); 4 and above closed */
+#define CHILD_FDS 4
+
+enum { STAGE_NONE = 0, STAGE_CHDIR = 1, STAGE_EXEC = 2, STAGE_OTHER = 3 };
+
+struct child {
+    char *const *argv;
+    char *const *execs; /* candidates, tried in order (a PATH search done by the caller) */
+    ssize_t n_execs;
+    char *const *envp;
+    const char *cwd; /* NULL: stay */
+    int src[CHILD_FDS];
+    const sigset_t *mask; /* the child's signal mask (set by flowrun_spawn_child) */
+    unsigned int max_fd;  /* for the close loop without close_range */
+    /* written by the vfork child, read by the parent once it runs again */
+    volatile int err;
+    volatile int stage;
+};
+
+/* Three pipes, the child (see struct child), its pidfd (-1 without pidfd_open), the write
+ * ends closed. Returns 0 with the read ends in reads[0..2] (stdout, stderr, control), or
+ * an errno with c->stage saying where it failed (the child reaped, nothing left open). */
+int flowrun_spawn_child(struct child *c, const sigset_t *child_mask, int stdin_fd,
+                        pid_t *pid_out, int *pidfd_out, int reads[3]);
+
+/* close each descriptor of fds[0..n) that is not -1, and set it to -1 */
+void flowrun_close_all(int *fds, int n);
+
+#endif

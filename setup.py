@@ -1,0 +1,20 @@
+"""The optional C extension (``runner/handlers/_spawn.c``); everything else is in
+``pyproject.toml``. ``optional=True``: without a compiler the install goes on and flowrun
+starts handlers through ``_posixsubprocess`` instead (``runner.handlers.spawn``)."""
+
+import sys
+
+from setuptools import Extension, setup
+
+ext_modules = []
+if sys.platform.startswith("linux"):
+    ext_modules.append(
+        Extension(
+            "runner.handlers._spawn",
+            ["runner/handlers/_spawn.c", "runner/handlers/_spawn_child.c"],
+            depends=["runner/handlers/_spawn_child.h"],
+            optional=True,
+        )
+    )
+
+setup(ext_modules=ext_modules)
