@@ -98,7 +98,10 @@ def spawn_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
     if request.param == "c":
         if native.ext is None:
-            pytest.skip(f"C spawn path not in use: {native.path_in_use()}")
+            reason = f"C spawn path not in use: {native.path_in_use()}"
+            if os.environ.get("FLOWRUN_SPAWN_REQUIRED") == "1":  # CI: the build must work
+                pytest.fail(f"C spawn path required (FLOWRUN_SPAWN_REQUIRED=1) but {reason}")
+            pytest.skip(reason)
     else:
         monkeypatch.setattr(native, "ext", None)
     return request.param
