@@ -271,7 +271,10 @@ class Worker:
             return
         self._outage.ok()
         self._took(result)
-        self._want_claim = result.claimed_all
+        # claim again if this claim got all it asked for (more may be due), or if a
+        # wake-up came while the cycle was in flight: its claim may have been read
+        # before the new work was committed (the wake-up would be lost)
+        self._want_claim = self._want_claim or result.claimed_all
 
     async def _pause(self, delay: float) -> None:
         """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is

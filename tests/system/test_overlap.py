@@ -13,11 +13,13 @@ decides what a test sees.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
+from runner.engine import cycle
 from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
 from runner.flowspec.compiled import CompiledFlow
@@ -175,6 +177,53 @@ def test_two_workers_with_two_cycles_each_run_each_instance_once(tmp_path, pg, p
     assert sum(w.stats.claimed for w in workers) == n
     assert sum(w.stats.lost_fence for w in workers) == 0
     _each_ran_once(pg, n)
+
+
+@pytest.mark.postgres
+def test_a_wake_up_while_a_cycle_is_in_flight_is_not_lost(tmp_path, pg, monkeypatch):
+    """A worker woken only by notifications (no idle look) commits A in a cycle whose
+    claim found nothing; before its result reaches the loop (held by the test), N is
+    created and its notification taken by the loop. When the cycle's result comes, the
+    worker still claims: N runs (the claim of the cycle in flight could not see N)."""
+    flow = _flow(tmp_path)
+    real = cycle.run_cycle
+    gate, held = threading.Event(), threading.Event()
+    armed = [False]
+
+    def slow(engine, request):  # the cycle committing A: done, its result held back
+        result = real(engine, request)
+        if armed[0] and request.outcomes:
+            armed[0] = False
+            held.set()
+            gate.wait(120)
+        return result
+
+    monkeypatch.setattr(cycle, "run_cycle", slow)
+    cfg = WorkerConfig(worker_id="w0", lease=300.0, concurrency=4, listen=True, idle_poll=0)
+    w = Worker(pg, cfg)
+
+    async def main() -> int:
+        task = asyncio.create_task(w.run())
+        try:
+            await until(lambda: w.stats.committed == 0 and not w.cycles.flights, "started")
+            armed[0] = True
+            new_instance(pg, flow, {})
+            w.notify_due(None)
+            await until(held.is_set, "the cycle committing A is in flight, its claim done")
+            n = new_instance(pg, flow, {})
+            w.notify_due(None)
+            await until(lambda: not w._wake.poked, "the loop took N's wake-up")
+            gate.set()
+            # at once; without the claim, N would wait for A's lease to expire (300 s)
+            await until(lambda: attempts_of(pg, n), "N ran", timeout=30)
+            return n
+        finally:
+            gate.set()
+            w.request_stop()
+            await asyncio.wait_for(task, 60)
+
+    n = asyncio.run(main())
+    assert [a["outcome"] for a in attempts_of(pg, n)] == ["moved"]
 
 
 def _each_ran_once(engine: Engine, n: int) -> None:
