@@ -26,18 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
+
+from pg_cycles import FLOW, _backend_ns, fresh_db  # a sibling: the same database and flow
 
 ROOT = Path(__file__).resolve().parent.parent
 HZ = os.sysconf("SC_CLK_TCK")
-FLOW = """\
-flow: job
-initial: s1
-states:
-  s1: {call: "job_tasks:noop", next: done}
-  done: {terminal: true}
-"""
 
 
 def _ticks(path: str) -> float:
@@ -55,50 +49,34 @@ def _machine() -> tuple[float, float]:
     return sum(cpu[:8]) / HZ, (cpu[3] + cpu[4]) / HZ
 
 
-def _backend(pid: int) -> float:
-    """CPU seconds a server backend has used (first field of its ``schedstat``)."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
-
-
 def run(server: str, n: int, concurrency: int, tree: Path | None) -> dict:
     """One daemon of ``tree`` (default: this checkout) draining ``n`` no-op instances;
     returns the cores each part used over the steady part, and the jobs/s."""
-    import psycopg
-
     from runner.flowspec.compiler import load_flow
     from runner.store.create import create_instances
     from runner.store.db import make_engine
 
-    name = f"pgcpu_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = server.rpartition("/")[0]
-    url = base.replace("postgresql://", "postgresql+psycopg://") + "/" + name
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            flows = Path(tmp)
-            (flows / "job.yaml").write_text(FLOW)
-            (flows / "job_tasks.py").write_text("async def noop(ctx):\n    return True\n")
-            engine = make_engine(url)
-            with engine.begin() as conn:
-                create_instances(conn, load_flow(flows / "job.yaml"), [{"i": i} for i in range(n)])
-            engine.dispose()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
-            env["PYTHONPATH"] = str(tree or ROOT)
-            argv = [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", url]
-            argv += ["--daemon", "--exit-when-idle", "--concurrency", str(concurrency)]
-            with open(flows / "daemon.log", "w+") as log:
-                proc = subprocess.Popen(argv, env=env, cwd=str(tree or ROOT), stderr=log)
-                samples = _sample(proc, server, name, log)
-        with psycopg.connect(f"{base}/{name}") as conn:
-            first, last, done = conn.execute(
+    with fresh_db(server) as (name, url), tempfile.TemporaryDirectory() as tmp:
+        flows = Path(tmp)
+        (flows / "job.yaml").write_text(FLOW % "job_tasks:noop")
+        (flows / "job_tasks.py").write_text("async def noop(ctx):\n    return True\n")
+        engine = make_engine(url)
+        with engine.begin() as conn:
+            create_instances(conn, load_flow(flows / "job.yaml"), [{"i": i} for i in range(n)])
+        engine.dispose()  # its backend is not the daemon's: gone before the daemon starts
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
+        env["PYTHONPATH"] = str(tree or ROOT)
+        argv = [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", url]
+        argv += ["--daemon", "--exit-when-idle", "--concurrency", str(concurrency)]
+        with open(flows / "daemon.log", "w+") as log:
+            proc = subprocess.Popen(argv, env=env, cwd=str(tree or ROOT), stderr=log)
+            samples = _sample(proc, server, name, log)
+        with engine.connect() as conn:
+            first, last, done = conn.exec_driver_sql(
                 "SELECT min(started_at), max(finished_at), count(*) FROM attempts"
                 " WHERE outcome = 'moved'"
-            ).fetchone()
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            ).one()
+        engine.dispose()
     return {**_steady(samples), "rate": round(done / (last - first))}
 
 
@@ -120,7 +98,7 @@ def _sample(proc: subprocess.Popen, server: str, name: str, log) -> list[tuple]:
             query = "SELECT pid FROM pg_stat_activity WHERE datname = %s"
             for (pid,) in watch.execute(query, (name,)).fetchall():
                 try:
-                    backends[pid] = _backend(pid)
+                    backends[pid] = _backend_ns(pid) / 1e9
                 except OSError:
                     pass
             samples.append((time.time(), _machine(), sum(threads.values()), sum(backends.values())))
