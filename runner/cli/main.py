@@ -124,8 +124,9 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     default=2,
     show_default=True,
     envvar="FLOWRUN_POOL_SIZE",
-    help="PostgreSQL: most connections this process opens for statements (one kept open); "
-    "--daemon adds one listening connection.",
+    help="PostgreSQL: most connections this process opens for statements (two kept open "
+    "once opened: a --daemon's worker runs two cycles at once with 2 or more); --daemon "
+    "adds one listening connection.",
 )
 @click.option(
     "--version",

@@ -25,6 +25,9 @@ class WorkerConfig:
     as ``concurrency`` on PostgreSQL, none on SQLite; ``0``: never), as many as attempts
     ended in the last quarter second (``runner.engine.ahead``): each starts the moment a
     slot frees.
+    ``overlap`` lets a second database cycle start while one is in flight, on PostgreSQL
+    when the engine's pool holds two connections or more (``--pool-size``, default 2;
+    ``runner.engine.cycle_runner``).
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
     and must not raise.
@@ -43,3 +46,4 @@ class WorkerConfig:
     on_tick: Callable[[], None] | None = None
     listen: bool = False
     idle_poll: float | None = None
+    overlap: bool = True

@@ -1,4 +1,4 @@
-"""Where and when the worker's database cycles run: at most one in flight at a time.
+"""Where and when the worker's database cycles run: one in flight, or two on PostgreSQL.
 
 A :class:`CycleRunner` takes the finished attempts of a ``running.RunningAttempts`` into
 a ``cycle.CycleRequest``, runs the cycle (``cycle.run_cycle``) and hands back its
@@ -12,12 +12,22 @@ through a sibling engine that never waits for the write lock (``db.no_wait_engin
 cycle takes about 1.5 ms for 64 attempts, and handing it to a thread and back cost more
 than the handlers lost by waiting (measured: +15-20% attempts/s); when another process
 holds the lock, that cycle goes to the database thread, which may wait.
+
+On PostgreSQL a second cycle may be in flight while the first is on the server
+(``overlap``): it runs on a second database thread, over a second pooled connection, so
+that the server works on one batch while the loop runs the attempts another claimed. A
+cycle's work is about half the server's and half the client's (``docs/performance.md``,
+"Overlapped cycles"); one at a time, one core idled. Each finished attempt and each
+claim to give back is in exactly one cycle; the claims of two cycles are distinct rows
+(``FOR UPDATE SKIP LOCKED``, and a claimed row is not due); the worker asks the second
+cycle for no more than the room the first leaves (:meth:`CycleRunner.claiming`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -29,27 +39,64 @@ from runner.engine.running import RunningAttempts
 from runner.store.db import no_wait_engine
 from runner.store.wal import WalCheckpointer
 
+#: The fewest finished attempts a second cycle starts for while one is in flight: a
+#: smaller batch costs the server too little to be worth overlapping, and a cycle more
+#: costs its fixed share on both sides (I/O-bound attempts end a few at a time).
+OVERLAP_MIN = 32
+
+
+@dataclass(slots=True)
+class Flight:
+    """One cycle in flight: the ``future`` of its :class:`CycleResult`, its ``request``,
+    the finished attempts it commits (``sent``) and the waiting claims it gives back
+    (``released``), both handed back if it fails, and the ``thread`` it runs on."""
+
+    future: asyncio.Future
+    request: CycleRequest
+    sent: list = field(default_factory=list)
+    released: list = field(default_factory=list)
+    thread: DatabaseThread | None = None
+
 
 class CycleRunner:
     """The database cycles of one worker over ``engine``, committing the attempts that
-    ``attempts`` finished; blocking cycles go to ``db``.
+    ``attempts`` finished; blocking cycles go to ``db`` (and, with ``overlap``, on
+    PostgreSQL with a pool that keeps two connections, ``store.db.pg_engine``, a second
+    cycle to a second database thread).
 
-    ``inflight`` is the cycle in flight (an ``asyncio.Future`` of its
-    :class:`CycleResult`), ``None`` when there is none; ``on_done()`` is called on the
-    loop when it ends. ``no_wait`` is the SQLite engine that never waits for the write
-    lock (``None`` on PostgreSQL), ``wal`` its checkpointer once :meth:`start_wal` ran.
+    ``flights`` are the cycles in flight (:class:`Flight`, in the order they started; at
+    most :attr:`most`; :attr:`overlapped` counts those started while another was in
+    flight); ``on_done()`` is called on the loop when one ends. ``no_wait``
+    is the SQLite engine that never waits for the write lock (``None`` on PostgreSQL),
+    ``wal`` its checkpointer once :meth:`start_wal` ran.
     """
 
-    def __init__(self, engine: Engine, attempts: RunningAttempts, db: DatabaseThread) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        attempts: RunningAttempts,
+        db: DatabaseThread,
+        *,
+        overlap: bool = False,
+    ) -> None:
         self.engine = engine
         self.attempts = attempts
         self.db = db
         self.no_wait = no_wait_engine(engine)
         self.wal: WalCheckpointer | None = None
-        self.inflight: asyncio.Future | None = None
+        self.flights: list[Flight] = []
+        self.overlapped = 0
         self.on_done: Callable[[], None] | None = None
-        self._sent: list = []  # the finished attempts the cycle in flight commits
+        self._threads = [db]
+        if overlap and self.no_wait is None and engine.pool.size() >= 2:
+            self._threads.append(DatabaseThread("flowrun-cycles"))
+        self._sent: list = []  # the finished attempts of the request being made
         self._released: list = []  # the waiting claims it gives back
+
+    @property
+    def most(self) -> int:
+        """How many cycles may be in flight at once (1, or 2 with ``overlap``)."""
+        return len(self._threads)
 
     def start_wal(self) -> None:
         """Start the WAL checkpointer of the no-wait engine (its commits leave
@@ -63,79 +110,96 @@ class CycleRunner:
         """Fill ``request`` with every attempt finished so far (``cycle.decide_finished``;
         they are held until the cycle that commits them is done) and the waiting claims
         to give back (``release``: ``running.Running`` objects taken out of ``waiting``),
-        and return it."""
+        and return it (for :meth:`submit` or :meth:`run_now`)."""
         self._sent = self.attempts.take()
         self._released = release or []
         request.release = [r.claim for r in self._released]
         return cycle.decide_finished(self.engine, self._sent, request, stopping=stopping)
 
     def submit(self, request: CycleRequest) -> asyncio.Future:
-        """Start one cycle (it becomes :attr:`inflight`): right here on the loop through
-        the no-wait engine (SQLite), or, on PostgreSQL or while another process holds
-        the SQLite write lock, on the database thread."""
+        """Start one cycle (a new :class:`Flight`; at most :attr:`most` at once): right
+        here on the loop through the no-wait engine (SQLite), or, on PostgreSQL or while
+        another process holds the SQLite write lock, on a database thread no other
+        cycle in flight uses."""
         loop = asyncio.get_running_loop()
-        fut = None
+        fut, thread = None, None
         if self.no_wait is not None:
             fut = cycle.run_inline(loop, self.no_wait, request)
         if fut is None:
-            fut = self.db.submit(cycle.run_cycle, self.engine, request)
+            busy = [f.thread for f in self.flights]
+            thread = next(t for t in self._threads if t not in busy)
+            fut = thread.submit(cycle.run_cycle, self.engine, request)
         fut.add_done_callback(self._ended)
-        self.inflight = fut
+        self.overlapped += bool(self.flights)
+        self.flights.append(Flight(fut, request, self._sent, self._released, thread))
+        self._sent, self._released = [], []
         return fut
 
     def _ended(self, _fut: asyncio.Future) -> None:
         if self.on_done is not None:
             self.on_done()
 
+    def can_submit(self) -> bool:
+        """True while fewer than :attr:`most` cycles are in flight."""
+        return len(self.flights) < len(self._threads)
+
+    def claiming(self) -> int:
+        """How many instances the cycles in flight may still claim or chain (the sum of
+        their requests' ``free``): room the worker must not ask for again."""
+        return sum(f.request.free for f in self.flights)
+
     def done(self) -> bool:
-        """True when a cycle was in flight and has ended (:meth:`collect` it)."""
-        return self.inflight is not None and self.inflight.done()
+        """True when a cycle in flight has ended (:meth:`collect` it)."""
+        return any(f.future.done() for f in self.flights)
 
     def collect(self) -> CycleResult:
-        """The result of the cycle that ended (no cycle is in flight afterwards). Raises
-        its ``DBAPIError`` once its attempts are back, for the next cycle."""
-        fut, self.inflight = self.inflight, None
-        assert fut is not None
+        """The result of the first cycle in flight that has ended (it leaves
+        :attr:`flights`). Raises its ``DBAPIError`` once its attempts are back, for the
+        next cycle."""
+        flight = next(f for f in self.flights if f.future.done())
+        self.flights.remove(flight)
         try:
-            return fut.result()
+            return flight.future.result()
         except DBAPIError:
-            self.give_back()
+            self._give_back(flight.sent, flight.released)
             raise
-        finally:
-            self._sent, self._released = [], []
 
-    async def settle(self) -> CycleResult | None:
-        """Wait for the cycle in flight, if any; its result, or ``None`` (none, or it
-        failed: its attempts are back for the next cycle)."""
-        if self.inflight is None:
-            return None
-        await asyncio.wait([self.inflight])
-        try:
-            return self.collect()
-        except DBAPIError:
-            return None
+    async def settle(self) -> list[CycleResult]:
+        """Wait for the cycles in flight, if any; the results of those that succeeded
+        (a failed one's attempts are back for the next cycle)."""
+        results = []
+        while self.flights:
+            await asyncio.wait([f.future for f in self.flights])
+            while self.done():
+                try:
+                    results.append(self.collect())
+                except DBAPIError:
+                    pass
+        return results
 
     async def run_now(self, request: CycleRequest) -> CycleResult:
         """Run one cycle on the database thread and wait for it (no cycle may be in
         flight). Raises ``DBAPIError`` once the request's attempts are back."""
+        sent, released = self._sent, self._released
+        self._sent, self._released = [], []
         try:
             return await self.db.call(cycle.run_cycle, self.engine, request)
         except DBAPIError:
-            self.give_back()
+            self._give_back(sent, released)
             raise
-        finally:
-            self._sent, self._released = [], []
 
-    def give_back(self) -> None:
+    def _give_back(self, sent: list, released: list) -> None:
         """The attempts of a failed cycle go back, ahead of those finished since, and the
         claims it was to give back wait again."""
-        self.attempts.put_back(self._sent)
-        self.attempts.keep_waiting(self._released)
-        self._sent, self._released = [], []
+        self.attempts.put_back(sent)
+        self.attempts.keep_waiting(released)
 
     def close(self) -> None:
-        """Stop the checkpointer and dispose of the no-wait engine."""
+        """Stop the checkpointer, the second database thread and dispose of the no-wait
+        engine."""
         if self.wal is not None:
             self.wal.stop()
+        for thread in self._threads[1:]:
+            thread.shutdown()
         if self.no_wait is not None:
             self.no_wait.dispose()

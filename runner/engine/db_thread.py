@@ -1,7 +1,9 @@
 """The worker's database thread: blocking database calls run there, off the event loop.
 
 One thread, so the worker's own statements never compete with each other for a
-connection or the SQLite write lock; handlers keep running on the loop meanwhile.
+connection or the SQLite write lock; handlers keep running on the loop meanwhile. (On
+PostgreSQL a second one runs a second cycle while the first is in flight,
+``cycle_runner``.)
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its
 
 
 class DatabaseThread:
-    """One thread for a worker's blocking database calls (``flowrun-db``)."""
+    """One thread for a worker's blocking database calls, named ``name`` (``flowrun-db``;
+    the second cycle's thread on PostgreSQL: ``flowrun-cycles``, ``cycle_runner``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "flowrun-db") -> None:
         # the worker's cycles follow each other closely: no ping before each (a round
         # trip); a connection lost meanwhile fails a cycle, which is retried
         self.pool = ThreadPoolExecutor(
-            1, thread_name_prefix="flowrun-db", initializer=trust_fresh_connections
+            1, thread_name_prefix=name, initializer=trust_fresh_connections
         )
         self._down = False  # a guarded call failed; the next one that succeeds says so
 

@@ -44,7 +44,7 @@ from runner.engine import batching, cycle
 from runner.engine.ahead import WAIT_MAX, ClaimAhead
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
-from runner.engine.cycle_runner import CycleRunner
+from runner.engine.cycle_runner import OVERLAP_MIN, CycleRunner
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
@@ -89,8 +89,9 @@ class Worker:
         self._stopping = False
         self._abort = False
         self._down_at_stop = False  # stopping, and the database down when the grace ran out
-        #: the database cycles (at most one in flight) and the finished attempts they commit
-        self.cycles = CycleRunner(engine, self.attempts, self._db)
+        #: the database cycles (one in flight, two on PostgreSQL: ``cycle_runner``) and the
+        #: finished attempts they commit
+        self.cycles = CycleRunner(engine, self.attempts, self._db, overlap=cfg.overlap)
         self.cycles.on_done = self._wake.set
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
         # how many instances to hold claimed beyond the free slots; by default only where
@@ -153,8 +154,9 @@ class Worker:
         """Run until stopped (or idle, with ``exit_when_idle``).
 
         At most one database cycle is in flight at a time, on the loop or the database
-        thread (``cycle_runner``). A cycle that fails because the database went away is
-        retried with backoff, with its finished attempts kept: nothing is lost.
+        thread, or two on PostgreSQL (``cycle_runner``). A cycle that fails because the
+        database went away is retried with backoff, with its finished attempts kept:
+        nothing is lost.
         """
         await self._open()
         reaper.start()  # exec handlers' escaped descendants are ended with their attempt
@@ -171,17 +173,18 @@ class Worker:
         """One turn of the loop; False when the loop is done. The steps, in order:
 
         tick (the loop is alive: ``config.on_tick``); stop (a graceful stop ends once
-        nothing runs); collect (the cycle that ended: start what it claimed); cycle
+        nothing runs); collect (the cycles that ended: start what they claimed); cycle
         (start the next one when there is anything to commit or room to claim, then turn
-        again at once); chores (leases, fences, heartbeat); idle exit; wait (for an
-        attempt to end, a wake-up, or the next chore).
+        again at once; on PostgreSQL a second while one is in flight); chores (leases,
+        fences, heartbeat); idle exit; wait (for an attempt to end, a wake-up, or the next
+        chore).
         """
         if self.config.on_tick is not None:
             self.config.on_tick()
         now = time.monotonic()
         if self._stopping and self._stop_done(now):
             return False
-        if self.cycles.done():
+        while self.cycles.done():
             await self._collect()
             if self._down_at_stop:
                 return False
@@ -189,7 +192,7 @@ class Worker:
             self._recover.next_at = now
         if self._wake.take(now):
             self._want_claim = True
-        if self.cycles.inflight is None and self._start_cycle(now):
+        if self.cycles.can_submit() and self._start_cycle(now):
             return True
         await self._chores(now)
         if self.config.exit_when_idle and await self._idle_exit(now):
@@ -249,7 +252,7 @@ class Worker:
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
-        if not (self.running or self.attempts.unsettled()) and self.cycles.inflight is None:
+        if not (self.running or self.attempts.unsettled() or self.cycles.flights):
             return True
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
@@ -269,7 +272,10 @@ class Worker:
             return
         self._outage.ok()
         self._took(result)
-        self._want_claim = result.claimed_all
+        # claim again if this claim got all it asked for (more may be due), or if a
+        # wake-up came while the cycle was in flight: its claim may have been read
+        # before the new work was committed (the wake-up would be lost)
+        self._want_claim = self._want_claim or result.claimed_all
 
     async def _pause(self, delay: float) -> None:
         """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is
@@ -285,16 +291,29 @@ class Worker:
     def _start_cycle(self, now: float) -> bool:
         """Start the next database cycle when there are finished attempts to commit,
         claims to give back, lost attempts to look for, or room (free slots, claims to
-        hold ahead) and reason to claim; True if one started."""
+        hold ahead) and reason to claim; True if one started.
+
+        Two cycles in flight (PostgreSQL, ``cycle_runner``): while one is in flight a
+        second starts for claims to give back, for ``OVERLAP_MIN`` finished attempts or
+        more, or to claim ``OVERLAP_MIN`` or more where the last claim left off; it
+        claims at most the room the first leaves. A cycle that starts alone while
+        attempts end in bulk claims half the room, and the second claims the rest, so
+        that the loop runs one half while the server works on the other.
+        """
         self.attempts.quiet_above = None
         room, release = self._room(now)
+        flights, finished = self.cycles.flights, len(self.attempts.finished)
+        if flights and not (
+            release or finished >= OVERLAP_MIN or (self._want_claim and room >= OVERLAP_MIN)
+        ):
+            return False
         probe = room > 0 and not self._want_claim and self._probe.due(now)
         recover = not self._stopping and self._recover.due(now)
         wanted = room > 0 and (self._want_claim or probe)
-        if not (self.attempts.finished or release or recover or wanted):
+        if not (finished or release or recover or wanted):
             self._hold.reset()
             return False
-        if recover or release:
+        if recover or release or flights:
             self._hold.reset()
         elif self._hold.wait(now, 0 if self._stopping else len(self.running)):
             # nearly full (claims waiting refill the slots that free): more attempts end
@@ -302,8 +321,14 @@ class Worker:
             # enough free slots; the hold's timer wakes it anyway)
             self.attempts.quiet_above = self.config.concurrency - self._hold.batch
             return False
-        self.cycles.submit(self._request(room, probe, recover, release))
-        self._want_claim = False
+        split = (
+            self.cycles.most > 1
+            and not flights
+            and finished >= OVERLAP_MIN
+            and room >= 2 * OVERLAP_MIN
+        )
+        self.cycles.submit(self._request(room // 2 if split else room, probe, recover, release))
+        self._want_claim = split  # the second cycle claims the other half
         if probe:
             self._probe.restart(now)
         if recover:
@@ -326,7 +351,7 @@ class Worker:
     async def _idle_exit(self, now: float) -> bool:
         """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
         pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if self.cycles.inflight is not None or self.running or self.attempts.unsettled():
+        if self.cycles.flights or self.running or self.attempts.unsettled():
             return False
         if not self._idle_check.check(now):
             return False
@@ -340,8 +365,8 @@ class Worker:
         cfg = self.config
         if self._hold.since is not None:  # waiting for a batch: only its end is due
             return self._hold.left(time.monotonic())
-        if self.cycles.inflight is not None:
-            timeout = 1.0  # its done-callback wakes us
+        if self.cycles.flights:
+            timeout = 1.0  # their done-callbacks wake us
         elif not self._stopping and len(self.running) < cfg.concurrency:
             next_at = min(
                 self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake.at
@@ -362,7 +387,8 @@ class Worker:
     def _room(self, now: float) -> tuple[int, list]:
         """``(room, release)`` at ``now`` (monotonic seconds): how many instances the next
         cycle may claim (free slots, and claims to hold ahead of them
-        (``ahead.ClaimAhead``), less those waiting), and the waiting claims to give back
+        (``ahead.ClaimAhead``), less those waiting and those the cycles in flight may
+        claim), and the waiting claims to give back
         (``running.Running``): all of them while stopping, else those not started within
         ``ahead.WAIT_MAX`` (then no claim ahead in that cycle)."""
         a = self.attempts
@@ -370,8 +396,9 @@ class Worker:
             return 0, a.give_back(everything=True) if a.waiting or a.lapsed else []
         free = self._free()
         if a.overdue():
-            return free, a.give_back()
-        return max(0, free + self._ahead.target(now, a.ends) - len(a.waiting)), []
+            return max(0, free - self.cycles.claiming()), a.give_back()
+        ahead = self._ahead.target(now, a.ends)
+        return max(0, free + ahead - len(a.waiting) - self.cycles.claiming()), []
 
     def _request(
         self, free: int, probe: bool = False, recover: bool = False, release: list | None = None
@@ -398,10 +425,9 @@ class Worker:
     # -- bookkeeping -------------------------------------------------------------------
 
     async def _close(self) -> None:
-        """Wait for the cycle still in flight (keeping its attempts if it failed); then
+        """Wait for the cycles still in flight (keeping the attempts of one that failed); then
         abort, or commit what finished (retrying a few times); then sign off."""
-        settled = await self.cycles.settle()
-        if settled is not None:
+        for settled in await self.cycles.settle():
             self.stats.add(settled)
         if self._abort:
             self.attempts.abort()

@@ -33,9 +33,11 @@ from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
-#: PostgreSQL: the most connections one engine opens for statements (``--pool-size``). One
-#: is kept open; the others are opened while several parts of a process need one at once
-#: and closed when returned. A daemon adds one ``LISTEN`` connection (``store.notify``).
+#: PostgreSQL: the most connections one engine opens for statements (``--pool-size``). Up
+#: to two are kept open once opened (a worker's two cycles in flight,
+#: ``engine.cycle_runner``); the others are opened while several parts of a process need
+#: one at once and closed when returned. A daemon adds one ``LISTEN`` connection
+#: (``store.notify``).
 DEFAULT_POOL = 2
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
@@ -158,9 +160,11 @@ def trust_fresh_connections() -> None:
 
 
 def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> Engine:
-    """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): one kept
-    open, up to ``pool - 1`` more opened while several threads need one at once and closed
-    when returned; a thread finding all in use waits (``pool_timeout``, 30 s). The most
+    """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): up to two
+    kept open once opened (``engine.pool.size()``: a worker runs two cycles at once on
+    them, ``engine.cycle_runner``; reopening one each cycle would cost more than the
+    cycle), up to ``pool - 2`` more opened while several threads need one at once and
+    closed when returned; a thread finding all in use waits (``pool_timeout``, 30 s). The most
     recently used connection is reused first, and pinged inside the transaction it is
     checked out for.
 
@@ -173,8 +177,8 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         args["application_name"] = application_name[:63]  # NAMEDATALEN - 1
     engine = create_engine(
         url,
-        pool_size=1,
-        max_overflow=max(0, pool - 1),
+        pool_size=min(pool, 2),
+        max_overflow=max(0, pool - 2),
         pool_use_lifo=True,
         connect_args=args,
         # jsonb values decoded without json.loads' Python layers (the claim reads two

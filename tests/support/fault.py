@@ -5,6 +5,7 @@ deadline instead of asserting on elapsed time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -120,6 +121,16 @@ def poll(pred: Callable[[], Any], timeout: float = 60.0, every: float = 0.1, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"not met within {timeout}s: {what or pred}")
         time.sleep(every)
+
+
+async def until(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """On a running loop: await until ``pred()`` is truthy (polled every 20 ms); fail
+    after ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not met within {timeout}s: {what}")
+        await asyncio.sleep(0.02)
 
 
 def pid_alive(pid: int) -> bool:

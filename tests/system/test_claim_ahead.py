@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ from runner.engine.worker import Worker
 from runner.flowspec.compiled import CompiledFlow
 from runner.ops import commands
 from runner.store.db import make_engine
-from tests.support.fault import attempts_of, load, new_instance, row, unique, write_flow
+from tests.support.fault import attempts_of, load, new_instance, row, unique, until, write_flow
 
 TASKS = """\
 import asyncio
@@ -98,14 +96,6 @@ def claim_ahead(monkeypatch, n: dict) -> None:
     monkeypatch.setattr(
         ahead.ClaimAhead, "target", lambda self, now, ends: min(self.limit, n["ahead"])
     )
-
-
-async def until(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met within {timeout}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def worker(engine: Engine, **kw) -> Worker:
