@@ -66,6 +66,8 @@ child_exec(struct child *c)
     if (setsid() < 0)
         goto fail;
     if (syscall(SYS_close_range, CHILD_FDS, ~0U, 0) < 0) {
+        if (c->max_fd == 0) /* close_range was there: fail rather than leave any open */
+            goto fail;
         for (unsigned int fd = CHILD_FDS; fd < c->max_fd; fd++)
             close(fd);
     }
@@ -108,6 +110,20 @@ fd_limit(void)
         return rl.rlim_cur > 1U << 30 ? 1U << 30 : (unsigned int)rl.rlim_cur;
     long m = sysconf(_SC_OPEN_MAX);
     return m > 0 && m < 1L << 30 ? (unsigned int)m : 1U << 16;
+}
+
+/* whether the kernel has close_range (Linux 5.9), asked once: without it the child's
+ * close loop needs fd_limit(), a system call per spawn otherwise saved */
+static int
+has_close_range(void)
+{
+    static int known; /* 0: not asked yet, 1: yes, 2: no */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        k = syscall(SYS_close_range, ~0U, ~0U, 0) == 0 ? 1 : 2; /* closes nothing */
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 1;
 }
 
 /* Make `fd` 4 or above (the child's 0-3 are dup2 targets); close-on-exec. */
@@ -157,7 +173,7 @@ flowrun_spawn_child(struct child *c, const sigset_t *child_mask, int stdin_fd, p
     if ((err = pthread_sigmask(SIG_BLOCK, &all, &old)) != 0)
         goto fail;
     c->mask = child_mask;
-    c->max_fd = fd_limit();
+    c->max_fd = has_close_range() ? 0 : fd_limit();
     c->err = 0;
     c->stage = STAGE_NONE;
     pid = vfork_child(c);

@@ -119,8 +119,9 @@ def _run_script(code: str) -> subprocess.CompletedProcess:
 
 def test_python_code_run_by_a_submit_cannot_crash_it() -> None:
     """An argument's ``__fspath__`` runs Python code in the middle of a submit: one that
-    closes the Spawner (the submit used to go on with no core: a segfault) or empties
-    the argv list being read (read past its end) gets an error or a run, never a crash."""
+    closes the Spawner (the submit used to go on with no core: a segfault), empties the
+    argv list being read (read past its end) or grows the dict of added variables
+    (written past the array) gets an error, never a crash, and nothing is started."""
     done = _run_script(
         """
         import os, select
@@ -145,14 +146,32 @@ def test_python_code_run_by_a_submit_cannot_crash_it() -> None:
                 return "/bin/echo"
 
         argv.extend([Emptying(), "a", "b"])
-        spawner.submit("k", argv, (b"/bin/echo",), None, [], {}, native.devnull())
-        select.select([spawner.fileno()], [], [], 60)
-        [(key, pid, pidfd, out, err, ctl)] = spawner.collect()
-        print("ran:", os.read(out, 100).decode().strip())
+        try:
+            spawner.submit("k", argv, (b"/bin/echo",), None, [], {}, native.devnull())
+        except RuntimeError as exc:
+            print("refused:", exc)
+        added = {}
+
+        class Adding:
+            def __fspath__(self):
+                added.update({f"V{i}": "x" for i in range(100)})
+                return "x"
+
+        added["A"] = Adding()
+        try:
+            spawner.submit("k", ["/bin/true"], (b"/bin/true",), None, [], added, native.devnull())
+        except RuntimeError as exc:
+            print("refused:", exc)
+        print("collected:", spawner.collect())
         """
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "refused: closed Spawner\nran: a b\n"
+    assert done.stdout == (
+        "refused: closed Spawner\n"
+        "refused: argv changed size during submit\n"
+        "refused: env_added changed size during submit\n"
+        "collected: []\n"
+    )
 
 
 def test_closing_a_spawner_drops_its_queued_spawns_at_once(tmp_path: Path) -> None:
