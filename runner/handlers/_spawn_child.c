@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,8 +45,10 @@ reset_signals(const sigset_t *mask)
     }
 }
 
-/* The vfork child: only async-signal-safe calls, nothing written but c->err/c->stage. */
-static void
+/* The vfork child: only async-signal-safe calls, nothing written but c->err/c->stage
+ * and its own frame. Never inlined (nor vfork_child): its locals then live below the
+ * frame of the function that called vfork, which the parent uses again once it runs. */
+__attribute__((noinline, noreturn)) static void
 child_exec(struct child *c)
 {
     int sig_restore[] = {SIGPIPE, SIGXFSZ}; /* Python ignores them; Popen restores them */
@@ -63,6 +66,8 @@ child_exec(struct child *c)
     if (setsid() < 0)
         goto fail;
     if (syscall(SYS_close_range, CHILD_FDS, ~0U, 0) < 0) {
+        if (c->max_fd == 0) /* close_range was there: fail rather than leave any open */
+            goto fail;
         for (unsigned int fd = CHILD_FDS; fd < c->max_fd; fd++)
             close(fd);
     }
@@ -75,13 +80,50 @@ child_exec(struct child *c)
         if (errno != ENOENT && errno != ENOTDIR && saved == 0)
             saved = errno;
     }
-    c->err = saved ? saved : errno;
+    c->err = saved ? saved : (c->n_execs > 0 ? errno : ENOENT);
     c->stage = STAGE_EXEC;
     _exit(127);
 fail:
     c->err = errno;
     c->stage = STAGE_OTHER;
     _exit(127);
+}
+
+/* As CPython's _posixsubprocess isolates its vfork in do_fork_exec (3.11): the child
+ * runs on this thread's stack while the parent is suspended, so vfork is called from a
+ * frame of its own, holding nothing the parent needs, never inlined into its caller. */
+__attribute__((noinline)) static pid_t
+vfork_child(struct child *c)
+{
+    pid_t pid = vfork();
+    if (pid == 0)
+        child_exec(c); /* never returns */
+    return pid;
+}
+
+/* the highest descriptor number + 1 the close loop must cover (no close_range) */
+static unsigned int
+fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        return rl.rlim_cur > 1U << 30 ? 1U << 30 : (unsigned int)rl.rlim_cur;
+    long m = sysconf(_SC_OPEN_MAX);
+    return m > 0 && m < 1L << 30 ? (unsigned int)m : 1U << 16;
+}
+
+/* whether the kernel has close_range (Linux 5.9), asked once: without it the child's
+ * close loop needs fd_limit(), a system call per spawn otherwise saved */
+static int
+has_close_range(void)
+{
+    static int known; /* 0: not asked yet, 1: yes, 2: no */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        k = syscall(SYS_close_range, ~0U, ~0U, 0) == 0 ? 1 : 2; /* closes nothing */
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 1;
 }
 
 /* Make `fd` 4 or above (the child's 0-3 are dup2 targets); close-on-exec. */
@@ -131,11 +173,10 @@ flowrun_spawn_child(struct child *c, const sigset_t *child_mask, int stdin_fd, p
     if ((err = pthread_sigmask(SIG_BLOCK, &all, &old)) != 0)
         goto fail;
     c->mask = child_mask;
+    c->max_fd = has_close_range() ? 0 : fd_limit();
     c->err = 0;
     c->stage = STAGE_NONE;
-    pid = vfork();
-    if (pid == 0)
-        child_exec(c); /* never returns */
+    pid = vfork_child(c);
     err = pid < 0 ? errno : 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
@@ -150,7 +191,15 @@ flowrun_spawn_child(struct child *c, const sigset_t *child_mask, int stdin_fd, p
     close(ends[3]);
     close(ends[5]);
     *pid_out = pid;
-    *pidfd_out = (int)syscall(SYS_pidfd_open, pid, 0);
+    /* -1 (the caller polls for the exit instead) when the kernel has no pidfd_open
+     * (ENOSYS before Linux 5.3: not asked again) or it fails (EMFILE) */
+    static int no_pidfd;
+    *pidfd_out = -1;
+    if (!__atomic_load_n(&no_pidfd, __ATOMIC_RELAXED)) {
+        *pidfd_out = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (*pidfd_out < 0 && errno == ENOSYS)
+            __atomic_store_n(&no_pidfd, 1, __ATOMIC_RELAXED);
+    }
     reads[0] = ends[0];
     reads[1] = ends[2];
     reads[2] = ends[4];

@@ -19,7 +19,7 @@ struct child {
     const char *cwd; /* NULL: stay */
     int src[CHILD_FDS];
     const sigset_t *mask; /* the child's signal mask (set by flowrun_spawn_child) */
-    unsigned int max_fd;  /* for the close loop without close_range */
+    unsigned int max_fd;  /* for the close loop without close_range (set there too) */
     /* written by the vfork child, read by the parent once it runs again */
     volatile int err;
     volatile int stage;

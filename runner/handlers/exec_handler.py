@@ -39,8 +39,9 @@ from runner.handlers.attempt import (
     slept,
     supervise,
 )
+from runner.handlers.data import remove_data_file
 from runner.handlers.environ import Env
-from runner.handlers.spawn import Child, remove_data_file, spawn
+from runner.handlers.spawn import Child, spawn
 from runner.templating import render
 
 #: Seconds after its start from which a handler's pipes are read as data comes.

@@ -21,10 +21,7 @@ all those started meanwhile. The pipes are plain descriptors: the read ends are 
 the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
 transport or stream per process.
 
-Instance data reaches the handler in ``FLOWRUN_DATA`` while its JSON is at most
-:data:`DATA_INLINE_MAX` bytes. Larger data (an environment string is capped at 128 kB by
-Linux, and all of them together at a quarter of the stack limit) goes to a private file
-named by ``FLOWRUN_DATA_FILE`` instead, removed when the attempt ends.
+Instance data reaches the handler as ``runner.handlers.data`` encodes it.
 """
 
 from __future__ import annotations
@@ -32,18 +29,17 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import json
 import os
 import queue
 import signal
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner import control
 from runner.handlers import exits, native, reaper
+from runner.handlers.data import data_env, remove_data_file
 from runner.handlers.environ import add_env, encode_env
 from runner.handlers.handoff import Handoff
 
@@ -51,13 +47,6 @@ try:
     from _posixsubprocess import fork_exec as _posix_fork_exec
 except ImportError:  # not POSIX CPython
     _posix_fork_exec = None
-
-#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
-#: Largest JSON (bytes) passed inline in ``FLOWRUN_DATA``; larger goes to a file.
-DATA_INLINE_MAX = 64 * 1024
-DATA_ENV = "FLOWRUN_DATA"
-DATA_FILE_ENV = "FLOWRUN_DATA_FILE"
 
 #: Threads that run the spawns (each blocks for one fork/exec at a time): 2 x cores, as
 #: the spawn ceiling of ``bench/throughput.py --case exec`` (on 2 busy cores, 0 (spawn on
@@ -136,35 +125,6 @@ class Child:
         self.exit_code = code
         if self.on_exit is not None:
             self.on_exit(code)
-
-
-def data_env(data: dict) -> tuple[dict[str, str], str | None]:
-    """``({FLOWRUN_DATA: json} or {FLOWRUN_DATA_FILE: path}, path or None)``.
-
-    Large data is written to a file readable by the owner only, in the system's temporary
-    folder; the caller removes it (:func:`remove_data_file`). Raises ``OSError`` if the
-    file cannot be written.
-    """
-    text = _compact_json(data)
-    if len(text) <= DATA_INLINE_MAX:  # characters ≤ bytes: the file path is rarely taken
-        return {DATA_ENV: text}, None
-    fd, path = tempfile.mkstemp(prefix="flowrun-data-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except BaseException:
-        remove_data_file(path)
-        raise
-    return {DATA_FILE_ENV: path}, path
-
-
-def remove_data_file(path: str | None) -> None:
-    """Remove a data file written by :func:`data_env` (a missing file is fine)."""
-    if path:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def _start(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.handlers import reaper, spawn
+from runner.handlers import data, reaper
 from runner.handlers.attempt import Cancel, Limits
 from tests.support.fault import pid_alive, poll
 from tests.unit.test_executor import run
@@ -200,15 +200,15 @@ async def test_16_mb_of_data_reaches_the_handler_through_a_file(tmp_path: Path) 
 
 
 def test_data_file_is_private_and_the_threshold_holds() -> None:
-    env, path = spawn.data_env({"a": "z" * spawn.DATA_INLINE_MAX})
+    env, path = data.data_env({"a": "z" * data.DATA_INLINE_MAX})
     try:
-        assert set(env) == {spawn.DATA_FILE_ENV} and path is not None
+        assert set(env) == {data.DATA_FILE_ENV} and path is not None
         assert os.stat(path).st_mode & 0o077 == 0, "readable by others"
-        assert json.loads(Path(path).read_text()) == {"a": "z" * spawn.DATA_INLINE_MAX}
+        assert json.loads(Path(path).read_text()) == {"a": "z" * data.DATA_INLINE_MAX}
     finally:
-        spawn.remove_data_file(path)
-    env, path = spawn.data_env({"a": 1})
-    assert (env, path) == ({spawn.DATA_ENV: '{"a":1}'}, None)
+        data.remove_data_file(path)
+    env, path = data.data_env({"a": 1})
+    assert (env, path) == ({data.DATA_ENV: '{"a":1}'}, None)
 
 
 @pytest.mark.parametrize("size", [10, 1024 * 1024])
