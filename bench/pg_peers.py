@@ -233,6 +233,17 @@ def _flowrun_argv(tree: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "runner.cli"]
 
 
+def compile_tree(tree: Path) -> None:
+    """Byte-compile the ``runner`` package of the checkout ``tree``, as ``pip install``
+    does for an installed package (and for the peers). With ``PYTHONDONTWRITEBYTECODE``
+    set (this environment sets it), a checkout never compiled is compiled again by every
+    daemon launch: ~100 ms of CPU each, four times at once on 2 cores with 4 workers
+    (``bench/cli_latency.py`` does the same for its installs)."""
+    import compileall
+
+    compileall.compile_dir(str(tree / "runner"), quiet=1)
+
+
 def _env(tree: Path | None = None) -> dict:
     """The environment of a child: no ``FLOWRUN_*`` settings, ``tree`` (default: this
     checkout) first on the import path."""
@@ -548,6 +559,8 @@ def main() -> None:
         worker_main(args)
         return
     cases = args.cases.split(",")
+    for tree in filter(None, (ROOT, args.compare)):
+        compile_tree(tree)
     print(f"PostgreSQL peers, {os.cpu_count()} cores, repeat {args.repeat} (medians)")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
