@@ -82,9 +82,7 @@ def test_a_busy_worker_gets_its_hub_within_hub_after(
     with engine.begin() as conn:
         iid = create_instance(conn, registry.get("h"), {"ready": str(ready_file)})
     cfg = WorkerConfig(exit_when_idle=True, worker_id="busy")
-    served = asyncio.run(
-        asyncio.wait_for(serve(engine, registry, cfg, install_signals=False), 120)
-    )
+    served = asyncio.run(asyncio.wait_for(serve(engine, registry, cfg, install_signals=False), 120))
     assert served.code == 0
     item = detail.get_instance(engine, iid)
     assert item["status"] == "completed"
@@ -99,8 +97,6 @@ def test_an_idle_worker_starts_its_hub_at_once(
     monkeypatch.setattr(daemon, "HUB_AFTER", 3600.0)
     engine, registry = _daemon(tmp_path)
     cfg = WorkerConfig(exit_when_idle=True, worker_id="idle")
-    served = asyncio.run(
-        asyncio.wait_for(serve(engine, registry, cfg, install_signals=False), 120)
-    )
+    served = asyncio.run(asyncio.wait_for(serve(engine, registry, cfg, install_signals=False), 120))
     assert served.code == 0
     assert ready_file.exists(), "the hub started and was ready before the daemon exited"
