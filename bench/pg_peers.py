@@ -37,6 +37,9 @@ commit to its attempt's start (``attempts.started_at``, the same clock) is taken
 checkout's flowrun too, interleaved, as ``flowrun (old)``: with ``--systems flowrun`` an
 A/B of two versions on the same server and load.
 
+Each checkout's ``runner`` package is byte-compiled before the runs, as ``pip install``
+compiles an installed package (and the peers' code): see :func:`compile_tree`.
+
 Needs the bench extras: ``pip install -e '.[bench]'``.
 """
 
