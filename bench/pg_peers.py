@@ -37,6 +37,9 @@ commit to its attempt's start (``attempts.started_at``, the same clock) is taken
 checkout's flowrun too, interleaved, as ``flowrun (old)``: with ``--systems flowrun`` an
 A/B of two versions on the same server and load.
 
+Each checkout's ``runner`` package is byte-compiled before the runs, as ``pip install``
+compiles an installed package (and the peers' code): see :func:`compile_tree`.
+
 Needs the bench extras: ``pip install -e '.[bench]'``.
 """
 
@@ -231,6 +234,17 @@ def _flowrun_argv(tree: Path | None = None) -> list[str]:
     if tree is None and script.exists():
         return [str(script)]
     return [sys.executable, "-m", "runner.cli"]
+
+
+def compile_tree(tree: Path) -> None:
+    """Byte-compile the ``runner`` package of the checkout ``tree``, as ``pip install``
+    does for an installed package (and for the peers). With ``PYTHONDONTWRITEBYTECODE``
+    set (this environment sets it), a checkout never compiled is compiled again by every
+    daemon launch: ~100 ms of CPU each, four times at once on 2 cores with 4 workers
+    (``bench/cli_latency.py`` does the same for its installs)."""
+    import compileall
+
+    compileall.compile_dir(str(tree / "runner"), quiet=1)
 
 
 def _env(tree: Path | None = None) -> dict:
@@ -548,6 +562,8 @@ def main() -> None:
         worker_main(args)
         return
     cases = args.cases.split(",")
+    for tree in filter(None, (ROOT, args.compare)):
+        compile_tree(tree)
     print(f"PostgreSQL peers, {os.cpu_count()} cores, repeat {args.repeat} (medians)")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -143,6 +143,11 @@ class Worker:
         self.wake()
         return "abort"
 
+    def quiet(self) -> bool:
+        """True when no attempt runs, waits or waits to be committed and no cycle is in
+        flight: the worker has nothing to do until more work is due."""
+        return not (self.cycles.flights or self.running or self.attempts.unsettled())
+
     @property
     def stopping(self) -> bool:
         """True once a stop was requested."""
@@ -351,7 +356,7 @@ class Worker:
     async def _idle_exit(self, now: float) -> bool:
         """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
         pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if self.cycles.flights or self.running or self.attempts.unsettled():
+        if not self.quiet():
             return False
         if not self._idle_check.check(now):
             return False

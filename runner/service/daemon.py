@@ -67,6 +67,24 @@ def remember_all(engine: Engine, registry: FlowRegistry) -> None:
             versions.remember(flow)
 
 
+def preload_hub() -> None:
+    """Import the sensor hub's modules, and the asyncio backend of anyio that its file
+    watcher (``watchfiles.awatch``) imports at its first step; run on a thread.
+
+    Together ~45 ms of CPU. Imported on the event loop, right after the worker's first
+    cycle, they held up the attempts that cycle had just started and the cycles that
+    refill their slots: with four daemons starting at once on 2 cores the loop stalled
+    for 100-250 ms. On a thread the loop gets the interpreter back within the switch
+    interval (5 ms) whenever it has something to run.
+    """
+    import runner.sensors.hub  # noqa: F401
+
+    try:
+        import anyio._backends._asyncio  # noqa: F401 - only a warm-up of watchfiles' import
+    except ImportError:  # another anyio layout: the watcher imports what it needs itself
+        pass
+
+
 @dataclass
 class ServiceOptions:
     """The optional parts of ``flowrun --daemon``.
@@ -108,6 +126,10 @@ LOOP_STALE = 10.0
 #: then the sensor hub starts (``serve``).
 FIRST_CYCLE_TURNS = 3
 
+#: Seconds after the worker's first cycle by which the sensor hub starts at the latest; it
+#: starts as soon as the worker has nothing to do (``Worker.quiet``), if that comes first.
+HUB_AFTER = 1.0
+
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
 
 
@@ -124,6 +146,18 @@ def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], No
             h(claim, result)
 
     return both
+
+
+async def _until(*aws: Awaitable[Any], timeout: float | None = None) -> None:
+    """Wait until the first of ``aws`` is done (or ``timeout`` seconds passed); the waits
+    made here are cancelled after, a task given is left running."""
+    futures = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for made, given in zip(futures, aws, strict=True):
+            if made is not given:
+                made.cancel()
 
 
 async def serve(
@@ -158,6 +192,7 @@ async def serve(
     ticked: list[float] = []  # the worker loop's last turn (``WorkerConfig.on_tick``)
     outer_tick = config.on_tick
     first_cycle = asyncio.Event()  # the worker's first cycle is over: start the rest
+    idle = asyncio.Event()  # after it, the worker had nothing to do (``Worker.quiet``)
     turns = 0
 
     def on_tick() -> None:
@@ -172,6 +207,8 @@ async def serve(
             turns += 1
             if turns == FIRST_CYCLE_TURNS:
                 first_cycle.set()
+        elif not idle.is_set() and worker.quiet():
+            idle.set()
 
     listen = dialect_of(engine).notify  # wake-ups through LISTEN/NOTIFY (PostgreSQL)
     config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
@@ -251,16 +288,19 @@ async def serve(
     side: list[asyncio.Future] = []
 
     async def start_hub() -> None:
-        """The sensors, rules and flow reload, once the worker's first cycle is over: the
-        first claim waits for neither their imports nor their start-up."""
+        """The sensors, rules and flow reload, once the worker's first cycle is over and
+        it has nothing to do (at the latest :data:`HUB_AFTER` s later): neither the first
+        claim nor the attempts that follow it wait for their imports and start-up (with
+        several daemons starting at once on a busy host, the CPU they take there is the
+        workers' own start-up's)."""
         nonlocal hub
-        waits = [asyncio.ensure_future(e.wait()) for e in (first_cycle, stop)]
-        await asyncio.wait([*waits, worker_task], return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
+        await _until(first_cycle.wait(), stop.wait(), worker_task)
         if stop.is_set() or worker_task.done():
             return
-        await asyncio.sleep(0)  # the attempts the first cycle claimed take their first step
+        await _until(idle.wait(), stop.wait(), worker_task, timeout=HUB_AFTER)
+        await asyncio.to_thread(preload_hub)  # not on the loop: see preload_hub
+        if stop.is_set() or worker_task.done():
+            return
         from runner.sensors.hub import SensorHub
 
         hub = SensorHub(engine, registry, config.worker_id, config.lease)
@@ -293,9 +333,21 @@ async def serve(
             f"committed {worker.stats.committed}" + (", stopping" if worker.stopping else "")
         )
 
+    def after_first_cycle(run: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
+        """``run`` once the worker's first cycle is over: the first claim does not wait for
+        the connection or imports of the parts that can start later (the listener looks
+        once when it has connected, so nothing sent before is missed)."""
+
+        async def later() -> None:
+            await _until(first_cycle.wait(), stop.wait(), worker_task)
+            if not (stop.is_set() or worker_task.done()):
+                await run()
+
+        return later
+
     parts: list[tuple[str, Callable[[], Awaitable[object]]]] = []
     if listener is not None:
-        parts.append(("listener", lambda: listener.run(stop)))
+        parts.append(("listener", after_first_cycle(lambda: listener.run(stop))))
     if notifier.enabled:
 
         def notify() -> Awaitable[None]:
@@ -311,7 +363,7 @@ async def serve(
 
             await status_loop(engine, lambda: worker.stats.committed, stop, opts.status_every)
 
-        parts.append(("status line", status_line))
+        parts.append(("status line", after_first_cycle(status_line)))
     if opts.progress and config.exit_when_idle:
 
         async def progress() -> None:
@@ -319,7 +371,7 @@ async def serve(
 
             await progress_loop(engine, stop, tty=opts.tty)
 
-        parts.append(("progress", progress))
+        parts.append(("progress", after_first_cycle(progress)))
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:
