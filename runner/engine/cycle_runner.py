@@ -88,7 +88,10 @@ class CycleRunner:
         self.overlapped = 0
         self.on_done: Callable[[], None] | None = None
         self._threads = [db]
-        if overlap and self.no_wait is None and engine.pool.size() >= 2:
+        # a pool of two connections or more (PostgreSQL's ``QueuePool``; an in-memory
+        # SQLite engine's pool has no ``size()``, and one connection)
+        size = getattr(engine.pool, "size", None)
+        if overlap and self.no_wait is None and callable(size) and size() >= 2:
             self._threads.append(DatabaseThread("flowrun-cycles"))
         self._sent: list = []  # the finished attempts of the request being made
         self._released: list = []  # the waiting claims it gives back
