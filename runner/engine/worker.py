@@ -257,7 +257,7 @@ class Worker:
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
-        if not (self.running or self.attempts.unsettled() or self.cycles.flights):
+        if self.quiet():
             return True
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
