@@ -1,5 +1,5 @@
-"""The flow author's first hour (issue 16), through the real `flowrun` command: `init`,
-read-only commands that never create a database, `start` from the last good version of a
+"""The flow author's first hour, through the real `flowrun` command: `init`,
+read-only commands that never create a database (listings list nothing, exit 0), `start` from the last good version of a
 broken flow, `check FILE` resolving cross-references, the daemon with no flows, labels."""
 
 from __future__ import annotations
@@ -57,10 +57,21 @@ def test_init_writes_a_runnable_example_and_refuses_twice(tmp_path: Path) -> Non
 
 
 def test_read_only_commands_do_not_create_a_database(tmp_path: Path) -> None:
-    for args in (["ls"], ["show", "1"], ["events"], ["workers"], ["pause", "1"]):
+    # acting on or showing an instance of a database that does not exist: exit 1
+    for args in (["show", "1"], ["pause", "1"], ["events", "replay", "1"]):
         err = flowrun(tmp_path, *args, code=1).stderr
         assert err.startswith("flowrun: no database at .flowrun/flowrun.db"), err
         assert len(err.strip().splitlines()) == 1
+    # listing nothing is not an error: an empty list, exit 0, one note naming the file
+    for args in (["ls"], ["ls", "--json"], ["events"], ["events", "--json"], ["workers"]):
+        proc = flowrun(tmp_path, *args)
+        err = proc.stderr
+        assert err.startswith("flowrun: no database at .flowrun/flowrun.db yet"), err
+        assert len(err.strip().splitlines()) == 1
+        if "--json" in args:
+            assert json.loads(proc.stdout) == []
+    assert json.loads(flowrun(tmp_path, "workers", "--json").stdout) == []
+    assert "0 instances" in flowrun(tmp_path, "ls").stdout
     assert not (tmp_path / ".flowrun").exists()
 
 
