@@ -95,7 +95,14 @@ class Ctx:
         """For a listing (``ls``, ``events``, ``workers``): True when the SQLite database
         file does not exist yet, after one note on stderr naming it. Listing nothing is
         not an error (exit 0), and the file is not created."""
-        missing = missing_sqlite_file(self.db) if self._engine is None else None
+        if self._engine is not None:
+            return False
+        from runner.store.reader import sqlite_file
+
+        plain = sqlite_file(self.db)
+        if plain is not None and Path(plain).is_file():
+            return False  # the common case, decided without loading SQLAlchemy
+        missing = missing_sqlite_file(self.db)
         if missing is None:
             return False
         click.echo(f"flowrun: no database at {missing} yet: nothing to list ({_CREATES})", err=True)

@@ -1,6 +1,7 @@
-"""The flow author's first hour, through the real `flowrun` command: `init`,
-read-only commands that never create a database (listings list nothing, exit 0), `start` from the last good version of a
-broken flow, `check FILE` resolving cross-references, the daemon with no flows, labels."""
+"""The flow author's first hour, through the real `flowrun` command: `init`, read-only
+commands that never create a database (listings list nothing, exit 0), `start` from the
+last good version of a broken flow, `check FILE` resolving cross-references, the daemon with
+no flows, labels."""
 
 from __future__ import annotations
 

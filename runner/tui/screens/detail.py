@@ -104,6 +104,8 @@ def graph_text(d: Detail) -> Text:
             edges.append("→ " + " | ".join(st.to))
         for ev, target in (st.on or {}).items():
             edges.append(f"{ev} ⇢ {target}")
+        if st.exhausted_target is not None:
+            edges.append(f"on_exhausted ⇢ {st.exhausted_target}")
         t.append("  ".join(edges))
         if name == d.flow.initial:
             t.append("  (initial)", style="dim")
