@@ -52,7 +52,10 @@ def test_init_writes_a_runnable_example_and_refuses_twice(tmp_path: Path) -> Non
     assert "ok: 1 flow valid" in flowrun(project, "check").stdout
     (flows / "inbox" / "a.txt").write_text("hi there\n")
     iid = flowrun(project, "start", "hello", f"path={flows / 'inbox' / 'b.txt'}").stdout.strip()
-    flowrun(project, "--daemon", "--exit-when-idle")
+    closing = flowrun(project, "--daemon", "--exit-when-idle").stderr.strip().splitlines()[-1]
+    # the last line in a user's words (two instances: the file's and the one started)
+    assert "done: 2 attempts committed, 2 instances claimed" in closing, closing
+    assert "chained" not in closing and "lost_fence" not in closing
     row = json.loads(flowrun(project, "show", iid, "--json").stdout)
     assert (row["state"], row["label"]) == ("review", "inbox/b.txt")
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from runner.engine import cycle
+from runner.engine.cycle import WorkerStats
 from runner.handlers.attempt import AttemptResult
 from runner.service.logs import JsonFormatter
-from runner.service.progress import Progress, status_loop
+from runner.service.progress import Progress, closing_line, status_loop
 from runner.store import leases
 from tests.support.fault import engine_at, load, new_instance, sql, write_flow
 
@@ -58,6 +59,17 @@ def test_progress_figures() -> None:
     assert (p.done, p.total) == (5, 10)
     assert p.rate(10.0) == 0.5 and p.eta(10.0) == 10.0
     assert p.line(10.0) == "progress: 5/10 done, 0.5/s, ETA 10s"
+
+
+def test_closing_line_in_a_users_words() -> None:
+    quiet = WorkerStats(claimed=1, committed=1)
+    assert closing_line(quiet) == "done: 1 attempt committed, 1 instance claimed"
+    busy = WorkerStats(claimed=5, chained=3, committed=9, cancelled=1, lost_fence=2, recovered=1)
+    assert closing_line(busy) == (
+        "done: 9 attempts committed (1 cancelled), 5 instances claimed, 3 attempts run on in "
+        "the next state without a new claim, 2 outcomes not committed (the instance was taken "
+        "away by a command or another worker), 1 attempt of dead workers recorded as lost"
+    )
 
 
 async def test_status_line(tmp_path: Path, caplog) -> None:
