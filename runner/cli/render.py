@@ -11,7 +11,7 @@ from datetime import datetime
 
 import click
 
-from runner.ops.error_line import error_line
+from runner.error_line import error_line
 from runner.tui import fmt
 
 

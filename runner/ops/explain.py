@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runner import lifecycle
+from runner.error_line import error_line
 from runner.flowspec.policy import Policy
-from runner.ops.error_line import error_line
 from runner.ops.explanation import (
     Entry,
     Explanation,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner import lifecycle
-from runner.ops.error_line import error_line
+from runner.error_line import error_line
 from runner.ops.explanation import (
     Entry,
     Track,

@@ -1,9 +1,9 @@
-"""``runner.ops.error_line.error_line``: the last non-empty line of a kept output tail,
+"""``runner.error_line.error_line``: the last non-empty line of a kept output tail,
 after flowrun's own head, never the tail's first (cut) line."""
 
 from __future__ import annotations
 
-from runner.ops.error_line import error_line
+from runner.error_line import error_line
 
 TAIL = "e 38: xxxxxxxx\nnoise line 39: xxxxxxxx\n\nRuntimeError: the real cause\n\n"
 

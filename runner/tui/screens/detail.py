@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from runner.ops.error_line import error_line
+from runner.error_line import error_line
 from runner.tui import fmt
 from runner.tui.model import Detail
 from runner.tui.widgets.status_header import STATUS_STYLES

@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from runner.ops.error_line import error_line
+from runner.error_line import error_line
 from runner.tui import fmt
 from runner.tui.model import Page, Query, Row
 

@@ -6,8 +6,9 @@ An attempt's stored error (``attempts.error``, ``instances.last_error``) is what
 or of stdout when stderr is empty), which usually starts mid-line and ends with the
 line that matters (a Python traceback's ``ValueError: ...``, a tool's last complaint).
 :func:`error_line` keeps the attempt's head and the last non-empty line of the tail.
-``flowrun ls``, ``explain`` and the console's table, detail and explanation all show
-this line; ``flowrun show`` and ``--json`` give the whole stored text.
+``flowrun ls``, ``explain``, the console's table, detail and explanation and the
+daemon's log lines all show this line; ``flowrun show`` and ``--json`` give the whole
+stored text. Ground level: every layer may use it.
 """
 
 from __future__ import annotations
