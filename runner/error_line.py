@@ -25,17 +25,19 @@ _HEAD = re.compile(
 )
 
 
-def error_line(text: str | None, limit: int | None = None) -> str:
+def error_line(text: str | None, limit: int | None = None, *, spent: bool = False) -> str:
     """The line to show for a stored error ``text``: its only non-empty line, or, when the
     text spans several lines, flowrun's head (``exit code 1: ``...) followed by the last
     non-empty line; stripped, and cut to ``limit`` characters (ending ``…``) when given.
     The ``error budget spent (...): `` / ``restarts spent (...); last: `` in front of an
-    attempt's error is left out (the attempt's error is the error). ``""`` for ``None``
-    or blank text. Raises nothing."""
-    text = text or ""
-    spent = _SPENT.match(text)
-    if spent is not None and text[spent.end() :].strip():
-        text = text[spent.end() :]
+    attempt's error is left out (the attempt's error is the error), unless ``spent``
+    (then it leads the line, e.g. in the log line of an instance that failed). ``""`` for
+    ``None`` or blank text. Raises nothing."""
+    text, lead = text or "", ""
+    wrapper = _SPENT.match(text)
+    if wrapper is not None and text[wrapper.end() :].strip():
+        text = text[wrapper.end() :]
+        lead = wrapper.group(0) if spent else ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
@@ -43,6 +45,7 @@ def error_line(text: str | None, limit: int | None = None) -> str:
     if len(lines) > 1:
         head = _HEAD.match(line)
         line = (head.group(0) if head else "") + lines[-1]
+    line = lead + line
     if limit is not None and len(line) > limit:
         line = line[: max(0, limit - 1)] + "…"
     return line

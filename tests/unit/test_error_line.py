@@ -35,3 +35,11 @@ def test_a_spent_budget_or_restarts_shows_the_attempt_error() -> None:
 def test_limit_cuts_with_an_ellipsis() -> None:
     assert error_line("exit code 1: " + TAIL, 20) == "exit code 1: Runtim…"
     assert error_line("short", 20) == "short"
+
+
+def test_spent_keeps_the_wrapper_in_front() -> None:
+    spent = "error budget spent (3 errors in 3600s): exit code 1: " + TAIL
+    assert error_line(spent, spent=True) == (
+        "error budget spent (3 errors in 3600s): exit code 1: RuntimeError: the real cause"
+    )
+    assert error_line("exit code 2", spent=True) == "exit code 2"

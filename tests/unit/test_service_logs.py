@@ -1,4 +1,5 @@
-"""Service log lines: the fenced-out WARNING names the instances and their holder now;
+"""Service log lines: the fenced-out WARNING names the instance, its flow and state and
+its holder now (or says it was killed);
 JSON lines carry the fields as keys; the status and progress figures."""
 
 from __future__ import annotations
@@ -46,11 +47,46 @@ def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) ->
     assert lost == [iid]
     (record,) = [r for r in caplog.records if "fenced out" in r.getMessage()]
     assert record.levelno == logging.WARNING
-    assert (
-        f"instances {iid}" in record.getMessage() and "held now by worker-b" in record.getMessage()
+    assert record.getMessage() == (
+        f"instance {iid} (flow fence, state work): fenced out: the outcome of attempt 1 was "
+        "not committed by worker-a; held now by worker-b"
     )
     out = json.loads(JsonFormatter().format(record))
-    assert (out["instances"], out["worker"], out["holder"]) == ([iid], "worker-a", "worker-b")
+    assert (out["instance"], out["flow"], out["state"], out["kind"]) == (
+        iid,
+        "fence",
+        "work",
+        "fenced_out",
+    )
+    assert (out["worker"], out["holder"]) == ("worker-a", "worker-b")
+
+
+def test_fenced_out_by_a_kill_says_killed(tmp_path: Path, caplog) -> None:
+    flow = load(write_flow(tmp_path / "flows", "fence", FLOW))
+    engine = engine_at(tmp_path)
+    iid = new_instance(engine, flow)
+    with engine.begin() as conn:
+        (claim,) = leases.claim_batch(conn, "worker-a", 30.0, 10)
+    sql(
+        engine,
+        "UPDATE instances SET status='killed', locked_by=NULL, fence=fence+1 WHERE id=:i",
+        i=iid,
+    )
+    run = SimpleNamespace(claim=claim, durable=[claim.data])
+    request = cycle.decide_finished(
+        engine,
+        [(run, AttemptResult("moved", {}, to_state="done"))],
+        cycle.CycleRequest("worker-a", 30.0),
+        stopping=False,
+    )
+    with caplog.at_level(logging.WARNING, "flowrun.worker"):
+        assert cycle.run_cycle(engine, request).lost == [iid]
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert record.getMessage() == (
+        f"instance {iid} (flow fence, state work): killed by a command; the outcome of "
+        "attempt 1 was not committed"
+    )
+    assert json.loads(JsonFormatter().format(record))["kind"] == "killed"
 
 
 def test_progress_figures() -> None:
