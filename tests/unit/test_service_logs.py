@@ -27,14 +27,15 @@ states:
 """
 
 
-def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) -> None:
+def _fenced_out(tmp_path: Path, caplog, taken: str) -> tuple[int, logging.LogRecord]:
+    """Worker-a's finished attempt, its instance changed meanwhile by ``taken`` (an
+    UPDATE bumping the fence): the cycle's one WARNING record."""
     flow = load(write_flow(tmp_path / "flows", "fence", FLOW))
     engine = engine_at(tmp_path)
     iid = new_instance(engine, flow)
     with engine.begin() as conn:
         (claim,) = leases.claim_batch(conn, "worker-a", 30.0, 10)
-    # another worker takes the instance over (its lease "expired"): fence bumped
-    sql(engine, "UPDATE instances SET locked_by='worker-b', fence=fence+1 WHERE id=:i", i=iid)
+    sql(engine, f"UPDATE instances SET {taken}, fence=fence+1 WHERE id=:i", i=iid)
     run = SimpleNamespace(claim=claim, durable=[claim.data])
     request = cycle.decide_finished(
         engine,
@@ -43,10 +44,14 @@ def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) ->
         stopping=False,
     )
     with caplog.at_level(logging.WARNING, "flowrun.worker"):
-        lost = cycle.run_cycle(engine, request).lost
-    assert lost == [iid]
-    (record,) = [r for r in caplog.records if "fenced out" in r.getMessage()]
-    assert record.levelno == logging.WARNING
+        assert cycle.run_cycle(engine, request).lost == [iid]
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    return iid, record
+
+
+def test_fenced_out_commit_names_instance_flow_and_holder(tmp_path: Path, caplog) -> None:
+    # another worker takes the instance over (its lease "expired")
+    iid, record = _fenced_out(tmp_path, caplog, "locked_by='worker-b'")
     assert record.getMessage() == (
         f"instance {iid} (flow fence, state work): fenced out: the outcome of attempt 1 was "
         "not committed by worker-a; held now by worker-b"
@@ -62,26 +67,7 @@ def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) ->
 
 
 def test_fenced_out_by_a_kill_says_killed(tmp_path: Path, caplog) -> None:
-    flow = load(write_flow(tmp_path / "flows", "fence", FLOW))
-    engine = engine_at(tmp_path)
-    iid = new_instance(engine, flow)
-    with engine.begin() as conn:
-        (claim,) = leases.claim_batch(conn, "worker-a", 30.0, 10)
-    sql(
-        engine,
-        "UPDATE instances SET status='killed', locked_by=NULL, fence=fence+1 WHERE id=:i",
-        i=iid,
-    )
-    run = SimpleNamespace(claim=claim, durable=[claim.data])
-    request = cycle.decide_finished(
-        engine,
-        [(run, AttemptResult("moved", {}, to_state="done"))],
-        cycle.CycleRequest("worker-a", 30.0),
-        stopping=False,
-    )
-    with caplog.at_level(logging.WARNING, "flowrun.worker"):
-        assert cycle.run_cycle(engine, request).lost == [iid]
-    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    iid, record = _fenced_out(tmp_path, caplog, "status='killed', locked_by=NULL")
     assert record.getMessage() == (
         f"instance {iid} (flow fence, state work): killed by a command; the outcome of "
         "attempt 1 was not committed"
