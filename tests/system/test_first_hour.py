@@ -132,3 +132,37 @@ def test_check_file_resolves_cross_references(tmp_path: Path, where: str) -> Non
     assert "unknown flow 'hr'" in proc.stderr
     (flows if where == "flows folder" else drafts).joinpath("hr.yaml").write_text(HR)
     assert "ok: 1 flow valid" in flowrun(tmp_path, "check", str(starter)).stdout
+
+
+THREE_MISTAKES = """\
+flow: three
+initial: fetch
+states:
+  fetch:
+    exec: [python, fetch.py]
+    timout: 5m
+    next: parse
+  parse:
+    call: no_such_module:parse
+    next: dnoe
+  done: {terminal: true}
+"""
+
+
+def test_check_reports_every_independent_mistake_of_a_file_at_once(tmp_path: Path) -> None:
+    """A field error (schema), a target that is not a state (graph) and a call that does
+    not import: one run of `check` names all three, each at its place, exit 2."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "three.yaml").write_text(THREE_MISTAKES)
+    err = flowrun(tmp_path, "check", code=2).stderr.strip().splitlines()
+    assert err[0].startswith("flows/three.yaml:6:5: unknown key 'timout' (did you mean 'timeout'?")
+    assert err[1].startswith("flows/three.yaml:9:11: cannot import module 'no_such_module'")
+    assert err[2].startswith("flows/three.yaml:10:11: next 'dnoe' is not a state of this flow")
+    # and what `done` being unreachable follows from: the same run, nothing invented
+    assert err[3:] == [
+        "flows/three.yaml:11:3: state 'done' is unreachable from initial state 'fetch'"
+    ]
+    # fixed one by one, each fix removes exactly its line
+    (flows / "three.yaml").write_text(THREE_MISTAKES.replace("timout", "timeout"))
+    assert len(flowrun(tmp_path, "check", code=2).stderr.strip().splitlines()) == 3
