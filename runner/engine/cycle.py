@@ -360,13 +360,15 @@ def log_lost(recovered: list[leases.Lost]) -> None:
     one WARNING each, its ``kind`` ``failed`` when that spent the restarts, else ``lost``."""
     for lost in recovered:
         log.warning(
-            "instance %d (flow %s, state %s): %s: attempt %d lost by worker %s",
+            "instance %d (flow %s, state %s): attempt lost by worker %s (attempt %d); %s",
             lost.instance_id,
             lost.flow,
             lost.state,
-            "failed: restarts spent" if lost.failed else "restarting from its last checkpoint",
-            lost.attempt,
             lost.worker,
+            lost.attempt,
+            "restarts spent: instance failed"
+            if lost.failed
+            else "restarting from its last checkpoint",
             extra={
                 "instance": lost.instance_id,
                 "flow": lost.flow,
