@@ -247,7 +247,9 @@ def _run_daemon(c: Ctx) -> int:
             raise
         log.error("flowrun: %s", exc)
         return exc.exit_code
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    from runner.service.progress import closing_line
+
+    log.info("%s", closing_line(served.worker.stats))
     return served.code
 
 

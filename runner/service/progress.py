@@ -2,7 +2,8 @@
 
 - ``--exit-when-idle`` on a terminal: a live rich progress bar (done/total, rate, ETA);
   without a terminal, one progress line every ``every`` seconds (:func:`progress_loop`).
-- Every daemon: one status line a minute (counts by status, attempts/s) (:func:`status_loop`).
+- Every daemon: one status line a minute (counts by status, attempts/s) (:func:`status_loop`),
+  and a last line saying what its worker did (:func:`closing_line`).
 
 "Done" counts instances that reached a final status (completed, failed, killed) since the
 daemon started; "total" adds the instances that are not final yet. Both come from one
@@ -58,6 +59,37 @@ class Progress:
         eta = self.eta(now)
         left = f"ETA {eta:.0f}s" if eta is not None else "ETA ?"
         return f"progress: {self.done}/{self.total} done, {self.rate(now):.1f}/s, {left}"
+
+
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def closing_line(stats: Any) -> str:
+    """The daemon's last line, in a user's words, from its worker's ``WorkerStats``:
+    ``done: 8 attempts committed (1 cancelled), 5 instances claimed, 3 attempts run on
+    in the next state without a new claim, ...``; the counts that are 0 after the first
+    two are left out."""
+    parts = [
+        _n(stats.committed, "attempt committed", "attempts committed")
+        + (f" ({stats.cancelled} cancelled)" if stats.cancelled else ""),
+        _n(stats.claimed, "instance claimed", "instances claimed"),
+    ]
+    if stats.chained:
+        parts.append(
+            _n(stats.chained, "attempt", "attempts")
+            + " run on in the next state without a new claim"
+        )
+    if stats.lost_fence:
+        parts.append(
+            _n(stats.lost_fence, "outcome", "outcomes")
+            + " not committed (the instance was taken away by a command or another worker)"
+        )
+    if stats.recovered:
+        parts.append(
+            _n(stats.recovered, "attempt", "attempts") + " of dead workers recorded as lost"
+        )
+    return "done: " + ", ".join(parts)
 
 
 async def _counts(engine: Engine) -> dict[str, int]:

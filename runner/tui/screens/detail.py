@@ -13,6 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from runner.error_line import error_line
 from runner.tui import fmt
 from runner.tui.model import Detail
 from runner.tui.widgets.status_header import STATUS_STYLES
@@ -47,7 +48,7 @@ def summary_text(d: Detail, now: float) -> Text:
     t.append(fmt.span(now - r["state_changed"]) if r["state_changed"] else "-")
     if r.get("last_error"):
         t.append("\n last error ", style="dim")
-        t.append(fmt.one_line(r["last_error"], 300), style="red")
+        t.append(error_line(r["last_error"], 300), style="red")
     return t
 
 
@@ -104,6 +105,8 @@ def graph_text(d: Detail) -> Text:
             edges.append("→ " + " | ".join(st.to))
         for ev, target in (st.on or {}).items():
             edges.append(f"{ev} ⇢ {target}")
+        if st.exhausted_target is not None:
+            edges.append(f"on_exhausted ⇢ {st.exhausted_target}")
         t.append("  ".join(edges))
         if name == d.flow.initial:
             t.append("  (initial)", style="dim")
@@ -219,7 +222,7 @@ class DetailScreen(Screen):
             fmt.span(dur),
             Text(outcome, style=style),
             a["to_state"] or "",
-            fmt.one_line(a["error"], 120),
+            error_line(a["error"], 120),
         )
 
     def action_sleep(self) -> None:

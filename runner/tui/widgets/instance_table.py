@@ -23,6 +23,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from runner.error_line import error_line
 from runner.tui import fmt
 from runner.tui.model import Page, Query, Row
 
@@ -76,7 +77,7 @@ def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
         "restarts": str(row.restarts),
         "budget": fmt.budget(used, row.max_errors),
         "due": fmt.due_in(row.due_at, now, row.status),
-        "error": fmt.one_line(row.last_error),
+        "error": error_line(row.last_error, 200),
     }
 
 
