@@ -36,7 +36,7 @@ from runner.store.tables import (
     instances,
     sensors,
 )
-from runner.tui import fmt
+from runner.tui import literal
 from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
 from runner.tui.paging import read_counts, read_page
 
@@ -72,6 +72,7 @@ class ConsoleData:
         self.clock = clock
         self.flows_dir = Path(flows_dir) if flows_dir else None
         self._policies: dict[tuple[str, str], tuple[int, float] | None] = {}
+        self._waits: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -99,7 +100,14 @@ class ConsoleData:
         the database cannot be read.
         """
         return read_page(
-            self.reader, q, offset, limit, total=total, anchor=anchor, policy=self.policy
+            self.reader,
+            q,
+            offset,
+            limit,
+            total=total,
+            anchor=anchor,
+            policy=self.policy,
+            waits=self.waits_for,
         )
 
     def count_by_status(self, flow: str | None = None) -> dict[str, int]:
@@ -174,22 +182,45 @@ class ConsoleData:
 
         return compiled(self.engine, version)
 
-    def policy(self, version: str, state: str) -> tuple[int, float] | None:
-        """``(max_errors, window seconds)`` of a state's error budget, or ``None`` when
-        the version or state is unknown or does not compile (cached; raises nothing)."""
+    def _of_state(
+        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable
+    ) -> Any:
+        """``read(compiled state)`` for ``state`` of ``version``, cached in ``cache``;
+        ``None`` when the version or state is unknown or does not compile (raises nothing)."""
         key = (version, state)
-        if key in self._policies:
-            return self._policies[key]
-        pol: tuple[int, float] | None = None
+        if key in cache:
+            return cache[key]
+        value = None
         try:
             st = self.compiled(version).states.get(state)
             if st is not None:
-                pol = (int(st.policy.max_errors), float(st.policy.window))
+                value = read(st)
         except Exception:  # not stored, not compilable, or no compiler yet
-            pol = None
+            value = None
         with self._lock:
-            self._policies[key] = pol
-        return pol
+            cache[key] = value
+        return value
+
+    def policy(self, version: str, state: str) -> tuple[int, float] | None:
+        """``(max_errors, window seconds)`` of a state's error budget, or ``None`` when
+        the version or state is unknown or does not compile (cached; raises nothing)."""
+        return self._of_state(
+            self._policies,
+            version,
+            state,
+            lambda st: (int(st.policy.max_errors), float(st.policy.window)),
+        )
+
+    def waits_for(self, version: str, state: str) -> tuple[str, ...] | None:
+        """The ``on:`` events of ``state`` when it is external (moved by events only), or
+        ``None`` when it is not, or the version or state is unknown or does not compile
+        (cached; raises nothing)."""
+        return self._of_state(
+            self._waits,
+            version,
+            state,
+            lambda st: tuple(st.on or {}) if st.kind == "external" else None,
+        )
 
     # -- one instance ----------------------------------------------------------------
 
@@ -220,7 +251,7 @@ class ConsoleData:
             st = d.flow.states.get(rec.row["state"])
             d.policy = st.policy if st is not None else None
         except Exception as exc:  # shown on the screen, never raised
-            d.flow_error = fmt.one_line(str(exc)) or type(exc).__name__
+            d.flow_error = literal.one_line(str(exc)) or type(exc).__name__
         return d
 
     # -- other views -----------------------------------------------------------------
@@ -278,7 +309,7 @@ class ConsoleData:
             except ImportError:
                 info.note = "flow registry not available (runner.flowspec.registry)"
             except Exception as exc:  # a broken folder is shown, never raised
-                info.note = f"cannot load {self.flows_dir}: {fmt.one_line(str(exc))}"
+                info.note = f"cannot load {self.flows_dir}: {literal.one_line(str(exc))}"
         else:
             info.note = "no flows folder given: showing stored versions only"
         fv = flow_versions.c
