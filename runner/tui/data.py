@@ -16,13 +16,14 @@ lock), which would make each console refresh queue behind, and block, the worker
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 
 from runner.ops.detail import read_instance
 from runner.ops.liveness import read_workers
@@ -47,6 +48,18 @@ if TYPE_CHECKING:
 SPARK_LOOKBACK = 50_000
 
 
+def _keep_undecodable(dbapi_connection: Any, _record: Any) -> None:
+    """Read SQLite text that is not UTF-8 (written by another program: the runner
+    itself stores only UTF-8) with its bytes kept as surrogates, which
+    ``runner.tui.literal`` shows as ``\\xNN``, instead of failing the whole read."""
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.text_factory = _lenient_text
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
 class ConsoleData:
     """The console's access to the database: reads through a read-only engine, commands
     through ``runner.ops.commands.submit`` (the same path as the CLI).
@@ -69,6 +82,8 @@ class ConsoleData:
     ) -> None:
         self.engine = engine
         self.reader = read_engine(engine)
+        if self.reader is not engine:  # our own SQLite sibling: text another program
+            event.listen(self.reader, "connect", _keep_undecodable)  # wrote stays readable
         self.clock = clock
         self.flows_dir = Path(flows_dir) if flows_dir else None
         self._policies: dict[tuple[str, str], tuple[int, float] | None] = {}

@@ -71,6 +71,8 @@ async def test_instances_view_and_text_filter(app: FlowrunApp) -> None:
             RED_DISK + "\\x1b",  # its label
             PAYMENTS + "a\\x00b\\x08c",  # instance 2's label
             "abc\\u202edcba\\u202c \\u200fx",  # instance 4's last error
+            "caf\\xe9 [x]\\xff",  # instance 3's label: bytes that are not UTF-8
+            "caf\\xe9 [x]\\xff [/]",  # and its last error
         )
         screen = app.screen
         assert isinstance(screen, InstancesScreen)

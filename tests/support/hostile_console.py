@@ -37,6 +37,8 @@ CONTROLS = "a\x00b\x08c\x7fd\x9be\rf"
 RTL = "abc\u202edcba\u202c \u200fx\u2066y\u2069"
 BIG = "x" * 100_000
 NOT_UTF8 = "caf\udce9 \udcff\udcfe"  # bytes 0xe9 0xff 0xfe kept by surrogateescape
+#: Text that is not UTF-8 in a TEXT column (instance 3's label and last error).
+RAW_LABEL = b"caf\xe9 [x]\xff"
 
 #: Every hostile string, by name.
 CORPUS: dict[str, str] = {
@@ -63,7 +65,8 @@ RAW = re.compile(
 
 def install(engine: Engine, flows_dir: Path) -> None:
     """Write the corpus into every kind of stored text the console shows: instance 1's
-    data, label and last error, instance 2's label, its attempts' errors and
+    data, label and last error, instance 2's label, instance 3's label and last error as
+    bytes that are not UTF-8, its attempts' errors and
     checkpoint, a command's result, events (a tail sensor's line and file, a files
     sensor's path, keys and actions), a sensor's name and cursor, a worker's id and host,
     a stored flow version's flow and path, and flow files whose names and contents are
@@ -80,6 +83,11 @@ def install(engine: Engine, flows_dir: Path) -> None:
             .values(label=PAYMENTS + CONTROLS, last_error=CACHE_LINE + "\n" + BIG)
         )
         conn.execute(update(instances).where(instances.c.id == 4).values(last_error=RTL + BIG))
+        conn.exec_driver_sql(  # bytes that are not UTF-8, as another program could write
+            "UPDATE instances SET label = CAST(? AS TEXT), last_error = CAST(? AS TEXT) "
+            "WHERE id = 3",
+            (RAW_LABEL, RAW_LABEL + b" [/]"),
+        )
         conn.execute(
             update(attempts)
             .where(attempts.c.instance_id == 1, attempts.c.attempt == 1)
