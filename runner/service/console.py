@@ -4,7 +4,9 @@ This is the one place that puts a worker next to the console. The console itself
 (``runner.tui``) never imports the worker: it reads the store and writes command rows, so
 it steers this embedded worker, a local daemon, or daemons on other hosts alike. The
 embedded worker runs the same ``serve`` as ``--daemon`` in a thread with its own event
-loop; its log goes to ``.flowrun/console.log`` so it cannot scribble over the screen.
+loop. The log (the embedded worker's, and the details of a console view that failed,
+``runner.tui.guard``) goes to ``.flowrun/console.log`` so it cannot scribble over the
+screen.
 """
 
 from __future__ import annotations
@@ -122,7 +124,14 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
 
             raise ConfigError(f"{c.flows}: flows folder not found (use --attach to only observe)")
         registry = load_registry(engine, flows_dir)
+    # the worker's log and the details of a view that failed (runner.tui.guard); an
+    # observer (--attach) in a folder it cannot write to goes on without the details
+    try:
         _log_to_file(Path(".flowrun") / "console.log")
+    except OSError:
+        if not attach:
+            raise
+    if not attach:
         embedded = EmbeddedWorker(engine, registry, config)
         embedded.start()
     stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
