@@ -24,8 +24,10 @@ def test_graph_text_shows_the_on_exhausted_edge(tmp_path: Path) -> None:
     path.write_text(FLOW)
     flow = load_flow(path)
     lines = graph_text(Detail(row={"state": "fetch"}, attempts=[], commands=[], flow=flow))
-    by_state = {line.split()[1] if line.startswith("▶") else line.split()[0]: line for line in
-                lines.plain.splitlines()}
+    by_state = {
+        line.split()[1] if line.startswith("▶") else line.split()[0]: line
+        for line in lines.plain.splitlines()
+    }
     assert "→ done" in by_state["fetch"] and "on_exhausted ⇢ repair" in by_state["fetch"]
     assert "on_exhausted" not in by_state["check"]  # on_exhausted: failed draws no edge
     assert "on_exhausted" not in by_state["repair"]  # an external state spends no budget
