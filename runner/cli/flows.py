@@ -25,19 +25,23 @@ def check(c: Ctx, paths: tuple[Path, ...]):
 
     \f
     Prints every error on stderr, one line each, then exits 2; else ``ok: N flows valid``.
+    A valid flow whose secret file cannot be read now gets a ``warning:`` line (exit 0).
 
     Raises:
         ConfigError: a PATH does not exist.
     """
     from runner.flowspec.compiler import load_flow
     from runner.flowspec.registry import FlowRegistry
+    from runner.flowspec.setup_checks import setup_warnings
 
-    errors, count = [], 0
+    errors, warnings, count = [], [], 0
     for p in paths or (c.flows,):
         if p.is_dir():
             reg = FlowRegistry(p)
             errors += reg.load_all()
             count += len(reg.flows)
+            for loaded in reg.flows.values():
+                warnings += setup_warnings(loaded)
         elif p.exists():
             try:
                 flow = load_flow(p)
@@ -45,6 +49,7 @@ def check(c: Ctx, paths: tuple[Path, ...]):
             except FlowErrors as exc:
                 errors += exc.errors
             else:
+                warnings += setup_warnings(flow)
                 folders = [q for q in (p.parent, c.flows) if q.is_dir()]
                 regs = [FlowRegistry(q) for q in {q.resolve(): q for q in folders}.values()]
                 for reg in regs:
@@ -52,7 +57,7 @@ def check(c: Ctx, paths: tuple[Path, ...]):
                 errors += regs[0].check_alone(flow, *regs[1:])
         else:
             raise ConfigError(f"{p}: no such file or folder")
-    for e in errors:
+    for e in [*errors, *warnings]:
         click.echo(str(e), err=True)
     if errors:
         raise SystemExit(2)

@@ -238,6 +238,14 @@ def instance_detail(item: dict) -> None:
             a["error"] or "",  # the whole kept tail
         )
     _out.print(t)
+    named = {a["state"]: (a.get("env"), a.get("secrets")) for a in item["history"]}
+    for state, (env, secrets) in named.items():
+        if env or secrets:  # names only: a secret's value is never shown
+            _out.print(
+                f"handler of {state} gets env: {', '.join(env) or '-'}; "
+                f"secrets: {', '.join(secrets) or '-'}",
+                markup=False,
+            )
     for cp in item.get("checkpoints", []):
         _out.print(
             f"checkpoint of attempt {cp['attempt']} in {cp['state']}: "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -19,7 +20,10 @@ from sqlalchemy import Engine, select
 from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
+from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.handlers.redact import redact_text, redact_value
+from runner.handlers.secrets import SetupError, attempt_vars
 from runner.store import commit, rows, versions
 from runner.store.db import reading
 from runner.store.tables import events
@@ -58,7 +62,15 @@ async def run_attempt(
             "error", claim.data, error=f"state {claim.state!r} has no handler to run"
         )
 
+    try:
+        env_vars, secrets = attempt_vars(state.setup, claim.data, cwd)
+    except SetupError as exc:
+        return AttemptResult("error", claim.data, error=str(exc))
+    hidden = tuple(secrets.values())
+
     def checkpoint(new_data: dict, values: dict) -> bool:
+        if hidden:  # a secret's value is never stored
+            new_data, values = redact_value(new_data, hidden), redact_value(values, hidden)
         with engine.begin() as conn:
             ok = commit.save_checkpoint(conn, worker_id, claim, new_data, values)
         if ok:
@@ -71,8 +83,10 @@ async def run_attempt(
             argv = render_argv(state.argv, claim.data, event)
         except KeyError as exc:
             return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
-        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd)
-        return await run_exec(
+        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd, state.setup.inherit)
+        if env_vars or secrets:
+            add_env(env, {**env_vars, **secrets})
+        result = await run_exec(
             argv,
             cwd=cwd,
             env=env,
@@ -81,18 +95,34 @@ async def run_attempt(
             cancel=cancel,
             checkpoint=checkpoint,
             next_state=state.next,
+            secrets=tuple(os.fsencode(v) for v in hidden),
         )
-    ctx = Context(
-        data=own_copy(claim.data),
-        instance_id=claim.id,
-        flow=flow.name,
-        state=claim.state,
-        attempt=claim.attempt,
-        _checkpoint=checkpoint,
-    )
-    return await run_call(
-        state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
-    )
+    else:
+        ctx = Context(
+            data=own_copy(claim.data),
+            instance_id=claim.id,
+            flow=flow.name,
+            state=claim.state,
+            attempt=claim.attempt,
+            env=env_vars,
+            secrets=secrets,
+            _checkpoint=checkpoint,
+        )
+        result = await run_call(
+            state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
+        )
+    return redacted(result, hidden) if hidden else result
+
+
+def redacted(result: AttemptResult, secrets: tuple[str, ...]) -> AttemptResult:
+    """``result`` with every secret value in its error text, data and checkpoint replaced
+    by ``***`` (``runner.handlers.redact``): what is stored of an attempt never holds one."""
+    if result.error:
+        result.error = redact_text(result.error, secrets)
+    result.data = redact_value(result.data, secrets)  # type: ignore[assignment]
+    if result.checkpoint is not None:
+        result.checkpoint = redact_value(result.checkpoint, secrets)  # type: ignore[assignment]
+    return result
 
 
 _prepared_cache: dict[tuple[str, str, float], tuple] = {}

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr
 
+from runner.flowspec.spec_handler import DataTemplate, EnvName, SecretSpec
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
@@ -61,9 +62,20 @@ class Defaults(Strict):
     error_budget: ErrorBudgetSpec = Field(default_factory=ErrorBudgetSpec)
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     max_restarts: int = Field(5, ge=0, description="lost attempts allowed in one state")
+    env: dict[EnvName, DataTemplate] | None = Field(
+        None, description="variables every handler gets: name -> '{data.…}' template"
+    )
+    secrets: dict[EnvName, SecretSpec] | None = Field(
+        None, description="secret variables every handler gets: name -> where its value is"
+    )
+    env_inherit: Literal["daemon", "none"] | None = Field(
+        None,
+        description="base environment: daemon (the daemon's, less its credentials; the "
+        "default) or none (PATH, HOME, LANG, TZ only)",
+    )
 
 
-POLICY_KEYS = tuple(Defaults.model_fields)
+POLICY_KEYS = tuple(k for k in Defaults.model_fields if k not in ("env", "secrets", "env_inherit"))
 """Keys of ``Defaults`` that a state may override."""
 
 
@@ -119,6 +131,15 @@ class StateSpec(Strict):
     )
     backoff: BackoffSpec | None = Field(None, description="overrides defaults.backoff")
     max_restarts: int | None = Field(None, ge=0, description="overrides defaults.max_restarts")
+    env: dict[EnvName, DataTemplate] | None = Field(
+        None, description="variables of this state's handler, merged over defaults.env"
+    )
+    secrets: dict[EnvName, SecretSpec] | None = Field(
+        None, description="secret variables of this state's handler, merged over defaults.secrets"
+    )
+    env_inherit: Literal["daemon", "none"] | None = Field(
+        None, description="overrides defaults.env_inherit"
+    )
 
 
 class FlowSpec(Strict):

@@ -41,6 +41,7 @@ from runner.handlers.attempt import (
 )
 from runner.handlers.data import remove_data_file
 from runner.handlers.environ import Env
+from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
 from runner.templating import render
 
@@ -69,11 +70,13 @@ async def run_exec(
     cancel: Cancel,
     checkpoint: CheckpointFn,
     next_state: str | None,
+    secrets: tuple[bytes, ...] = (),
 ) -> AttemptResult:
     """Run an ``exec`` handler; see the module docstring for the exit-code contract.
 
     ``env`` (from :func:`handler_env`) is completed with the data, control and reaper
-    variables (``runner.handlers.spawn``) and changed in place.
+    variables (``runner.handlers.spawn``) and changed in place. Every secret value in
+    ``secrets`` the handler writes (stdout, stderr, control lines) is kept as ``***``.
     """
     data = dict(data)
     watch = Watch(limits)
@@ -83,7 +86,7 @@ async def run_exec(
         return AttemptResult(
             "error", data, error=f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         )
-    io = _Supervised(child, data, watch, cancel, checkpoint)
+    io = _Supervised(child, data, watch, cancel, checkpoint, secrets)
     try:
         how, why = await supervise(io.exited, watch, cancel)
         await _end_group(io, limits.kill_grace, leader_done=how == "done")
@@ -139,6 +142,7 @@ class _Supervised:
         watch: Watch,
         cancel: Cancel,
         checkpoint: CheckpointFn,
+        secrets: tuple[bytes, ...] = (),
     ) -> None:
         self.child = child
         self.data = data
@@ -154,6 +158,8 @@ class _Supervised:
         self._storing: asyncio.Task | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
+        #: per pipe, when there are secrets: what is read goes through it before it is kept
+        self._redactors = {fd: Redactor(secrets) for fd in self._bufs} if secrets else None
         self._reading = False
         self.exited: asyncio.Future = self.loop.create_future()
         code = child.exit_code
@@ -206,13 +212,19 @@ class _Supervised:
         if not chunk:
             self._close_fd(fd)
             return False
+        self._keep(fd, chunk)
+        return True
+
+    def _keep(self, fd: int, chunk: bytes) -> None:
+        """Add ``chunk`` read from ``fd`` to its buffer (secrets redacted first)."""
+        if self._redactors is not None:
+            chunk = self._redactors[fd].feed(chunk)
         buf = self._bufs[fd]
         buf += chunk
         if fd == self.child.control:
             self._control(buf)
         elif len(buf) > 4 * TAIL:
             del buf[:-TAIL]
-        return True
 
     def drain(self, limit: int = 1 << 20) -> None:
         """Read what is left in the pipes now that the handler is gone (at most ``limit``
@@ -253,6 +265,8 @@ class _Supervised:
             if self._reading:
                 self.loop.remove_reader(fd)
             os.close(fd)
+            if self._redactors is not None:  # what was held back: no secret completes it now
+                self._keep(fd, self._redactors[fd].end())
 
     def close(self) -> None:
         """Close every descriptor, stop watching, remove the data file, end the token."""
@@ -340,25 +354,41 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> Env:
-    """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
-    (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
+#: Variables of the daemon's environment that carry its credentials: never a handler's
+#: (a handler that needs one gets it as a secret: ``secrets: {FLOWRUN_DB: {env: FLOWRUN_DB}}``).
+CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
+
+#: What ``env_inherit: none`` keeps of the daemon's environment.
+MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")
+
+
+def handler_env(
+    flow: str, state: str, instance_id: int, attempt: int, cwd: Path, inherit: str = "daemon"
+) -> Env:
+    """The environment of an ``exec`` handler: the base (``inherit``: ``"daemon"``, ours
+    less ``CREDENTIAL_VARS``; ``"none"``, only ``MINIMAL_VARS`` of ours) plus ``FLOWRUN_*``
+    and ``PYTHONPATH`` (the data, control and reaper variables are added when it starts:
+    ``spawn.spawn``)."""
     added = {
         "FLOWRUN_INSTANCE": str(instance_id),
         "FLOWRUN_FLOW": flow,
         "FLOWRUN_STATE": state,
         "FLOWRUN_ATTEMPT": str(attempt),
     }
-    return Env(_base_env(cwd), added)
+    return Env(_base_env(cwd, inherit), added)
 
 
 @functools.lru_cache(maxsize=64)
-def _base_env(cwd: Path) -> dict[str, str]:
-    """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
-    extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
+def _base_env(cwd: Path, inherit: str = "daemon") -> dict[str, str]:
+    """Our environment (as of the first handler started in ``cwd``; less the credentials,
+    or only the minimal variables) with ``PYTHONPATH`` extended by ``cwd`` and flowrun's
+    own folder (so ``python -m runner.control`` works).
     Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
     resolving paths cost more per attempt than the rest of starting it; never changed."""
-    env = dict(os.environ)
+    if inherit == "none":
+        env = {k: os.environ[k] for k in MINIMAL_VARS if k in os.environ}
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
     extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])
