@@ -21,11 +21,11 @@ def check(c: Ctx, paths: tuple[Path, ...]):
     """Validate flows (the flows folder, or PATH files/folders): exit 0 valid, 2 invalid.
 
     A single FILE's cross-references (a rule's ``start: other_flow``) are resolved against
-    the flows folder (--flows) and the file's own folder.
+    the flows folder (--flows) and the file's own folder. A secret file that cannot be
+    read now is a warning line (exit 0).
 
     \f
     Prints every error on stderr, one line each, then exits 2; else ``ok: N flows valid``.
-    A valid flow whose secret file cannot be read now gets a ``warning:`` line (exit 0).
 
     Raises:
         ConfigError: a PATH does not exist.

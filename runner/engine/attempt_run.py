@@ -23,7 +23,7 @@ from runner.handlers.call_handler import run_call
 from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
 from runner.handlers.redact import redact_text, redact_value
-from runner.handlers.secrets import SetupError, attempt_vars
+from runner.handlers.secrets import SetupError, attempt_vars, working_dir
 from runner.store import commit, rows, versions
 from runner.store.db import reading
 from runner.store.tables import events
@@ -83,12 +83,16 @@ async def run_attempt(
             argv = render_argv(state.argv, claim.data, event)
         except KeyError as exc:
             return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
+        try:
+            folder = working_dir(state.setup, claim.data, cwd)
+        except SetupError as exc:
+            return AttemptResult("error", claim.data, error=str(exc))
         env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd, state.setup.inherit)
         if env_vars or secrets:
             add_env(env, {**env_vars, **secrets})
         result = await run_exec(
             argv,
-            cwd=cwd,
+            cwd=folder,
             env=env,
             data=claim.data,
             limits=limits,

@@ -34,6 +34,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
     ("state", spec.StateSpec, "states.S"),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
+    ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
     ("sensor", spec_sensors.SensorSpec, "sensors.N"),
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),
     ("tail", spec_sensors.TailSpec, "sensors.N.tail"),

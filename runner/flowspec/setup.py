@@ -1,4 +1,5 @@
-"""A state's handler set-up: the environment variables and secrets its process gets.
+"""A state's handler set-up: the environment variables, secrets and working folder of its
+process.
 
 ``state_setup`` merges a flow's ``defaults:`` with one state's own ``env`` and
 ``secrets`` (a state's entry wins over the default's of the same name). The result is
@@ -25,11 +26,16 @@ class HandlerSetup:
             attempt starts and never stored.
         inherit: the base environment: ``"daemon"`` (the daemon's, less the variables
             that carry its credentials) or ``"none"`` (a minimal one).
+        working_dir: the working folder's ``{data.…}`` template (relative: from the flows
+            folder), or ``None`` for the flows folder.
+        create_dir: create the working folder when it is missing.
     """
 
     env: tuple[tuple[str, str], ...] = ()
     secrets: tuple[tuple[str, SecretSpec], ...] = ()
     inherit: str = "daemon"
+    working_dir: str | None = None
+    create_dir: bool = False
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -54,6 +60,13 @@ def state_setup(defaults: Defaults, st: StateSpec) -> HandlerSetup:
     env = {**(defaults.env or {}), **(st.env or {})}
     secrets = {**(defaults.secrets or {}), **(st.secrets or {})}
     inherit = st.env_inherit or defaults.env_inherit or "daemon"
-    if not env and not secrets and inherit == "daemon":
+    wd = st.working_dir
+    if not env and not secrets and inherit == "daemon" and wd is None:
         return NO_SETUP
-    return HandlerSetup(env=tuple(env.items()), secrets=tuple(secrets.items()), inherit=inherit)
+    return HandlerSetup(
+        env=tuple(env.items()),
+        secrets=tuple(secrets.items()),
+        inherit=inherit,
+        working_dir=wd.path if wd is not None else None,
+        create_dir=wd.create if wd is not None else False,
+    )

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr
 
-from runner.flowspec.spec_handler import DataTemplate, EnvName, SecretSpec
+from runner.flowspec.spec_handler import DataTemplate, EnvName, SecretSpec, WorkingDirSpec
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
@@ -98,6 +98,10 @@ def _arg(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
+def _dir(value: Any) -> Any:
+    return {"path": value} if isinstance(value, str) else value
+
+
 def _listify(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
@@ -139,6 +143,9 @@ class StateSpec(Strict):
     )
     env_inherit: Literal["daemon", "none"] | None = Field(
         None, description="overrides defaults.env_inherit"
+    )
+    working_dir: Annotated[WorkingDirSpec | None, BeforeValidator(_dir)] = Field(
+        None, description="exec: the working folder (default: the flows folder)"
     )
 
 

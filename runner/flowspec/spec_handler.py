@@ -1,8 +1,10 @@
-"""The flow file keys that set up a handler's process: its environment and secrets.
+"""The flow file keys that set up a handler's process: its environment, secrets and
+working folder.
 
 ``env`` (a variable name → a ``{data.…}`` template) and ``secrets`` (a variable name →
 where its value is read) are given in ``defaults`` and per state; a state's entries are
-merged over the defaults' (``runner.flowspec.setup``). Used by ``runner.flowspec.spec``.
+merged over the defaults' (``runner.flowspec.setup``). ``working_dir`` is per state. Used
+by ``runner.flowspec.spec``.
 """
 
 # No ``from __future__ import annotations``: see runner.flowspec.spec.
@@ -60,3 +62,13 @@ class SecretSpec(Strict):
         if credentials_dir and (Path(credentials_dir) / given).exists():
             return Path(credentials_dir) / given
         return flows_dir / given
+
+
+class WorkingDirSpec(Strict):
+    """An ``exec`` handler's working folder (``working_dir: PATH`` is short for
+    ``working_dir: {path: PATH}``)."""
+
+    path: DataTemplate = Field(
+        description="the folder, a '{data.…}' template; a relative path is from the flows folder"
+    )
+    create: bool = Field(False, description="create it (and its parents) when it is missing")

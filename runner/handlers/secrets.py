@@ -1,8 +1,10 @@
-"""A state's ``env`` rendered and its ``secrets`` read, when an attempt starts.
+"""A state's ``env`` rendered, its ``secrets`` read and its working folder made ready,
+when an attempt starts.
 
 ``attempt_vars`` gives the variables an attempt's handler gets on top of its base
 environment (``runner.handlers.exec_handler.handler_env``) and the secret values to
-redact (``runner.handlers.redact``) from whatever is kept of the attempt.
+redact (``runner.handlers.redact``) from whatever is kept of the attempt;
+``working_dir`` the folder an ``exec`` handler starts in.
 """
 
 from __future__ import annotations
@@ -66,3 +68,30 @@ def read_secret(
         raise SetupError(f"secret {name}: cannot read {path}: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", "surrogateescape")
     return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+
+
+def working_dir(setup: HandlerSetup, data: dict, flows_dir: Path) -> Path:
+    """The folder an ``exec`` handler of ``setup`` starts in: ``flows_dir`` unless the
+    state has a ``working_dir`` (its template rendered over ``data``; relative to
+    ``flows_dir``), created first (with its parents) when the state says ``create``.
+
+    Raises ``SetupError`` naming the folder when it is missing (and not to be created),
+    not a folder, or cannot be created.
+    """
+    if setup.working_dir is None:
+        return flows_dir
+    try:
+        folder = flows_dir / render(setup.working_dir, {"data": data})
+    except KeyError as exc:
+        raise SetupError(f"working_dir: placeholder {{{exc.args[0]}}} has no value") from None
+    if setup.create_dir:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SetupError(
+                f"working_dir: cannot create {folder}: {exc.strerror or exc}"
+            ) from None
+    elif not folder.is_dir():
+        why = "not a folder" if folder.exists() else "no such folder (create: true makes it)"
+        raise SetupError(f"working_dir {folder}: {why}")
+    return folder

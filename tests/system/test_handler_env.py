@@ -192,3 +192,57 @@ def test_a_missing_secret_file_is_an_error_naming_it_and_check_warns(tmp_path: P
     assert shown["status"] == "failed"
     assert "secret API_KEY: cannot read" in json.dumps(shown)
     assert str(fr.flows / "missing.key") in json.dumps(shown)
+
+
+WORKDIR_FLOW = """\
+initial: here
+defaults:
+  error_budget: {max_errors: 1, on_exhausted: failed}
+states:
+  here:
+    exec: [sh, -c, 'pwd > here.txt']
+    working_dir: {path: "out/{data.region}", create: true}
+    next: there
+  there:
+    exec: [sh, -c, 'pwd > there.txt']
+    working_dir: "missing/{data.region}"
+    next: done
+  done: {terminal: true}
+"""
+
+
+def test_working_dir_is_rendered_created_or_named_when_missing(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    write_flow(fr.flows, "wd", WORKDIR_FLOW)
+    iid = int(fr("start", "wd", "region=eu").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    folder = fr.flows / "out" / "eu"
+    assert (folder / "here.txt").read_text().strip() == str(folder)
+    shown = fr.show(iid)
+    assert shown["status"] == "failed" and shown["state"] == "there"
+    missing = fr.flows / "missing" / "eu"
+    assert f"working_dir {missing}: no such folder" in shown["last_error"]
+
+
+def test_process_keys_only_where_they_apply(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    path = write_flow(
+        fr.flows,
+        "wrong",
+        """\
+initial: a
+states:
+  a: {call: "os:getcwd", next: b, working_dir: /tmp}
+  b: {terminal: true, env: {X: "1"}}
+""",
+    )
+    res = fr("check")
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert any(
+        line.startswith(f"{path}:5:") and "working_dir applies to exec handlers only" in line
+        for line in lines
+    ), res.stderr
+    assert any(line.startswith(f"{path}:6:") and "env needs a handler" in line for line in lines)
+    assert "Traceback" not in res.stderr
