@@ -22,6 +22,7 @@ from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
 from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.handlers.process_setup import proc_setup
 from runner.handlers.redact import redact_text, redact_value
 from runner.handlers.secrets import SetupError, attempt_vars, working_dir
 from runner.store import commit, rows, versions
@@ -100,6 +101,8 @@ async def run_attempt(
             checkpoint=checkpoint,
             next_state=state.next,
             secrets=tuple(os.fsencode(v) for v in hidden),
+            setup=proc_setup(state.setup.limits) if state.setup.limits else None,
+            limits_given=state.setup.limits,
         )
     else:
         ctx = Context(

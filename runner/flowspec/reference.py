@@ -35,6 +35,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("state", spec.StateSpec, "states.S"),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
     ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
+    ("limits", spec_handler.LimitsSpec, "states.S.limits"),
     ("sensor", spec_sensors.SensorSpec, "sensors.N"),
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),
     ("tail", spec_sensors.TailSpec, "sensors.N.tail"),

@@ -29,6 +29,8 @@ class HandlerSetup:
         working_dir: the working folder's ``{data.…}`` template (relative: from the flows
             folder), or ``None`` for the flows folder.
         create_dir: create the working folder when it is missing.
+        limits: ``((name, value), ...)`` of the ``limits`` given: ``memory`` (bytes),
+            ``cpu`` (seconds), ``files``, ``processes``, ``nice``.
     """
 
     env: tuple[tuple[str, str], ...] = ()
@@ -36,6 +38,7 @@ class HandlerSetup:
     inherit: str = "daemon"
     working_dir: str | None = None
     create_dir: bool = False
+    limits: tuple[tuple[str, float], ...] = ()
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -61,7 +64,10 @@ def state_setup(defaults: Defaults, st: StateSpec) -> HandlerSetup:
     secrets = {**(defaults.secrets or {}), **(st.secrets or {})}
     inherit = st.env_inherit or defaults.env_inherit or "daemon"
     wd = st.working_dir
-    if not env and not secrets and inherit == "daemon" and wd is None:
+    limits = tuple(
+        (k, v) for k, v in (st.limits.model_dump() if st.limits else {}).items() if v is not None
+    )
+    if not env and not secrets and inherit == "daemon" and wd is None and not limits:
         return NO_SETUP
     return HandlerSetup(
         env=tuple(env.items()),
@@ -69,4 +75,5 @@ def state_setup(defaults: Defaults, st: StateSpec) -> HandlerSetup:
         inherit=inherit,
         working_dir=wd.path if wd is not None else None,
         create_dir=wd.create if wd is not None else False,
+        limits=limits,
     )

@@ -16,7 +16,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr
 
-from runner.flowspec.spec_handler import DataTemplate, EnvName, SecretSpec, WorkingDirSpec
+from runner.flowspec.spec_handler import (
+    DataTemplate,
+    EnvName,
+    LimitsSpec,
+    SecretSpec,
+    WorkingDirSpec,
+)
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
@@ -146,6 +152,9 @@ class StateSpec(Strict):
     )
     working_dir: Annotated[WorkingDirSpec | None, BeforeValidator(_dir)] = Field(
         None, description="exec: the working folder (default: the flows folder)"
+    )
+    limits: LimitsSpec | None = Field(
+        None, description="exec: resource limits of the handler's process"
     )
 
 

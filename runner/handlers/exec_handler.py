@@ -22,6 +22,7 @@ import functools
 import os
 import select
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from runner.handlers.attempt import (
 )
 from runner.handlers.data import remove_data_file
 from runner.handlers.environ import Env
+from runner.handlers.process_setup import ProcSetup, limit_reached
 from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
 from runner.templating import render
@@ -71,20 +73,26 @@ async def run_exec(
     checkpoint: CheckpointFn,
     next_state: str | None,
     secrets: tuple[bytes, ...] = (),
+    setup: ProcSetup | None = None,
+    limits_given: tuple[tuple[str, float], ...] = (),
 ) -> AttemptResult:
     """Run an ``exec`` handler; see the module docstring for the exit-code contract.
 
     ``env`` (from :func:`handler_env`) is completed with the data, control and reaper
     variables (``runner.handlers.spawn``) and changed in place. Every secret value in
     ``secrets`` the handler writes (stdout, stderr, control lines) is kept as ``***``.
+    ``setup`` is applied in the child before its ``exec``; an error caused by one of
+    ``limits_given`` (the state's ``limits``) says which.
     """
     data = dict(data)
     watch = Watch(limits)
     try:
-        child = await spawn([interpreter(argv[0]), *argv[1:]], str(cwd), env, data)
-    except OSError as exc:
+        child = await spawn([interpreter(argv[0]), *argv[1:]], str(cwd), env, data, setup)
+    except (OSError, subprocess.SubprocessError) as exc:
         return AttemptResult(
-            "error", data, error=f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            "error",
+            data,
+            error=f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
         )
     io = _Supervised(child, data, watch, cancel, checkpoint, secrets)
     try:
@@ -117,6 +125,8 @@ async def run_exec(
         return AttemptResult("not_yet", data, checkpoint=last)
     what = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
     tail = stderr if stderr.strip() else stdout  # stdout when stderr has nothing to say
+    if limits_given and (reached := limit_reached(limits_given, code, tail)):
+        what = f"{reached} ({what})"
     return AttemptResult("error", data, error=_with_tail(what, tail), checkpoint=last)
 
 
