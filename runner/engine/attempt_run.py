@@ -18,11 +18,12 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from runner.errors import UserError
+from runner.flowspec.setup import HandlerSetup
 from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
 from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
-from runner.handlers.process_setup import proc_setup
+from runner.handlers.process_setup import ProcSetup, ids_of, proc_setup
 from runner.handlers.redact import redact_text, redact_value
 from runner.handlers.secrets import SetupError, attempt_vars, working_dir
 from runner.store import commit, rows, versions
@@ -86,7 +87,8 @@ async def run_attempt(
             return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
         try:
             folder = working_dir(state.setup, claim.data, cwd)
-        except SetupError as exc:
+            proc = _proc_setup(state.setup)
+        except (SetupError, LookupError) as exc:
             return AttemptResult("error", claim.data, error=str(exc))
         env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd, state.setup.inherit)
         if env_vars or secrets:
@@ -101,7 +103,7 @@ async def run_attempt(
             checkpoint=checkpoint,
             next_state=state.next,
             secrets=tuple(os.fsencode(v) for v in hidden),
-            setup=proc_setup(state.setup.limits) if state.setup.limits else None,
+            setup=proc,
             limits_given=state.setup.limits,
         )
     else:
@@ -119,6 +121,14 @@ async def run_attempt(
             state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
         )
     return redacted(result, hidden) if hidden else result
+
+
+def _proc_setup(setup: HandlerSetup) -> ProcSetup | None:
+    """What the handler's process is set up with before its ``exec`` (``None``: nothing).
+    Raises ``LookupError`` naming an unknown user or group."""
+    if not setup.limits and setup.user is None and setup.group is None:
+        return None
+    return proc_setup(setup.limits, *ids_of(setup.user, setup.group))
 
 
 def redacted(result: AttemptResult, secrets: tuple[str, ...]) -> AttemptResult:

@@ -58,7 +58,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
 
 #: State keys that set up an ``exec`` handler's own process: a ``call`` handler runs in
 #: the daemon's process, where none of them can apply.
-PROCESS_KEYS = ("env_inherit", "working_dir", "limits")
+PROCESS_KEYS = ("env_inherit", "working_dir", "limits", "user", "group")
 
 #: State keys of any handler (a ``call`` handler gets them as ``ctx.env``/``ctx.secrets``).
 HANDLER_KEYS = ("env", "secrets")

@@ -31,6 +31,8 @@ class HandlerSetup:
         create_dir: create the working folder when it is missing.
         limits: ``((name, value), ...)`` of the ``limits`` given: ``memory`` (bytes),
             ``cpu`` (seconds), ``files``, ``processes``, ``nice``.
+        user: the user (name or uid) to run the handler as, or ``None``.
+        group: the group (name or gid), or ``None`` (the user's own).
     """
 
     env: tuple[tuple[str, str], ...] = ()
@@ -39,6 +41,8 @@ class HandlerSetup:
     working_dir: str | None = None
     create_dir: bool = False
     limits: tuple[tuple[str, float], ...] = ()
+    user: str | int | None = None
+    group: str | int | None = None
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -67,8 +71,10 @@ def state_setup(defaults: Defaults, st: StateSpec) -> HandlerSetup:
     limits = tuple(
         (k, v) for k, v in (st.limits.model_dump() if st.limits else {}).items() if v is not None
     )
+    ids = (st.user, st.group)
     if not env and not secrets and inherit == "daemon" and wd is None and not limits:
-        return NO_SETUP
+        if ids == (None, None):
+            return NO_SETUP
     return HandlerSetup(
         env=tuple(env.items()),
         secrets=tuple(secrets.items()),
@@ -76,4 +82,6 @@ def state_setup(defaults: Defaults, st: StateSpec) -> HandlerSetup:
         working_dir=wd.path if wd is not None else None,
         create_dir=wd.create if wd is not None else False,
         limits=limits,
+        user=st.user,
+        group=st.group,
     )

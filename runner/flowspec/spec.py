@@ -156,6 +156,12 @@ class StateSpec(Strict):
     limits: LimitsSpec | None = Field(
         None, description="exec: resource limits of the handler's process"
     )
+    user: str | int | None = Field(
+        None, description="exec: the user (name or uid) the handler runs as (a root daemon)"
+    )
+    group: str | int | None = Field(
+        None, description="exec: the group (name or gid); default: the user's own group"
+    )
 
 
 class FlowSpec(Strict):

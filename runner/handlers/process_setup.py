@@ -10,8 +10,10 @@ child by both spawn paths (``runner.handlers.spawn``: ``_posixsubprocess`` with 
 from __future__ import annotations
 
 import functools
+import grp
 import math
 import os
+import pwd
 import resource
 import signal
 from dataclasses import dataclass
@@ -120,3 +122,26 @@ def _size(n: int) -> str:
     if n >= MIB:
         return f"{n / MIB:g} MiB"
     return f"{n} bytes"
+
+
+@functools.lru_cache(maxsize=64)
+def ids_of(user: str | int | None, group: str | int | None) -> tuple[int, int]:
+    """``(uid, gid)`` to drop to for a state's ``user``/``group`` (names or ids), ``-1``
+    for what stays: a user without a group gets the user's own group. Raises
+    ``LookupError`` naming an unknown user or group."""
+    uid = gid = -1
+    if user is not None:
+        try:
+            entry = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
+        except KeyError:
+            if isinstance(user, str):
+                raise LookupError(f"user {user!r}: no such user") from None
+            uid = gid = user  # an id without a name: its own group
+        else:
+            uid, gid = entry.pw_uid, entry.pw_gid
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else group
+        except KeyError:
+            raise LookupError(f"group {group!r}: no such group") from None
+    return uid, gid

@@ -404,6 +404,8 @@ async def spawn(
     the Python path that last one may be a ``subprocess.SubprocessError``).
     """
     extra, path = data_env(data)
+    if path is not None and setup is not None and (setup.uid >= 0 or setup.gid >= 0):
+        os.chown(path, setup.uid, setup.gid)  # readable by the user the handler runs as
     add_env(env, extra)
     loop = asyncio.get_running_loop()
     exits.prepare(loop)

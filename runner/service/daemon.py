@@ -30,6 +30,7 @@ from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
+from runner.flowspec.setup_checks import privilege_errors
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
@@ -51,7 +52,7 @@ def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
     Raises ``FlowErrors`` when any flow file has errors (the daemon refuses to start on a
     broken folder; a later bad edit is reported and the good version kept).
     """
-    registry = FlowRegistry(flows_dir)
+    registry = FlowRegistry(flows_dir, check=privilege_errors)
     errors = registry.load_all()
     if errors:
         raise FlowErrors(errors)

@@ -99,3 +99,52 @@ states:
     res = fr("check", str(bad))
     assert res.returncode == 2 and "not a size: 'lots'" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+USER_FLOW = """\
+initial: drop
+defaults:
+  error_budget: {max_errors: 1, on_exhausted: failed}
+states:
+  drop:
+    exec:
+      - sh
+      - -c
+      - 'id -u > uid.txt; id -g > gid.txt; id -G > groups.txt;
+        wc -c < "$FLOWRUN_DATA_FILE" > size.txt'
+    working_dir: "{data.dir}"
+    user: nobody
+    next: done
+  done: {terminal: true}
+"""
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_user_drops_a_handler_to_nobody(tmp_path: Path, path: str) -> None:
+    import pwd
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    fr = _flowrun(tmp_path, path)
+    write_flow(fr.flows, "drop", USER_FLOW)
+    shared = Path(tempfile.mkdtemp(prefix="flowrun-user-"))
+    shared.chmod(0o777)
+    big = "x" * 100_000  # over 64 kB: the data travels in a file the handler must read
+    iid = int(fr("start", "drop", f"dir={shared}", f"big={big}").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert fr.show(iid)["status"] == "completed", fr.show(iid)["last_error"]
+    assert (shared / "uid.txt").read_text().strip() == str(nobody.pw_uid)
+    assert (shared / "gid.txt").read_text().strip() == str(nobody.pw_gid)
+    assert (shared / "groups.txt").read_text().split() == [str(nobody.pw_gid)]
+    assert int((shared / "size.txt").read_text()) > 100_000
+    assert (shared / "uid.txt").stat().st_uid == nobody.pw_uid
+
+
+def test_an_unknown_user_is_refused_when_the_daemon_loads_the_flow(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    path = write_flow(fr.flows, "ghost", USER_FLOW.replace("user: nobody", "user: no_such_user_h9"))
+    res = fr("--daemon", "--exit-when-idle", timeout=60)
+    assert res.returncode != 0
+    assert f"{path}:14:" in res.stderr and "user 'no_such_user_h9': no such user" in res.stderr
+    assert "Traceback" not in res.stderr
