@@ -168,8 +168,10 @@ class _Supervised:
         self._storing: asyncio.Task | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
-        #: per pipe, when there are secrets: what is read goes through it before it is kept
-        self._redactors = {fd: Redactor(secrets) for fd in self._bufs} if secrets else None
+        #: with secrets: each pipe's redactor (made at its first chunk), which what is read
+        #: goes through before it is kept
+        self._secrets = secrets
+        self._redactors: dict[int, Redactor] = {}
         self._reading = False
         self.exited: asyncio.Future = self.loop.create_future()
         code = child.exit_code
@@ -227,8 +229,15 @@ class _Supervised:
 
     def _keep(self, fd: int, chunk: bytes) -> None:
         """Add ``chunk`` read from ``fd`` to its buffer (secrets redacted first)."""
-        if self._redactors is not None:
-            chunk = self._redactors[fd].feed(chunk)
+        if self._secrets:
+            redactor = self._redactors.get(fd)
+            if redactor is None:
+                redactor = self._redactors[fd] = Redactor(self._secrets)
+            chunk = redactor.feed(chunk)
+        self._append(fd, chunk)
+
+    def _append(self, fd: int, chunk: bytes) -> None:
+        """Add ``chunk`` (redacted) to ``fd``'s buffer: control lines handled, a tail kept."""
         buf = self._bufs[fd]
         buf += chunk
         if fd == self.child.control:
@@ -275,8 +284,8 @@ class _Supervised:
             if self._reading:
                 self.loop.remove_reader(fd)
             os.close(fd)
-            if self._redactors is not None:  # what was held back: no secret completes it now
-                self._keep(fd, self._redactors[fd].end())
+            if fd in self._redactors:  # what was held back: no secret completes it now
+                self._append(fd, self._redactors.pop(fd).end())
 
     def close(self) -> None:
         """Close every descriptor, stop watching, remove the data file, end the token."""

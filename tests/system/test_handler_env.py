@@ -5,12 +5,15 @@ secrets (never stored anywhere), a base environment without the daemon's credent
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support.fault import Flowrun, write_flow
+from tests.support.fault import Flowrun, poll, write_flow
 
 SECRET = "s3cr3t-Zq8vTXw1"
 
@@ -246,3 +249,34 @@ states:
     ), res.stderr
     assert any(line.startswith(f"{path}:6:") and "env needs a handler" in line for line in lines)
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_a_secret_is_not_on_the_console(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    leak, boom, shown = _run_secret_flows(fr)
+    session = f"flowrun-h9-{uuid.uuid4().hex[:8]}"
+    console = shlex.join(fr.argv("tui", "--attach"))
+    tmux = ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "40"]
+    env = [f"-e{k}={v}" for k, v in fr.env.items() if k in ("PYTHONPATH",)]
+    subprocess.run([*tmux, "-c", str(tmp_path), *env, console], check=True)
+    try:
+
+        def screen() -> str:
+            out = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            return out.stdout
+
+        poll(lambda: "leaky" in screen() and "calls" in screen(), what="first paint")
+        table = screen()
+        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)  # detail
+        detail = poll(lambda: "***" in screen() and screen(), what="the redacted error")
+        for text in (table, detail):
+            assert SECRET not in text
+            assert SECRET[:8] not in text and SECRET[-8:] not in text
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
