@@ -90,7 +90,16 @@ async def run_attempt(
             proc = _proc_setup(state.setup)
         except (SetupError, LookupError) as exc:
             return AttemptResult("error", claim.data, error=str(exc))
-        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd, state.setup.inherit)
+        setup = state.setup
+        env = handler_env(
+            flow.name,
+            claim.state,
+            claim.id,
+            claim.attempt,
+            cwd,
+            setup.inherit,
+            setup.secret_sources,
+        )
         if env_vars or secrets:
             add_env(env, {**env_vars, **secrets})
         result = await run_exec(

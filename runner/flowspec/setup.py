@@ -50,6 +50,12 @@ class HandlerSetup:
         return tuple(name for name, _ in self.env)
 
     @property
+    def secret_sources(self) -> tuple[str, ...]:
+        """The daemon's variables secrets are read from (``{env: NAME}``): left out of the
+        handler's base environment, so that it has the value under the secret's name only."""
+        return tuple(spec.env for _, spec in self.secrets if spec.env is not None)
+
+    @property
     def secret_names(self) -> tuple[str, ...]:
         """The names of the secrets (never their values), in file order."""
         return tuple(name for name, _ in self.secrets)

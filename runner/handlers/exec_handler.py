@@ -382,23 +382,29 @@ MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")
 
 
 def handler_env(
-    flow: str, state: str, instance_id: int, attempt: int, cwd: Path, inherit: str = "daemon"
+    flow: str,
+    state: str,
+    instance_id: int,
+    attempt: int,
+    cwd: Path,
+    inherit: str = "daemon",
+    strip: tuple[str, ...] = (),
 ) -> Env:
     """The environment of an ``exec`` handler: the base (``inherit``: ``"daemon"``, ours
-    less ``CREDENTIAL_VARS``; ``"none"``, only ``MINIMAL_VARS`` of ours) plus ``FLOWRUN_*``
-    and ``PYTHONPATH`` (the data, control and reaper variables are added when it starts:
-    ``spawn.spawn``)."""
+    less ``CREDENTIAL_VARS`` and ``strip``; ``"none"``, only ``MINIMAL_VARS`` of ours)
+    plus ``FLOWRUN_*`` and ``PYTHONPATH`` (the data, control and reaper variables are
+    added when it starts: ``spawn.spawn``)."""
     added = {
         "FLOWRUN_INSTANCE": str(instance_id),
         "FLOWRUN_FLOW": flow,
         "FLOWRUN_STATE": state,
         "FLOWRUN_ATTEMPT": str(attempt),
     }
-    return Env(_base_env(cwd, inherit), added)
+    return Env(_base_env(cwd, inherit, strip), added)
 
 
 @functools.lru_cache(maxsize=64)
-def _base_env(cwd: Path, inherit: str = "daemon") -> dict[str, str]:
+def _base_env(cwd: Path, inherit: str = "daemon", strip: tuple[str, ...] = ()) -> dict[str, str]:
     """Our environment (as of the first handler started in ``cwd``; less the credentials,
     or only the minimal variables) with ``PYTHONPATH`` extended by ``cwd`` and flowrun's
     own folder (so ``python -m runner.control`` works).
@@ -407,7 +413,7 @@ def _base_env(cwd: Path, inherit: str = "daemon") -> dict[str, str]:
     if inherit == "none":
         env = {k: os.environ[k] for k in MINIMAL_VARS if k in os.environ}
     else:
-        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS and k not in strip}
     extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])

@@ -30,7 +30,7 @@ from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
-from runner.flowspec.setup_checks import privilege_errors
+from runner.flowspec.setup_checks import privilege_errors, setup_warnings
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
@@ -56,6 +56,9 @@ def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
     errors = registry.load_all()
     if errors:
         raise FlowErrors(errors)
+    for flow in registry.flows.values():
+        for warning in setup_warnings(flow):  # its attempts will be errors until fixed
+            log.warning("%s", warning)
     remember_all(engine, registry)
     return registry
 

@@ -25,6 +25,7 @@ states:
   dump:
     exec: [python, envdump.py, daemon.json]
     env: {FIXED: "state {data.region}"}
+    secrets: {TOKEN: {env: H9_TOKEN_SOURCE}}
     next: bare
   bare:
     exec: [python, envdump.py, bare.json]
@@ -46,16 +47,20 @@ def test_env_templates_base_environment_and_env_inherit_none(tmp_path: Path) -> 
     fr.env["FLOWRUN_DB"] = f"postgresql://flowrun:{SECRET}@db.example/flowrun"
     fr.env["FLOWRUN_SERVE_TOKEN"] = "token-" + SECRET
     fr.env["H9_INHERITED"] = "yes"
+    fr.env["H9_TOKEN_SOURCE"] = "tok-" + SECRET
     iid = int(fr("start", "envs", "region=eu-west").stdout)
     res = fr("--daemon", "--exit-when-idle", timeout=120)
     assert res.returncode == 0, res.stderr
     shown = fr.show(iid)
     assert shown["status"] == "completed"
     names = {a["state"]: (a["env"], a["secrets"]) for a in shown["history"]}
-    assert names == {"dump": (["REGION", "FIXED"], []), "bare": (["REGION", "FIXED"], [])}
+    assert names == {"dump": (["REGION", "FIXED"], ["TOKEN"]), "bare": (["REGION", "FIXED"], [])}
     env = json.loads((fr.flows / "daemon.json").read_text())
     assert env["REGION"] == "eu-west" and env["FIXED"] == "state eu-west"
     assert "FLOWRUN_DB" not in env and "FLOWRUN_SERVE_TOKEN" not in env
+    # the secret under its own name only: the variable it is read from is left out
+    assert env["TOKEN"] == "tok-" + SECRET and "H9_TOKEN_SOURCE" not in env
+    del env["TOKEN"]
     assert SECRET not in json.dumps(env)
     assert env["H9_INHERITED"] == "yes" and env["FLOWRUN_STATE"] == "dump"
     bare = json.loads((fr.flows / "bare.json").read_text())
@@ -191,6 +196,7 @@ def test_a_missing_secret_file_is_an_error_naming_it_and_check_warns(tmp_path: P
     iid = int(fr("start", "missing").stdout)
     res = fr("--daemon", "--exit-when-idle", timeout=120)
     assert res.returncode == 0, res.stderr
+    assert "secret API_KEY" in res.stderr and "missing.key: no such file" in res.stderr
     shown = fr.show(iid)
     assert shown["status"] == "failed"
     assert "secret API_KEY: cannot read" in json.dumps(shown)
