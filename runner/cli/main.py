@@ -129,6 +129,25 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     "adds one listening connection.",
 )
 @click.option(
+    "--db-pooler",
+    type=click.Choice(["auto", "transaction", "none"]),
+    default="auto",
+    show_default=True,
+    envvar="FLOWRUN_DB_POOLER",
+    help="PostgreSQL: is --db reached through a transaction-pooling pooler (PgBouncer's "
+    "pool_mode = transaction)? Then nothing is prepared on the server and LISTEN needs "
+    "--listen-db. auto: found out on connecting; none: direct or session pooling. A "
+    "pooler= parameter of the URL wins.",
+)
+@click.option(
+    "--listen-db",
+    metavar="URL",
+    envvar="FLOWRUN_LISTEN_DB",
+    help="--daemon and the console's worker on PostgreSQL: LISTEN for wake-ups on this "
+    "direct URL of the same database (default: --db's; behind a transaction-pooling "
+    "pooler, without it, the worker polls).",
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -154,6 +173,8 @@ def main_group(
     idle_poll=None,
     pool_size=2,
     prefetch=None,
+    db_pooler="auto",
+    listen_db=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -161,6 +182,7 @@ def main_group(
     `flowrun --daemon` runs the headless worker.
     """
     ctx.obj = Ctx(flows, db, lease, pool=pool_size)
+    ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
@@ -234,6 +256,7 @@ def _run_daemon(c: Ctx) -> int:
             metrics=address,
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
+            listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
