@@ -22,7 +22,13 @@ from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.errors import (
+    ConfigError,
+    FlowErrors,
+    UserError,
+    database_failure,
+    read_only_database,
+)
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -30,8 +36,9 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
-command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
-75 the database failed mid-command (full disk, lost connection): nothing was changed;
+command); 2 bad flows, config or usage, or a read-only database; 70 a daemon part
+could not be kept alive; 75 the database failed mid-command (full disk, lost
+connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
@@ -343,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
-    nothing for user mistakes or database failures.
+    usage, or a read-only database, 75 the database failed mid-command, e.g. a full disk,
+    130 interrupted); raises nothing for user mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -363,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
         click.echo(f"flowrun: {database_failure(exc)}", err=True)
-        return EXIT_DATABASE
+        return 2 if read_only_database(exc) else EXIT_DATABASE  # read-only: a set-up fault
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -107,8 +107,8 @@ def make_engine(
     does (``runner.store.pooler``: then nothing is prepared on the server).
 
     For a SQLite file URL the parent folder is created (not with ``readonly``). Raises
-    ``ConfigError`` (one clear line, password redacted) for a malformed URL or an
-    unreachable database.
+    ``ConfigError`` (one clear line, password redacted) for a malformed URL, a folder
+    that cannot be created or an unreachable database.
     """
     url = normalize_url(url)
     try:
@@ -304,7 +304,13 @@ def _sqlite_engine(
     readonly: bool = False,
 ) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:") and not readonly:
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(database).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"database {redact(url)}: cannot create its folder {folder}: {exc.strerror or exc}"
+            ) from None
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
     busy_ms = int(timeout * 1000)
 
