@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 
 from sqlalchemy import Connection, text
@@ -42,6 +43,9 @@ EVENTS_CHANNEL = "flowrun_events"
 
 #: How often (seconds) a listener waiting for notifications looks whether to stop.
 STOP_CHECK = 0.25
+#: Seconds between two "cannot connect" lines of one outage (the failures between are
+#: counted, not logged).
+QUIET = 30.0
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
@@ -113,8 +117,9 @@ class DueListener:
         retry_max: the longest wait between reconnection attempts, in seconds.
         application_name: its name in ``pg_stat_activity`` (unless the URL sets one).
 
-    ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are one
-    log line each and are retried with backoff (0.5 s doubling to ``retry_max``).
+    ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are
+    retried with backoff (0.5 s doubling to ``retry_max``) and logged in one line, repeats
+    at most every :data:`QUIET` seconds.
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class DueListener:
         import psycopg
 
         failures = 0
+        said = 0.0  # time.monotonic() of the last "cannot connect" line
         while not stop.is_set():
             try:
                 named = "application_name" in self.url
@@ -152,7 +158,15 @@ class DueListener:
             except psycopg.Error as exc:
                 failures += 1
                 delay = min(self.retry_max, 0.5 * 2 ** (failures - 1))
-                log.warning("listener: cannot connect (%s); retrying in %.1fs", _first(exc), delay)
+                now = time.monotonic()
+                if failures == 1 or now - said >= QUIET:  # repeats: at most every QUIET s
+                    said = now
+                    log.warning(
+                        "listener: cannot connect (%s); retrying in %.1fs (%d failures)",
+                        _first(exc),
+                        delay,
+                        failures,
+                    )
                 await _wait(stop, delay)
                 continue
             try:
