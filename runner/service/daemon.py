@@ -329,6 +329,14 @@ async def serve(
     # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
     gc.freeze()
     gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
+    base = None  # the progress line's baseline: what was final before the first claim
+    if opts.progress and config.exit_when_idle:
+        from runner.service.progress import baseline
+
+        try:
+            base = await baseline(engine)
+        except DBAPIError:  # counted when the progress line starts (and it says so)
+            log.warning("progress: cannot count the instances yet; counting later")
     worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
     side: list[asyncio.Future] = []
 
@@ -414,7 +422,7 @@ async def serve(
         async def progress() -> None:
             from runner.service.progress import progress_loop
 
-            await progress_loop(engine, stop, tty=opts.tty)
+            await progress_loop(engine, stop, tty=opts.tty, base=base)
 
         parts.append(("progress", after_first_cycle(progress)))
     for name, run in parts:
