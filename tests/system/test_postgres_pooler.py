@@ -14,6 +14,7 @@ what the handlers did, not from what the database says.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
@@ -27,6 +28,7 @@ from runner.errors import ConfigError
 from runner.flowspec.compiler import load_flow
 from runner.store.create import create_instance, create_instances
 from runner.store.db import make_engine
+from runner.store.notify import DueListener
 from runner.store.pooler import pooler_of
 from tests.support.fault import Flowrun, poll, sql, wait_completed, write_flow
 
@@ -270,3 +272,18 @@ def test_pooler_and_listen_db_mistakes_are_one_line_and_exit_2(tmp_path: Path, p
         "flowrun: --listen-db: only for a PostgreSQL --db (SQLite has no LISTEN)"
     )
     assert "Traceback" not in res.stderr
+
+
+async def test_a_listener_through_a_pooler_says_it_may_hear_nothing(
+    pg_url: str, pgbouncer_url: str, caplog
+):
+    caplog.set_level("WARNING", logger="flowrun.notify")
+    for url in (pg_url, pgbouncer_url):
+        listener = DueListener(url, lambda _due: None)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(listener.run(stop))
+        await asyncio.wait_for(listener.connected.wait(), 30)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "its connection goes through a pooler" in said[0], said
