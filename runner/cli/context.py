@@ -66,6 +66,12 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
+        #: ``runner.store.pooler``).
+        self.pooler = "auto"
+        #: PostgreSQL: the direct URL a daemon or the console's worker listens on
+        #: (``--listen-db``), or ``None``.
+        self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None
@@ -87,7 +93,10 @@ class Ctx:
             if missing is not None:
                 raise UserError(f"no database at {missing} ({_CREATES})", 1)
             self._engine = make_engine(
-                self.db, pool=self.pool, application_name=self.application_name
+                self.db,
+                pool=self.pool,
+                application_name=self.application_name,
+                pooler=self.pooler,
             )
         return self._engine
 
