@@ -152,7 +152,12 @@ class ConsoleServer(Server):
         return f"{scheme}://{host}:{self.port}/?token={token}"
 
     async def on_startup(self, app: web.Application) -> None:
-        """One line on stderr instead of textual-serve's banner."""
+        """Nothing: textual-serve would print its banner (:meth:`announce` prints ours
+        once the address is bound)."""
+
+    def announce(self, *_args: Any) -> None:
+        """One line on stderr, the URL to open, once listening (and a warning for plain
+        HTTP off loopback)."""
         print(f"flowrun: serving the console on {self.url()} (Ctrl+C stops)", file=sys.stderr)
         if self.ssl_context is None and not is_loopback(self.host):
             print(
@@ -176,7 +181,7 @@ class ConsoleServer(Server):
             host=self.host,
             port=self.port,
             ssl_context=self.ssl_context,
-            print=lambda *args: None,
+            print=self.announce,
             access_log=None,
         )
 
@@ -195,11 +200,11 @@ def tls_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLContext |
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(certfile, keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise UserError(
-            f"serve: cannot load {certfile} / {keyfile or certfile}: {what}", 2
-        ) from None
+    except OSError as exc:  # ssl.SSLError included
+        files = f"{certfile} / {keyfile}" if keyfile else str(certfile)
+        why = exc.strerror if not isinstance(exc, ssl.SSLError) else None
+        why = why or "not a PEM certificate (chain) and its matching private key"
+        raise UserError(f"serve: cannot load {files}: {why}", 2) from None
     return context
 
 

@@ -6,6 +6,7 @@ a caller without the token, a fifth browser tab and an idle one.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,3 +185,15 @@ def test_off_loopback_plain_http_is_warned(fr: Flowrun) -> None:
     with serving(fr, "--host", "0.0.0.0", token=None) as server:
         assert "plain HTTP off loopback" in server.text()
         assert status(f"{server.base}/?token={printed_token(server)}") == 200
+
+
+def test_a_port_in_use_is_one_line(fr: Flowrun) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = fr("serve", "--port", str(port))
+    assert res.returncode == 2
+    # no URL printed for a server that never listened
+    assert res.stderr.startswith(f"flowrun: serve: cannot listen on 127.0.0.1:{port}: ")
+    assert len(res.stderr.strip().splitlines()) == 1
