@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,34 @@ _CREATES = (
     "nothing has run here yet; `flowrun start FLOW` or `flowrun --daemon` creates it, "
     "--db/FLOWRUN_DB chooses another"
 )
+
+
+#: The systemd credential (``LoadCredential=flowrun-db:FILE``) holding the database URL.
+DB_CREDENTIAL = "flowrun-db"
+
+
+def credential_db(environ: Mapping[str, str]) -> str | None:
+    """The database URL in ``$CREDENTIALS_DIRECTORY/flowrun-db`` (systemd's
+    ``LoadCredential=``), surrounding whitespace stripped; ``None`` when the variable is
+    unset or the file does not exist. Used only when neither ``--db`` nor ``FLOWRUN_DB``
+    is given.
+
+    Raises:
+        ConfigError: the file cannot be read or is empty (exit 2).
+    """
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    path = Path(folder) / DB_CREDENTIAL
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the database URL: {exc}") from None
+    if not url:
+        raise ConfigError(f"{path}: empty; it should hold the database URL")
+    return url
 
 
 def missing_sqlite_file(url: str) -> Path | None:
