@@ -51,6 +51,7 @@ from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
 from runner.store import heartbeat
+from runner.store.data_version import DataVersion, data_version
 from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.worker")
@@ -120,6 +121,12 @@ class Worker:
         self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
         self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
         self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
+        # SQLite: the database's change counter, read before each idle look for due work;
+        # a look is skipped while it has not moved since the last look found nothing
+        # (``_unchanged``)
+        self._changes: DataVersion | None = None
+        self._quiet: int | None = None  # the counter when a look last found nothing due
+        self._probing: int | None = None  # the counter when the look in flight began
 
     # -- control -----------------------------------------------------------------------
 
@@ -247,6 +254,8 @@ class Worker:
             native.path_in_use(),
         )
         self.cycles.start_wal()
+        if not self._notified and self.cycles.no_wait is not None:
+            self._changes = data_version(self.engine)
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits, is finished or in flight; past
@@ -313,6 +322,9 @@ class Worker:
         ):
             return False
         probe = room > 0 and not self._want_claim and self._probe.due(now)
+        if probe and self._unchanged():
+            self._probe.restart(now)  # nothing committed since nothing was due
+            probe = False
         recover = not self._stopping and self._recover.due(now)
         wanted = room > 0 and (self._want_claim or probe)
         if not (finished or release or recover or wanted):
@@ -339,6 +351,21 @@ class Worker:
         if recover:
             self._recover.restart(now)
         return True
+
+    def _unchanged(self) -> bool:
+        """SQLite: True when nothing was committed to the database (by anyone) since an
+        idle look last found nothing due: this look would find nothing either (a due time
+        that look planned wakes the loop to claim anyway: ``_wake.at``). Otherwise the
+        counter is noted for the look about to start (``_took`` arms the skip if it finds
+        nothing). False on PostgreSQL (notifications wake it) and when the counter cannot
+        be read."""
+        if self._changes is None:
+            return False
+        seen = self._changes.read()
+        if seen is not None and seen == self._quiet:
+            return True
+        self._quiet, self._probing = None, seen
+        return False
 
     async def _chores(self, now: float) -> None:
         """Check fences (and renew leases) of the running attempts and beat the
@@ -412,15 +439,20 @@ class Worker:
         ``free`` slots (claims ahead included), giving back ``release`` (waiting
         ``running.Running`` claims)."""
         cfg = self.config
-        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
+        plan = self._notified or (probe and self._changes is not None)
+        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
         return self.cycles.request(request, stopping=self._stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
-        if self._notified:
+        if self._notified or self._changes is not None:
             self._wake.plan(result.next_due, result.next_expiry)
+        if self._probing is not None:  # the idle look found nothing: skip the next ones
+            if not (result.claims or result.chained):
+                self._quiet = self._probing
+            self._probing = None
         self.attempts.start(result.chained + result.claims)
 
     def _nothing_left(self) -> bool:
@@ -462,6 +494,8 @@ class Worker:
             )
         finally:
             self.cycles.close()
+            if self._changes is not None:
+                self._changes.close()
             self._db.shutdown()
             self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)
