@@ -51,10 +51,14 @@ from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
 from runner.store import heartbeat
-from runner.store.data_version import DataVersion, data_version
+from runner.store.data_version import CommitBell, DataVersion, commit_bell, data_version
 from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.worker")
+
+#: Seconds between two looks for due work while an idle SQLite worker waits for its
+#: commit bell (a safety net: a commit rings the bell at once).
+BELL_FALLBACK = 1.0
 
 
 class Worker:
@@ -127,6 +131,10 @@ class Worker:
         self._changes: DataVersion | None = None
         self._quiet: int | None = None  # the counter when a look last found nothing due
         self._probing: int | None = None  # the counter when the look in flight began
+        # Linux: rung by every commit to the file; while the looks are skipped the loop
+        # waits for it (or BELL_FALLBACK), not for the 50 ms poll
+        self._bell: CommitBell | None = None
+        self._bell_on = False  # the loop reads the bell now
 
     # -- control -----------------------------------------------------------------------
 
@@ -256,6 +264,7 @@ class Worker:
         self.cycles.start_wal()
         if not self._notified and self.cycles.no_wait is not None:
             self._changes = data_version(self.engine)
+            self._bell = commit_bell(self.engine) if self._changes is not None else None
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits, is finished or in flight; past
@@ -323,7 +332,9 @@ class Worker:
             return False
         probe = room > 0 and not self._want_claim and self._probe.due(now)
         if probe and self._unchanged():
-            self._probe.restart(now)  # nothing committed since nothing was due
+            # nothing committed since nothing was due: look again when the bell rings
+            # (or at the next poll without one)
+            self._probe.next_at = now + (BELL_FALLBACK if self._bell_on else self._probe.interval)
             probe = False
         recover = not self._stopping and self._recover.due(now)
         wanted = room > 0 and (self._want_claim or probe)
@@ -366,6 +377,25 @@ class Worker:
             return True
         self._quiet, self._probing = None, seen
         return False
+
+    def _listen_for_commits(self, on: bool) -> None:
+        """Read the commit bell from the loop while the looks are skipped (``on``), not
+        while busy: its ring makes the next look due at once."""
+        bell, loop = self._bell, self._wake.loop
+        if bell is None or loop is None or on == self._bell_on:
+            return
+        if on:
+            loop.add_reader(bell.fd, self._rung)
+        else:
+            loop.remove_reader(bell.fd)
+        self._bell_on = on
+
+    def _rung(self) -> None:
+        """A commit (anyone's): look for due work at the next turn."""
+        if self._bell is not None:
+            self._bell.drain()
+        self._probe.next_at = 0.0
+        self._wake.set()
 
     async def _chores(self, now: float) -> None:
         """Check fences (and renew leases) of the running attempts and beat the
@@ -453,6 +483,7 @@ class Worker:
             if not (result.claims or result.chained):
                 self._quiet = self._probing
             self._probing = None
+        self._listen_for_commits(self._quiet is not None)
         self.attempts.start(result.chained + result.claims)
 
     def _nothing_left(self) -> bool:
@@ -494,8 +525,10 @@ class Worker:
             )
         finally:
             self.cycles.close()
-            if self._changes is not None:
-                self._changes.close()
+            self._listen_for_commits(False)
+            for closing in (self._changes, self._bell):
+                if closing is not None:
+                    closing.close()
             self._db.shutdown()
             self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)

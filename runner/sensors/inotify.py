@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import struct
 from collections.abc import AsyncIterator, Iterable
@@ -28,20 +27,23 @@ from pathlib import Path
 from watchfiles import Change
 
 from runner.sensors.base import first_of
+from runner.store.inotify_sys import (
+    IN_ATTRIB,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    add_watch,
+    drain,
+    open_fd,
+)
 
-IN_MODIFY = 0x2
-IN_ATTRIB = 0x4
-IN_MOVED_FROM = 0x40
-IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_Q_OVERFLOW = 0x4000
-IN_IGNORED = 0x8000
-IN_ISDIR = 0x40000000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
 MASK = (
     IN_MODIFY
     | IN_ATTRIB
@@ -59,24 +61,6 @@ class Overflow(RuntimeError):
     """The kernel's event queue overflowed: changes were lost (rescan)."""
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1  # noqa: B018 - raises AttributeError where there is none
-        libc.inotify_add_watch  # noqa: B018
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC = _libc()
-
-
-def available() -> bool:
-    """True where inotify exists (Linux)."""
-    return _LIBC is not None
-
-
 class Inotify:
     """One inotify descriptor watching ``folders`` (absolute paths) recursively.
 
@@ -86,11 +70,7 @@ class Inotify:
     """
 
     def __init__(self, folders: Iterable[Path]) -> None:
-        assert _LIBC is not None
-        self.fd = _LIBC.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if self.fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
+        self.fd = open_fd()
         self.dirs: dict[int, str] = {}
         try:
             for folder in folders:
@@ -100,11 +80,7 @@ class Inotify:
             raise
 
     def _add(self, path: str) -> None:
-        wd = _LIBC.inotify_add_watch(self.fd, os.fsencode(path), MASK)  # type: ignore[union-attr]
-        if wd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_add_watch {path!r}: {os.strerror(err)}")
-        self.dirs[wd] = path
+        self.dirs[add_watch(self.fd, path, MASK)] = path
 
     def _add_tree(self, root: str, *, strict: bool = True) -> None:
         """Watch ``root`` and every folder under it; with ``strict`` False a folder that
@@ -124,17 +100,14 @@ class Inotify:
         """Every change reported since the last read (empty when none); raises
         :class:`Overflow` when the kernel's queue overflowed."""
         out: set[tuple[Change, str]] = set()
-        while True:
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                return out
-            at = 0
-            while at < len(data):
-                wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
-                name = data[at + _EVENT.size : at + _EVENT.size + size].rstrip(b"\0")
-                at += _EVENT.size + size
-                self._note(out, wd, mask, name)
+        data = drain(self.fd)
+        at = 0
+        while at < len(data):
+            wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
+            name = data[at + _EVENT.size : at + _EVENT.size + size].rstrip(b"\0")
+            at += _EVENT.size + size
+            self._note(out, wd, mask, name)
+        return out
 
     def _note(self, out: set, wd: int, mask: int, name: bytes) -> None:
         if mask & IN_Q_OVERFLOW:

@@ -24,7 +24,7 @@ from runner.flowspec.registry import SUFFIXES
 from runner.sensors import inotify
 from runner.sensors.base import FileChange, first_of, log
 from runner.sensors.files import FilesSensor
-from runner.store import create
+from runner.store import create, inotify_sys
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -94,7 +94,7 @@ class FlowWatch:
         quit_watch = asyncio.Event()
         relayed = asyncio.ensure_future(relay(quit_watch, stop, self.restart))
         polling = self._polling()
-        if not polling and inotify.available():  # no thread, no wake-up while idle
+        if not polling and inotify_sys.available():  # no thread, no wake-up while idle
             changes = inotify.changes(
                 self.folders, debounce=self.hub.debounce, step=self.hub.step, stop=quit_watch
             )

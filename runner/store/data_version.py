@@ -8,16 +8,23 @@ microseconds. An idle worker on SQLite reads it before each look for due work, a
 idle rule engine before each look for pending events: while it has not changed (and no
 known due time has come), the look would find what the last one found, so it is skipped.
 PostgreSQL has ``LISTEN/NOTIFY`` instead (``runner.store.notify``).
+
+On Linux a :class:`CommitBell` says *when* to look: every commit (of any process) writes
+the file's ``-wal``, which an inotify descriptor watches, so an idle worker sleeps until
+then instead of reading the counter every 50 ms.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 
 from sqlalchemy import Engine
 
 from runner.store.db import file_sibling_ok
+from runner.store.inotify_sys import IN_MODIFY, add_watch, available, drain, open_fd
 
 
 class DataVersion:
@@ -58,4 +65,46 @@ def data_version(engine: Engine) -> DataVersion | None:
     try:
         return DataVersion(engine.url.database or "")
     except sqlite3.Error:
+        return None
+
+
+class CommitBell:
+    """An inotify descriptor on the SQLite file ``path``'s ``-wal`` (written by every
+    commit, of any process): :attr:`fd` becomes readable after a commit (for the event
+    loop's ``add_reader``); :meth:`drain` empties it; :meth:`close` when done. Events
+    queue while nobody reads (the kernel folds repeats into one), so a commit between a
+    look and the next ``add_reader`` still rings. Raises ``OSError`` when the ``-wal``
+    does not exist (the database is not in WAL mode, or no connection is open) or
+    inotify cannot be set up, ``RuntimeError`` where there is no inotify.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.fd = open_fd()
+        try:
+            add_watch(self.fd, f"{path}-wal", IN_MODIFY)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def drain(self) -> None:
+        """Forget the commits rung so far."""
+        drain(self.fd)
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+def commit_bell(engine: Engine) -> CommitBell | None:
+    """A :class:`CommitBell` on ``engine``'s SQLite file, or ``None`` (PostgreSQL, memory,
+    no ``-wal``, no inotify, a ``file:`` URI). The caller closes it."""
+    path = engine.url.database or ""
+    if not (available() and file_sibling_ok(engine)) or path.startswith("file:"):
+        return None
+    try:
+        return CommitBell(path)
+    except OSError:
         return None

@@ -12,8 +12,9 @@ import pytest
 from watchfiles import Change
 
 from runner.sensors import inotify
+from runner.store import inotify_sys
 
-pytestmark = pytest.mark.skipif(not inotify.available(), reason="Linux inotify")
+pytestmark = pytest.mark.skipif(not inotify_sys.available(), reason="Linux inotify")
 
 
 async def _next(gen, timeout: float = 5.0) -> set:
