@@ -71,6 +71,10 @@ def test_a_killed_daemon_is_taken_over_at_once(tmp_path: Path) -> None:
         # its process is gone: dead at once, though its heartbeat is fresh and it holds
         # leases for another minute
         assert _verdict(fr, "doomed") == "dead"
+        text = fr("workers").stdout
+        assert [ln.split()[-1] for ln in text.splitlines() if ln.startswith("doomed")] == [
+            "dead"
+        ], text
         with (fr.flows / "app.log").open("a") as log:
             log.write("ERROR while nobody watched\n")
         started = time.monotonic()

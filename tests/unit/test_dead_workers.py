@@ -125,7 +125,21 @@ def _instance(locked_by: str, running: int | None, until: float) -> dict:
     }
 
 
-def test_a_dead_workers_leases_are_taken_over_at_once_and_no_one_elses(engine) -> None:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def any_engine(request, tmp_path: Path) -> Engine:
+    """A SQLite file's engine, or a fresh PostgreSQL database's."""
+    url = (
+        f"sqlite:///{tmp_path / 'any.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def test_a_dead_workers_leases_are_taken_over_at_once_and_no_one_elses(any_engine) -> None:
+    engine = any_engine
     pid, started = _gone_pid()
     later = time.time() + 600  # every lease valid for ten minutes
     with engine.begin() as conn:
@@ -156,7 +170,9 @@ def test_a_dead_workers_leases_are_taken_over_at_once_and_no_one_elses(engine) -
         lost = recover_lost(conn, lambda v, s: 5, me="me")
     assert [(x.worker, x.failed) for x in lost] == [("gone", False)]
     with engine.connect() as conn:
-        locks = conn.execute(select(instances.c.id, instances.c.locked_by)).all()
+        locks = conn.execute(
+            select(instances.c.id, instances.c.locked_by).order_by(instances.c.id)
+        ).all()
         outcome = conn.execute(select(attempts.c.outcome, attempts.c.error)).one()
     assert locks == [(1, None), (2, None), (3, "far")]
     assert outcome[0] == "lost" and "died" in outcome[1]
