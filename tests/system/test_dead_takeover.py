@@ -72,7 +72,7 @@ def test_a_killed_daemon_is_taken_over_at_once(tmp_path: Path) -> None:
         # leases for another minute
         assert _verdict(fr, "doomed") == "dead"
         text = fr("workers").stdout
-        assert [ln.split()[-1] for ln in text.splitlines() if ln.startswith("doomed")] == [
+        assert [ln.split()[-1] for ln in text.splitlines() if ln.split()[:1] == ["doomed"]] == [
             "dead"
         ], text
         with (fr.flows / "app.log").open("a") as log:
