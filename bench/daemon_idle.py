@@ -8,6 +8,9 @@ sensor; nothing is due. Once the daemon says its sensors are ready and it has se
 the figure is their difference over the window, in percent of one core. The daemon is
 then stopped (SIGTERM).
 
+To compare two trees, run it from outside both (the daemon is ``python -m runner.cli``
+in the current folder) with ``PYTHONPATH`` set to the root of the tree to measure.
+
 Usage::
 
     .venv/bin/python bench/daemon_idle.py [--seconds 60] [--settle 5] [--db URL]
