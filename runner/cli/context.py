@@ -84,7 +84,8 @@ class Ctx:
         lease: seconds a claim lasts without renewal (``--lease``).
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
-    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
+    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int, or
+    ``None``: ``runner.engine.config.default_concurrency``),
     ``prefetch`` (int or ``None``),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
@@ -242,7 +243,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,
-        concurrency=o["concurrency"],
         prefetch=o.get("prefetch"),
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
@@ -250,4 +250,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     )
     if o["worker_id"]:
         cfg.worker_id = o["worker_id"]
+    if o["concurrency"] is not None:  # else the default, 16 per core
+        cfg.concurrency = o["concurrency"]
     return cfg

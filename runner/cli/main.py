@@ -74,10 +74,10 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
+    default=None,
     envvar="FLOWRUN_CONCURRENCY",
-    help="Attempts run at once by this worker.",
+    help="Attempts run at once by this worker (default: 16 per core this process may run "
+    "on, at most 256).",
 )
 @click.option(
     "--prefetch",
