@@ -59,6 +59,9 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: ``retention`` (a ``runner.retention.Retention``), ``event_retention`` (seconds or
+        #: ``None``) and ``prune_every`` (seconds or ``None``): ``--retention`` & co.
+        self.retention: dict[str, Any] = {}
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None

@@ -30,6 +30,7 @@ from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
+from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
@@ -96,6 +97,10 @@ class ServiceOptions:
         status_every: seconds between status lines (counts by status, attempts/s).
         log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
         notifier: the systemd notifier (``None``: from the environment).
+        prune_every: seconds between the pruner's rounds (``runner.service.pruner``;
+            ``None``: no pruner, the default of an embedded worker).
+        retention: the pruner's policy for flows without their own (``--retention``).
+        event_retention: seconds handled events are kept (``None``: forever).
     """
 
     metrics: tuple[str, int] | None = None
@@ -104,6 +109,9 @@ class ServiceOptions:
     status_every: float = 60.0
     log_attempts: bool = False
     notifier: Notifier | None = None
+    prune_every: float | None = None
+    retention: Retention = DEFAULT
+    event_retention: float | None = EVENT_WINDOW
 
 
 @dataclass
@@ -372,6 +380,21 @@ async def serve(
             await progress_loop(engine, stop, tty=opts.tty)
 
         parts.append(("progress", after_first_cycle(progress)))
+    if opts.prune_every is not None and registry is not None:
+        from runner.service.pruner import Pruner
+
+        pruner = Pruner(
+            engine,
+            registry,
+            config.worker_id,
+            config.lease,
+            default=opts.retention,
+            events=opts.event_retention,
+            every=opts.prune_every,
+        )
+        parts.append(("pruner", after_first_cycle(lambda: pruner.run(stop))))
+        if collector is not None:
+            collector.pruner = pruner
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:

@@ -308,6 +308,10 @@ def _sqlite_engine(
             cur.execute("PRAGMA query_only=ON")
             cur.close()
             return
+        # a new file gets incremental auto-vacuum (it must be set before its first table;
+        # on a file that has tables this does nothing): pruned pages can then be given
+        # back to the file system (``runner.store.prune.vacuum_step``)
+        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         enter_wal(cur, timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")

@@ -15,15 +15,14 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from runner.store.db import make_engine
 from tests.support.fault import flowrun_cmd, poll
+from tests.support.metrics import scrape
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -74,14 +73,7 @@ def _ran(engine) -> dict[str, list[float]]:
 
 
 def _scrape(logfile: Path) -> dict:
-    url = re.search(r"metrics on (http://\S+)", logfile.read_text()).group(1)
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
+    return scrape(re.search(r"metrics on (http://\S+)", logfile.read_text()).group(1))
 
 
 def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -> None:
