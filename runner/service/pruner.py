@@ -98,7 +98,8 @@ class Pruner:
                 except TimeoutError:
                     pass
                 wait = self.every
-                await asyncio.to_thread(self.round)
+                # the flows as loaded now, read on the loop (where reloads happen)
+                await asyncio.to_thread(self.round, list(self.registry.flows.values()))
         finally:
             watcher.cancel()
             try:
@@ -113,8 +114,9 @@ class Pruner:
     def _holds(self) -> bool:
         return bool(claim_leases(self.engine, [LEASE_NAME], self.worker_id, self.lease))
 
-    def round(self) -> dict[str, int] | None:
-        """One round (blocking): take the lease, prune, give pages back. Returns the
+    def round(self, flows: list[Any] | None = None) -> dict[str, int] | None:
+        """One round (blocking): take the lease, prune by the rules of ``flows`` (the
+        ``CompiledFlow`` s loaded; default the registry's), give pages back. Returns the
         counts, or ``None`` when another daemon holds the lease."""
         if not self._holds():
             return None
@@ -137,7 +139,9 @@ class Pruner:
             sleep=self._halt.wait,
             stopped=stopped,
         )
-        rules = rules_for(self.registry.flows.values(), self.default, events=self.events)
+        if flows is None:
+            flows = list(self.registry.flows.values())
+        rules = rules_for(flows, self.default, events=self.events)
         t0 = time.monotonic()
         counts = prune(self.engine, rules, pacing=pacing, on_step=self.pruned.update)
         if any(counts.values()):

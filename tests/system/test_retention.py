@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from runner.store import prune as store_prune
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 from runner.store.tables import attempts, commands, events, flow_versions, instances, workers
+from runner.tui.data import ConsoleData
 from tests.support.fault import unique, write_flow
 
 pytestmark = pytest.mark.timeout(240)
@@ -363,6 +365,9 @@ def test_events_listing_marks_pruned_instances(world: World) -> None:
     prune(world.engine, rules, now=world.newest_change() + 10, pacing=FAST)
     (ev,) = list_events(world.engine)  # the event stays 30 days; its instance went
     assert ev["action"].endswith("(pruned)")
+    console = ConsoleData(world.engine, clock=time.time, flows_dir=None)
+    (row,) = console.events()  # the console's events view: the same
+    assert row["action"] == ev["action"]
 
 
 def test_sqlite_file_shrinks_after_a_large_prune(tmp_path) -> None:
@@ -451,3 +456,53 @@ def test_upgrade_from_the_current_release_keeps_every_row(tmp_path, db_url) -> N
 def test_text_names_every_kind() -> None:
     line = ops_prune.text({"instances": 3}, dry_run=True)
     assert line.startswith("would prune 3 instances, 0 attempts")
+
+
+@pytest.mark.postgres
+def test_pruner_survives_a_database_outage(tmp_path, pg_url, caplog) -> None:
+    from runner.service.pruner import Pruner
+    from runner.service.supervisor import Supervisor
+    from tests.support.tcp_proxy import TcpProxy
+
+    w = World(tmp_path, pg_url)
+    proxy, via_proxy = TcpProxy.to_url(pg_url)
+    engine = make_engine(via_proxy)
+    try:
+        groups = w.populate()
+        killed = groups[w.plain]["killed"]
+        sup = Supervisor()
+        pruner = Pruner(
+            engine,
+            w.registry,
+            "wp",
+            5.0,
+            default=parse_retention("completed=forever,failed=forever,killed=1s"),
+            every=0.2,
+            first_after=0.2,
+            pacing=FAST,
+        )
+
+        async def scenario() -> None:
+            stop = asyncio.Event()
+            proxy.cut()  # the database is away when the pruner starts, for a while
+            task = asyncio.ensure_future(sup.keep("pruner", lambda: pruner.run(stop), stop))
+            await asyncio.sleep(3.0)
+            assert not task.done()
+            assert all(i in w.statuses() for i in killed)  # nothing pruned meanwhile
+            proxy.restore()
+            for _ in range(300):
+                if not any(i in w.statuses() for i in killed):
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+        asyncio.run(scenario())
+        assert not any(i in w.statuses() for i in killed)  # pruned once it was back
+        part = sup.parts["pruner"]
+        assert part.expected_failures >= 1 and sup.healthy()
+        assert "Traceback" not in caplog.text
+    finally:
+        engine.dispose()
+        proxy.close()
+        w.close()

@@ -84,10 +84,7 @@ def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -
     (flows / "watch_handlers.py").write_text(HANDLERS)
     applog = flows / "logs" / "app.log"
     applog.write_text("")
-    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
-    host, _, port = host_port.partition(":")
-    proxy = TcpProxy((host, int(port or 5432)))
-    via_proxy = pg_url.replace(f"@{host_port}/", f"@127.0.0.1:{proxy.port}/")
+    proxy, via_proxy = TcpProxy.to_url(pg_url)
     engine = make_engine(pg_url)  # the test's own view, never cut
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
     logfile = tmp_path / "daemon.log"
