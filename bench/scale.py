@@ -17,8 +17,11 @@ Then measures, on that database against the same on an empty one:
   rate on the empty database, the prune's wall time and rows, and the file size before
   and after; then the events those instances left (``--event-retention 1s``), alone.
 
+- **RSS** (``--parked N``): a daemon's RSS with N instances waiting in an external
+  state and N sleeping, against the same daemon with none.
+
     python bench/scale.py [--size 20000] [--new 20000] [--db sqlite|postgresql]
-                          [--pg-url URL] [--concurrency 64] [--keep DIR]
+                          [--pg-url URL] [--concurrency 64] [--keep DIR] [--parked N]
 
 Prints one JSON object. The console's paint and scroll times are ``bench/console.py``'s
 (point it at the database kept with ``--keep``).
@@ -68,6 +71,63 @@ states:
 """
 
 TASKS = "async def noop(ctx):\n    return True\n"
+
+PARKED = """\
+flow: parked
+initial: wait
+states:
+  wait: {external: true, on: {go: done}}
+  done: {terminal: true}
+"""
+
+SLEEPER = """\
+flow: sleeper
+initial: s1
+states:
+  s1: {call: "scale_tasks:nap", next: done}
+  done: {terminal: true}
+"""
+
+NAP = "\n\nimport time\n\n\ndef nap(ctx):\n    return ctx.sleep_until(time.time() + 7 * 86400)\n"
+
+
+def rss_idle(url: str, flows: Path, parked: int) -> dict:
+    """A daemon's RSS (KiB, 15 s after start) with ``parked`` instances waiting in an
+    external state and as many sleeping for a week (each put to sleep by its handler),
+    against the same daemon on the same database before them."""
+    import signal
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    def sample() -> int:
+        env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+        argv = [sys.executable, "-m", "runner.cli", "--daemon", "--prune-every", "0"]
+        proc = subprocess.Popen(argv, env=env, cwd=flows.parent, stderr=subprocess.DEVNULL)
+        time.sleep(15)
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kib = int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS:")).split()[1])
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        return kib
+
+    (flows / "parked.yaml").write_text(PARKED)
+    (flows / "sleeper.yaml").write_text(SLEEPER)
+    (flows / "scale_tasks.py").write_text(TASKS + NAP)
+    none = sample()
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for name in ("parked", "sleeper"):
+            flow = load_flow(flows / f"{name}.yaml")
+            create_instances(conn, flow, [{"i": i} for i in range(parked)])
+    engine.dispose()
+    _daemon(url, flows, 64).wait()  # each sleeper's handler runs once and sleeps
+    return {
+        "parked": parked,
+        "rss_kib_none": none,
+        "rss_kib_parked": sample(),
+    }
 
 
 def _daemon(url: str, flows: Path, concurrency: int, *extra: str) -> subprocess.Popen:
@@ -221,6 +281,9 @@ def main() -> None:
     ap.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--keep", type=Path, help="build in this folder and keep it")
+    ap.add_argument(
+        "--parked", type=int, default=0, help="also: daemon RSS with N waiting + N sleeping"
+    )
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
     report: dict = {"size": a.size, "new": a.new, "db": a.db}
@@ -256,6 +319,17 @@ def main() -> None:
             }
             part["bytes_after"] = size_of(url)
         report[label] = part
+    if a.parked:
+        home = work / "parked"
+        flows = home / "flows"
+        flows.mkdir(parents=True, exist_ok=True)
+        (flows / "scale_tasks.py").write_text(TASKS)
+        url = f"sqlite:///{home / 'flowrun.db'}" if a.db == "sqlite" else pg_database(a.pg_url)
+        r = rss_idle(url, flows, a.parked)
+        r["bytes_per_instance"] = round(
+            (r["rss_kib_parked"] - r["rss_kib_none"]) * 1024 / (2 * a.parked), 1
+        )
+        report["rss"] = r
     empty, big = report["empty"]["noop"]["per_s"], report["big"]["noop"]["per_s"]
     during = report["big"]["noop_during_prune"]["per_s"]
     report["ratios"] = {

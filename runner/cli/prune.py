@@ -30,7 +30,8 @@ def _older_than(_ctx, _param, value: str | None) -> float | None:
     "--older-than",
     metavar="D",
     callback=_older_than,
-    help="Every terminal instance last changed more than D ago (instead of the retention windows).",
+    help="Every terminal instance last changed more than D ago, and the attempts of live "
+    "instances older than D (instead of the retention windows).",
 )
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of counts.")

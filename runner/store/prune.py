@@ -86,35 +86,40 @@ def delete_instances(
         if not gone:
             return out
         out["instances"] = len(gone)
-        _count_children(conn, d, gone, out, exclude_instances=True)
-        for _kind, table in CHILDREN:
-            conn.execute(
-                delete(table).where(d.ids_in(table.c.instance_id)), {"ids": d.ids_value(gone)}
-            )
+        value = {"ids": d.ids_value(gone)}
+        # the attempts that carried a checkpoint or a stderr tail: one read of the rows
+        # about to go (SQLite 3.40's DELETE ... RETURNING gave wrong values for columns
+        # outside the index it deleted through)
+        out.update(_flags(conn, d, value))
+        for kind, table in CHILDREN:
+            out[kind] += conn.execute(
+                delete(table).where(d.ids_in(table.c.instance_id)), value
+            ).rowcount
     return out
 
 
-def _count_children(conn, d, ids: list[int], out: Counter[str], exclude_instances=False):
-    """Count ``ids``' instances (unless ``exclude_instances``) and their child rows into
-    ``out`` (inside ``conn``'s transaction); returns ``out``."""
-    if not exclude_instances:
-        out["instances"] += len(ids)
-    value = {"ids": d.ids_value(ids)}
-    n, cps, logs = conn.execute(
-        select(func.count(), func.count(attempts.c.checkpoint), func.count(attempts.c.error)).where(
+def _flags(conn, d, value: dict) -> Counter[str]:
+    """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
+    carried a checkpoint or a kept stderr tail."""
+    cps, logs = conn.execute(
+        select(func.count(attempts.c.checkpoint), func.count(attempts.c.error)).where(
             d.ids_in(attempts.c.instance_id)
         ),
         value,
     ).one()
-    out["attempts"] += n
-    out["checkpoints"] += cps
-    out["logs"] += logs
+    return Counter({"checkpoints": cps, "logs": logs})
+
+
+def _count_children(conn, d, ids: list[int], out: Counter[str]):
+    """Count ``ids``' instances and their child rows into ``out`` (inside ``conn``'s
+    transaction; a dry run); returns ``out``."""
+    out["instances"] += len(ids)
+    value = {"ids": d.ids_value(ids)}
+    out.update(_flags(conn, d, value))
     for kind, table in CHILDREN:
-        if kind != "attempts":
-            out[kind] += conn.execute(
-                select(func.count()).select_from(table).where(d.ids_in(table.c.instance_id)),
-                value,
-            ).scalar_one()
+        out[kind] += conn.execute(
+            select(func.count()).select_from(table).where(d.ids_in(table.c.instance_id)), value
+        ).scalar_one()
     return out
 
 
