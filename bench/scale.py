@@ -70,7 +70,17 @@ states:
   done: {terminal: true}
 """
 
-TASKS = "async def noop(ctx):\n    return True\n"
+TASKS = """\
+import time
+
+
+async def noop(ctx):
+    return True
+
+
+def nap(ctx):
+    return ctx.sleep_until(time.time() + 7 * 86400)
+"""
 
 PARKED = """\
 flow: parked
@@ -87,8 +97,6 @@ states:
   s1: {call: "scale_tasks:nap", next: done}
   done: {terminal: true}
 """
-
-NAP = "\n\nimport time\n\n\ndef nap(ctx):\n    return ctx.sleep_until(time.time() + 7 * 86400)\n"
 
 
 def rss_idle(url: str, flows: Path, parked: int) -> dict:
@@ -114,7 +122,6 @@ def rss_idle(url: str, flows: Path, parked: int) -> dict:
 
     (flows / "parked.yaml").write_text(PARKED)
     (flows / "sleeper.yaml").write_text(SLEEPER)
-    (flows / "scale_tasks.py").write_text(TASKS + NAP)
     none = sample()
     engine = make_engine(url)
     with engine.begin() as conn:
@@ -319,6 +326,7 @@ def main() -> None:
             }
             part["bytes_after"] = size_of(url)
         report[label] = part
+        print(json.dumps({label: part}), file=sys.stderr, flush=True)
     if a.parked:
         home = work / "parked"
         flows = home / "flows"
