@@ -12,6 +12,11 @@ from runner.errors import UserError
 from runner.retention import parse_window
 
 
+def _policy_text(c: Ctx) -> str:
+    """The ``--retention`` in force, as text."""
+    return c.retention["retention"].text()
+
+
 def _older_than(_ctx, _param, value: str | None) -> float | None:
     if value is None:
         return None
@@ -70,7 +75,15 @@ def prune(
     from runner.store import prune as store_prune
     from runner.store import space
 
-    loaded = c.registry(strict=True).flows.values() if c.flows.is_dir() else []
+    if c.flows.is_dir():
+        loaded = list(c.registry(strict=True).flows.values())
+    else:
+        loaded = []
+        click.echo(
+            f"flowrun: no flows folder at {c.flows}: every flow is pruned by --retention "
+            f"({_policy_text(c)})",
+            err=True,
+        )
     opts = c.retention
     rules = rules_for(
         loaded, opts["retention"], events=opts["event_retention"], older_than=older_than
