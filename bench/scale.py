@@ -105,6 +105,8 @@ def rss_idle(url: str, flows: Path, parked: int) -> dict:
     against the same daemon on the same database before them."""
     import signal
 
+    from sqlalchemy import text
+
     from runner.flowspec.compiler import load_flow
     from runner.store.create import create_instances
     from runner.store.db import make_engine
@@ -129,7 +131,22 @@ def rss_idle(url: str, flows: Path, parked: int) -> dict:
             flow = load_flow(flows / f"{name}.yaml")
             create_instances(conn, flow, [{"i": i} for i in range(parked)])
     engine.dispose()
-    _daemon(url, flows, 64).wait()  # each sleeper's handler runs once and sleeps
+    # each sleeper's handler runs once and sleeps (a week: the daemon is never idle)
+    engine = make_engine(url)
+    proc = _daemon(url, flows, 64)
+    while True:
+        time.sleep(2)
+        with engine.connect() as conn:
+            left = conn.execute(
+                text(
+                    "SELECT count(*) FROM instances WHERE flow = 'sleeper' AND status != 'sleeping'"
+                )
+            ).scalar_one()
+        if not left:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    engine.dispose()
     return {
         "parked": parked,
         "rss_kib_none": none,
