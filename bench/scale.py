@@ -287,13 +287,22 @@ def counts(url: str) -> dict:
     return out
 
 
-def pg_database(admin_url: str) -> str:
+#: PostgreSQL databases this run made (dropped at the end unless ``--keep``).
+MADE: list[str] = []
+
+
+def _admin(admin_url: str, sql: str) -> None:
     import psycopg
 
-    name = f"flowrun_scale_{uuid.uuid4().hex[:8]}"
     conninfo = admin_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(sql)
+
+
+def pg_database(admin_url: str) -> str:
+    name = f"flowrun_scale_{uuid.uuid4().hex[:8]}"
+    _admin(admin_url, f'CREATE DATABASE "{name}"')
+    MADE.append(name)
     return admin_url.rsplit("/", 1)[0] + "/" + name
 
 
@@ -309,6 +318,16 @@ def main() -> None:
         "--parked", type=int, default=0, help="also: daemon RSS with N waiting + N sleeping"
     )
     a = ap.parse_args()
+    try:
+        run(a)
+    finally:
+        if not a.keep:
+            for name in MADE:
+                _admin(a.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run(a: argparse.Namespace) -> None:
+    """Every measurement of ``main``'s arguments; prints the report."""
     work = a.keep or Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
     report: dict = {"size": a.size, "new": a.new, "db": a.db}
     for label in ("empty", "big"):
