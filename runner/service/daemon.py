@@ -381,20 +381,28 @@ async def serve(
 
         parts.append(("progress", after_first_cycle(progress)))
     if opts.prune_every is not None and registry is not None:
-        from runner.service.pruner import Pruner
+        pruners: list[Any] = []  # made once, after the first cycle (its imports too)
 
-        pruner = Pruner(
-            engine,
-            registry,
-            config.worker_id,
-            config.lease,
-            default=opts.retention,
-            events=opts.event_retention,
-            every=opts.prune_every,
-        )
-        parts.append(("pruner", after_first_cycle(lambda: pruner.run(stop))))
-        if collector is not None:
-            collector.pruner = pruner
+        async def prune() -> None:
+            if not pruners:
+                from runner.service.pruner import Pruner
+
+                pruners.append(
+                    Pruner(
+                        engine,
+                        registry,
+                        config.worker_id,
+                        config.lease,
+                        default=opts.retention,
+                        events=opts.event_retention,
+                        every=opts.prune_every,
+                    )
+                )
+                if collector is not None:
+                    collector.pruner = pruners[0]
+            await pruners[0].run(stop)
+
+        parts.append(("pruner", after_first_cycle(prune)))
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:
