@@ -96,6 +96,9 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: ``retention`` (a ``runner.retention.Retention``), ``event_retention`` (seconds or
+        #: ``None``) and ``prune_every`` (seconds or ``None``): ``--retention`` & co.
+        self.retention: dict[str, Any] = {}
         #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
         #: ``runner.store.pooler``).
         self.pooler = "auto"

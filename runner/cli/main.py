@@ -29,6 +29,8 @@ from runner.errors import (
     database_failure,
     read_only_database,
 )
+from runner.retention import DEFAULT as DEFAULT_RETENTION
+from runner.retention import EVENT_WINDOW, Retention, parse_retention, parse_window
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -40,7 +42,8 @@ command); 2 bad flows, config or usage, or a read-only database; 70 a daemon par
 could not be kept alive; 75 the database failed mid-command (full disk, lost
 connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
-Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
+Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE,
+FLOWRUN_RETENTION, ...).
 """
 
 
@@ -138,6 +141,32 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     "adds one listening connection.",
 )
 @click.option(
+    "--retention",
+    envvar="FLOWRUN_RETENTION",
+    default=DEFAULT_RETENTION.text(),
+    show_default=True,
+    callback=lambda _ctx, _param, value: _retention(value),
+    help="How long terminal instances are kept where a flow file sets no retention: one "
+    "window for all (30d, 12h, forever) or STATUS=WINDOW pairs (completed, failed, killed).",
+)
+@click.option(
+    "--event-retention",
+    envvar="FLOWRUN_EVENT_RETENTION",
+    default="30d",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _window(value),
+    help="How long a handled sensor event is kept once no instance it started is left "
+    "(a duration or forever).",
+)
+@click.option(
+    "--prune-every",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    envvar="FLOWRUN_PRUNE_EVERY",
+    help="--daemon: seconds between the pruner's rounds (0: no pruner in this daemon).",
+)
+@click.option(
     "--db-pooler",
     type=click.Choice(["auto", "transaction", "none"]),
     default="auto",
@@ -182,6 +211,9 @@ def main_group(
     idle_poll=None,
     pool_size=2,
     prefetch=None,
+    retention=DEFAULT_RETENTION,
+    event_retention=EVENT_WINDOW,
+    prune_every=300.0,
     db_pooler="auto",
     listen_db=None,
 ):
@@ -206,10 +238,33 @@ def main_group(
         idle_poll=idle_poll,
     )
     ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
+    ctx.obj.retention = dict(
+        retention=retention, event_retention=event_retention, prune_every=prune_every or None
+    )
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
         ctx.invoke(tui)
+
+
+def _retention(value: str | Retention) -> Retention:
+    """``--retention``'s callback: the parsed policy, or one usage error line."""
+    if isinstance(value, Retention):
+        return value
+    try:
+        return parse_retention(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--retention") from None
+
+
+def _window(value: str | float | None) -> float | None:
+    """``--event-retention``'s callback: seconds, ``None`` for forever."""
+    if value is None or isinstance(value, float):
+        return value
+    try:
+        return parse_window(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--event-retention") from None
 
 
 def run_daemon(c: Ctx) -> int:
@@ -267,6 +322,9 @@ def _run_daemon(c: Ctx) -> int:
             metrics=address,
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
+            prune_every=c.retention["prune_every"],
+            retention=c.retention["retention"],
+            event_retention=c.retention["event_retention"],
             listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
@@ -322,12 +380,13 @@ def _add_novel_commands() -> None:
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
     from runner.cli import migrate as cli_migrate
+    from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
     from runner.cli import serve as cli_serve
     from runner.cli import sleep as cli_sleep
 
     novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
-    novel += cli_serve.COMMANDS
+    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group

@@ -237,6 +237,10 @@ def instance_detail(item: dict) -> None:
             a["to_state"] or "",
             a["error"] or "",  # the whole kept tail
         )
+    if item.get("history_pruned_before"):
+        _out.print(
+            f"attempts before {item['history_pruned_before']} pruned (retention)", markup=False
+        )
     _out.print(t)
     for cp in item.get("checkpoints", []):
         _out.print(

@@ -32,6 +32,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("defaults", spec.Defaults, "defaults"),
     ("error_budget", spec.ErrorBudgetSpec, "defaults.error_budget, states.S.error_budget"),
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
+    ("retention", spec.RetentionSpec, "retention"),
     ("state", spec.StateSpec, "states.S"),
     ("sensor", spec_sensors.SensorSpec, "sensors.N"),
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),

@@ -132,6 +132,7 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     out = instance_json(row)
     out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
     out["budget"] = _budget(reader, row)
+    out["history_pruned_before"] = iso(row["history_from"])
     out["history"] = [attempt_json(a) for a in reversed(att)]
     out["checkpoints"] = [
         {"attempt": a["attempt"], "state": a["state"], "checkpoint": a["checkpoint"]}

@@ -36,6 +36,7 @@ from runner.ops.explanation import (
     secs,
 )
 from runner.ops.forecast import forecast
+from runner.ops.views import iso
 
 
 def explain(
@@ -103,6 +104,8 @@ def explain(
         else:
             _command(out, t, item, flow_of)
     refill(now)
+    if inst.get("history_from") is not None:
+        out.append(_pruned(inst["history_from"]))
     out.sort(key=lambda e: e.at or 0.0)  # stable: same-time entries keep their order
     return Explanation(
         instance=_summary(inst),
@@ -147,6 +150,16 @@ def _first_state(rows: dict, flow_of, version: str) -> str:
         return atts[0]["state"]
     flow = _safe_flow(flow_of, version)
     return flow.initial if flow is not None else rows["instance"]["state"]
+
+
+def _pruned(before: float) -> Entry:
+    """Where retention cut the history of a live instance (``instances.history_from``)."""
+    return Entry(
+        before,
+        "pruned",
+        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
+        {"before": before},
+    )
 
 
 def _summary(inst: dict) -> dict:

@@ -23,7 +23,7 @@ class Entry:
     Attributes:
         at: epoch seconds (UTC) the entry is about (``None`` for a forecast without a time).
         kind: ``created``, ``attempt``, ``wait``, ``budget``, ``restart``, ``command``,
-            ``rule``, ``version``, ``sleep``, ``running`` (timeline) or ``due``,
+            ``rule``, ``version``, ``sleep``, ``running``, ``pruned`` (timeline) or ``due``,
             ``next_error``, ``next_restart`` (forecast).
         text: the sentence an operator reads.
         data: the same facts as fields, for ``--json``.

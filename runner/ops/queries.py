@@ -130,16 +130,38 @@ def list_events(db: Any, *, limit: int = 50) -> list[dict]:
 
     Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
     ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
-    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
+    (what the rules did, e.g. ``"started csv_ingest instance 42"``, with ``" (pruned)"``
+    once that instance was pruned: :func:`shown_action`).
 
     Raises:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     reader = reader_of(db)
-    sql = f"SELECT {columns(EVENT_COLUMNS)} FROM events ORDER BY id DESC LIMIT :limit"
+    sql = (
+        f"SELECT {columns(EVENT_COLUMNS)}, ({STARTED_LEFT}) FROM events"
+        " ORDER BY id DESC LIMIT :limit"
+    )
     with reader.snapshot() as run:
         rows = run(sql, {"limit": limit})
-    out = as_dicts(reader, EVENT_COLUMNS, rows)
+    out = as_dicts(reader, (*EVENT_COLUMNS, "instances_left"), rows)
     for r in out:
-        r.update(created_at=iso(r["created_at"]), handled_at=iso(r["handled_at"]))
+        r.update(
+            created_at=iso(r["created_at"]),
+            handled_at=iso(r["handled_at"]),
+            action=shown_action(r["action"], r.pop("instances_left")),
+        )
     return out
+
+
+#: The instances an event started that are still stored (a correlated subquery of
+#: ``events``, through the partial index ``ix_instances_event``).
+STARTED_LEFT = "SELECT count(*) FROM instances WHERE instances.event_id = events.id"
+
+
+def shown_action(action: str | None, left: int) -> str | None:
+    """An event's ``action`` as shown: ``"started f instance 42"`` becomes ``"started f
+    instance 42 (pruned)"`` once no instance it started is stored, so no listing names an
+    instance that is not there."""
+    if action and action.startswith("started ") and not left:
+        return f"{action} (pruned)"
+    return action

@@ -30,6 +30,7 @@ from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
+from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
@@ -97,6 +98,10 @@ class ServiceOptions:
         status_every: seconds between status lines (counts by status, attempts/s).
         log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
         notifier: the systemd notifier (``None``: from the environment).
+        prune_every: seconds between the pruner's rounds (``runner.service.pruner``;
+            ``None``: no pruner, the default of an embedded worker).
+        retention: the pruner's policy for flows without their own (``--retention``).
+        event_retention: seconds handled events are kept (``None``: forever).
         listen_url: PostgreSQL: the URL whose connection ``LISTEN``s (``--listen-db``: a
             direct connection to the same database when the engine's goes through a
             transaction-pooling pooler); ``None``: the engine's own URL, or no ``LISTEN``
@@ -109,6 +114,9 @@ class ServiceOptions:
     status_every: float = 60.0
     log_attempts: bool = False
     notifier: Notifier | None = None
+    prune_every: float | None = None
+    retention: Retention = DEFAULT
+    event_retention: float | None = EVENT_WINDOW
     listen_url: str | None = None
 
 
@@ -425,6 +433,29 @@ async def serve(
             await progress_loop(engine, stop, tty=opts.tty, base=base)
 
         parts.append(("progress", after_first_cycle(progress)))
+    if opts.prune_every is not None and registry is not None:
+        pruners: list[Any] = []  # made once, after the first cycle (its imports too)
+
+        async def prune() -> None:
+            if not pruners:
+                from runner.service.pruner import Pruner
+
+                pruners.append(
+                    Pruner(
+                        engine,
+                        registry,
+                        config.worker_id,
+                        config.lease,
+                        default=opts.retention,
+                        events=opts.event_retention,
+                        every=opts.prune_every,
+                    )
+                )
+                if collector is not None:
+                    collector.pruner = pruners[0]
+            await pruners[0].run(stop)
+
+        parts.append(("pruner", after_first_cycle(prune)))
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:

@@ -323,6 +323,12 @@ def _sqlite_engine(
             cur.execute("PRAGMA query_only=ON")
             cur.close()
             return
+        # a new (empty) file gets incremental auto-vacuum, which must be set before its
+        # first table: pruned pages can then be given back to the file system
+        # (``runner.store.space.vacuum_step``). Only then: on a file that has tables the
+        # pragma writes its header, taking the write lock at every connect
+        if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         enter_wal(cur, timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")

@@ -63,6 +63,7 @@ INSTANCE_COLUMNS = (
     "updated_at",
     "event_id",
     "label",
+    "history_from",
 )
 ATTEMPT_COLUMNS = (
     "id",

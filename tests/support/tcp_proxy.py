@@ -28,6 +28,15 @@ class TcpProxy:
         self._thread.start()
         self.restore()
 
+    @classmethod
+    def to_url(cls, url: str) -> tuple[TcpProxy, str]:
+        """A proxy to the server of database ``url`` (``scheme://user@host:port/db``) and
+        the same URL through it."""
+        host_port = url.split("@", 1)[1].split("/", 1)[0]
+        host, _, port = host_port.partition(":")
+        proxy = cls((host, int(port or 5432)))
+        return proxy, url.replace(f"@{host_port}/", f"@127.0.0.1:{proxy.port}/")
+
     def __enter__(self) -> TcpProxy:
         return self
 
