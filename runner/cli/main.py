@@ -23,6 +23,7 @@ from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
 from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.literal import literal
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -331,13 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code if exc.exit_code else 2
     except FlowErrors as exc:
         for e in exc.errors:
-            click.echo(str(e), err=True)
+            click.echo(literal(e, lines=True), err=True)
         return 2
     except (ConfigError, UserError) as exc:
-        click.echo(f"flowrun: {exc}", err=True)
+        click.echo(f"flowrun: {literal(exc, lines=True)}", err=True)
         return exc.exit_code
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
-        click.echo(f"flowrun: {database_failure(exc)}", err=True)
+        click.echo(f"flowrun: {literal(database_failure(exc), lines=True)}", err=True)
         return EXIT_DATABASE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -1,5 +1,9 @@
-"""Human output of the CLI (``--json`` is the machine output): rich tables, no colour codes
-when stdout is not a terminal."""
+"""Human output of the CLI (``--json`` is the machine output): tables, no colour codes when
+stdout is not a terminal.
+
+Every stored or user text goes through ``runner.literal.literal`` before it is printed,
+and rich prints with markup and emoji codes off: ``[bold]`` in a log line is shown as
+``[bold]``, an escape sequence in a file name as ``\\x1b``."""
 
 from __future__ import annotations
 
@@ -11,16 +15,20 @@ from datetime import datetime
 
 import click
 
+from runner.literal import literal, one_line
+from runner.ops.views import INSTANCE_KEYS
 from runner.tui import fmt
 
 
 @functools.lru_cache(maxsize=1)
 def _rich():
-    """``(console, Table)``: rich, imported on first use (``ls`` needs none of it)."""
+    """``(console, Table)``: rich, imported on first use (``ls`` needs none of it). The
+    console reads no markup and no ``:emoji:`` codes in what it prints: every string is
+    shown as it is (styles are given as ``style=``, never as markup)."""
     from rich.console import Console
     from rich.table import Table
 
-    return Console(highlight=False, soft_wrap=False), Table
+    return Console(highlight=False, soft_wrap=False, markup=False, emoji=False), Table
 
 
 def _ago(iso_ts: str | None, *, future: bool = False) -> str:
@@ -52,24 +60,29 @@ def json_lines_array(items: list) -> str:
 
 #: The instance table's columns: (header, key, least width it shrinks to or ``None`` when
 #: it never shrinks, rank in which it is dropped when even shrunk they do not fit, or
-#: ``None`` when it always shows). ``id`` and ``status`` always show.
+#: ``None`` when it always shows). ``id`` and ``status`` always show; by their value to an
+#: operator the label and the last error go last, the counters and the lock first.
 INSTANCE_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("id", "id", None, None),
-    ("flow", "flow", 8, 8),
-    ("label", "label", 8, 6),
-    ("state", "state", 8, 7),
+    ("flow", "flow", 8, 4),
+    ("label", "label", None, 8),
+    ("state", "state", 8, 6),
     ("status", "status", None, None),
-    ("att", "attempts", None, 3),
-    ("err", "errors", None, 4),
-    ("rst", "restarts", None, 2),
+    ("att", "attempts", None, 2),
+    ("err", "errors", None, 3),
+    ("rst", "restarts", None, 1),
     ("due in", "due", None, 5),
-    ("lock", "lock", 8, 1),
-    ("last error", "last_error", 12, 0),
+    ("lock", "lock", 8, 0),
+    ("last error", "last_error", 20, 7),
 )
-#: The order in which columns shrink (down to their least width) before any is dropped.
-SHRINK_ORDER = ("last_error", "lock", "label", "flow", "state")
+#: The order in which the columns left shrink (down to their least width) when they do
+#: not fit at their natural width. A label (at most ``LABEL_WIDTH`` cells) is never cut:
+#: two labels cut to the same prefix tell nothing apart.
+SHRINK_ORDER = ("lock", "flow", "last_error", "state")
 #: The widest a ``last error`` cell gets.
 LAST_ERROR_WIDTH = 60
+#: The most of an event's ``what`` (its line, its file) ``events`` shows.
+EVENT_WHAT_WIDTH = 200
 #: The widest a ``label`` cell gets.
 LABEL_WIDTH = 30
 
@@ -128,12 +141,23 @@ def fit_columns(
     return out
 
 
-def instance_table(rows: list[dict], *, width: int | None = None) -> None:
+def waiting(events: tuple[str, ...] | list[str]) -> str:
+    """What an instance waiting for an ``on:`` event is due on: ``on release|discard``
+    (``on event`` when its state accepts none)."""
+    return "on " + ("|".join(literal(e) for e in events) or "event")
+
+
+def instance_table(
+    rows: list[dict], *, width: int | None = None, waits: dict[int, tuple[str, ...]] | None = None
+) -> None:
     """Print instances (``runner.ops.queries.read_instances`` rows with ``TABLE_KEYS``,
     times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
     errors, restarts, due, lock, last error, fitted to ``width`` cells (default: the
     terminal's, or ``COLUMNS``, or 80 when piped). ``id`` and ``status`` always show; the
-    other columns shrink, then drop.
+    other columns shrink, then drop (the lock and the counters first, the label last).
+    ``waits`` (``runner.ops.queries.waiting_events``) names the events an instance in an
+    external state waits for: its due cell says ``on release|discard``. Stored text is
+    shown literally (``runner.literal``).
 
     Plain text built here (a rich ``Table`` took 16 s for 10,000 rows); the header is
     bold on a terminal.
@@ -141,28 +165,26 @@ def instance_table(rows: list[dict], *, width: int | None = None) -> None:
     if width is None:
         width = shutil.get_terminal_size((80, 24)).columns
     now = time.time()
+    waits = waits or {}
     cells = []
     for r in rows:
-        err = r.get("last_error")
+        running = r.get("running_attempt") is not None
+        due = fmt.due_in(r["due_at"], now, r["status"], running=running)
+        if due == "event" and r["id"] in waits:
+            due = waiting(waits[r["id"]])
         cells.append(
             {
                 "id": str(r["id"]),
-                "flow": r["flow"],
-                "label": _clip(r.get("label") or "", LABEL_WIDTH),
-                "state": r["state"],
+                "flow": literal(r["flow"]),
+                "label": _clip(literal(r.get("label")), LABEL_WIDTH),
+                "state": literal(r["state"]),
                 "status": r["status"],
                 "attempts": str(r["attempts"]),
                 "errors": str(r["errors"]),
                 "restarts": str(r["restarts"]),
-                "due": fmt.due_in(
-                    r["due_at"],
-                    now,
-                    r["status"],
-                    running=r.get("running_attempt") is not None,
-                )
-                or "-",
-                "lock": fmt.lock(r["locked_by"], r["locked_until"], now) or "-",
-                "last_error": err.splitlines()[0][:LAST_ERROR_WIDTH] if err else "",
+                "due": due or "-",
+                "lock": literal(fmt.lock(r["locked_by"], r["locked_until"], now)) or "-",
+                "last_error": one_line(r.get("last_error"), LAST_ERROR_WIDTH),
             }
         )
     table = INSTANCE_COLUMNS
@@ -193,92 +215,113 @@ def _pad_column(values: list[str], width: int) -> list[str]:
     return out
 
 
+#: The fields ``show`` prints first, one a line: an instance's (data comes later), with
+#: its flow version after its label.
+DETAIL_KEYS = (*INSTANCE_KEYS[:3], "version", *(k for k in INSTANCE_KEYS[3:] if k != "data"))
+
+
+def _fields(Table):
+    """A two-column grid: keys bold and right-aligned, values folded under each other."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(justify="right", style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    return grid
+
+
+def _field(grid, key: str, value: object, *, lines: bool = False) -> None:
+    """Add ``key`` and ``value`` shown literally (``-`` for ``None``) to ``grid``."""
+    grid.add_row(key, "-" if value is None else literal(value, lines=lines))
+
+
 def instance_detail(item: dict) -> None:
-    """Print one instance, its error budget, data, checkpoints and attempt history."""
-    _out, Table = _rich()
-    for key in (
-        "id",
-        "flow",
-        "label",
-        "version",
-        "state",
-        "status",
-        "attempts",
-        "errors",
-        "restarts",
-        "due_at",
-        "locked_by",
-        "locked_until",
-        "created_at",
-        "updated_at",
-        "last_error",
-    ):
-        _out.print(f"[bold]{key:>13}[/bold]  {item.get(key) if item.get(key) is not None else '-'}")
+    """Print one instance (``runner.ops.detail.get_instance``): its fields, what it waits
+    for, its error budget, data, checkpoints, attempt history and commands. Stored text
+    (label, data, errors, commands' results) is shown literally."""
+    out, Table = _rich()
+    grid = _fields(Table)
+    for key in DETAIL_KEYS:
+        _field(grid, key, item.get(key))
+    if item.get("waits_for") is not None:
+        events = item["waits_for"]
+        sends = ", ".join(f"flowrun send {item['id']} {literal(e)}" for e in events)
+        _field(grid, "waits for", f"an event: {sends}" if events else "an event (none accepted)")
+    _field(grid, "last_error", item.get("last_error"), lines=True)
     b = item.get("budget")
     if b:
-        _out.print(
-            f"[bold]{'error budget':>13}[/bold]  {b['used']} used, {b['left']} left of {b['max']} "
-            f"in {b['window']:g}s (then {b['on_exhausted']}); "
-            f"restarts {b['restarts']}/{b['max_restarts']}"
+        _field(
+            grid,
+            "error budget",
+            f"{b['used']} used, {b['left']} left of {b['max']} in {b['window']:g}s "
+            f"(then {b['on_exhausted']}); restarts {b['restarts']}/{b['max_restarts']}",
         )
-    _out.print(f"[bold]{'data':>13}[/bold]  {json.dumps(item['data'])}")
+    _field(grid, "data", json.dumps(item["data"]))
+    out.print(grid)
     t = Table(title="attempts", box=None, header_style="bold", title_justify="left")
     for col in ("#", "state", "worker", "started", "secs", "outcome", "to", "error"):
-        t.add_column(col, overflow="fold" if col == "error" else "ellipsis")
+        if col == "started":  # a time cut to 2026-11-27T… says nothing
+            t.add_column(col, no_wrap=True, min_width=len("2026-11-27T09:00:00.000Z"))
+        else:
+            t.add_column(col, overflow="fold" if col == "error" else "ellipsis")
     for a in item["history"]:
         t.add_row(
             str(a["attempt"]),
-            a["state"],
-            a["worker"],
+            literal(a["state"]),
+            literal(a["worker"]),
             a["started_at"] or "-",
             f"{a['duration']:.3f}" if a["duration"] is not None else "running",
             a["outcome"] or "-",
-            a["to_state"] or "",
-            (a["error"] or "")[:300],
+            literal(a["to_state"]),
+            literal((a["error"] or "")[:300], lines=True),
         )
-    _out.print(t)
+    out.print(t)
     for cp in item.get("checkpoints", []):
-        _out.print(
-            f"checkpoint of attempt {cp['attempt']} in {cp['state']}: "
-            f"{json.dumps(cp['checkpoint'], sort_keys=True)}",
-            markup=False,
+        out.print(
+            f"checkpoint of attempt {cp['attempt']} in {literal(cp['state'])}: "
+            f"{json.dumps(cp['checkpoint'], sort_keys=True)}"
         )
     for cmd in item.get("commands", []):
-        _out.print(
-            f"command {cmd['command']} from {cmd['source']} at {cmd['at']}: "
-            f"{cmd['status']}: {cmd['result']}"
+        out.print(
+            f"command {literal(cmd['command'])} from {literal(cmd['source'])} at {cmd['at']}: "
+            f"{cmd['status']}: {literal(cmd['result'])}"
         )
 
 
 def events_table(rows: list[dict]) -> None:
-    """Print sensor events and what the rules did."""
-    _out, Table = _rich()
+    """Print sensor events (``runner.ops.queries.list_events``): id, sensor, what
+    happened (the line, the file: one line, cut to fit), times and what the rules did,
+    shown literally."""
+    out, Table = _rich()
     t = Table(box=None, header_style="bold")
-    for col in ("id", "sensor", "key", "created", "handled", "action"):
-        t.add_column(col, overflow="ellipsis")
+    for col in ("id", "sensor", "what", "created", "handled", "action"):
+        if col in ("created", "handled"):
+            t.add_column(col, no_wrap=True, min_width=len("2026-11-27T09:00:00.000Z"))
+        elif col == "what":
+            t.add_column(col, no_wrap=True, overflow="ellipsis", ratio=2, min_width=24)
+        else:
+            t.add_column(col, overflow="fold", ratio=1 if col == "action" else None)
     for r in rows:
         t.add_row(
             str(r["id"]),
-            r["sensor"],
-            str(r["key"])[:50],
+            literal(r["sensor"]),
+            literal(r.get("what"))[:EVENT_WHAT_WIDTH],
             r["created_at"] or "-",
             r["handled_at"] or "pending",
-            r.get("action") or "",
+            literal(r.get("action")),
         )
-    _out.print(t)
+    out.print(t)
 
 
 def workers_table(rows: list[dict]) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
     attempts, valid leases and the liveness verdict (alive/late/dead/stopped)."""
-    _out, Table = _rich()
+    out, Table = _rich()
     t = Table(box=None, header_style="bold")
     for col in ("id", "host", "pid", "started", "heartbeat", "running", "leases", "state"):
         t.add_column(col)
     for r in rows:
         t.add_row(
-            r["id"],
-            r["host"],
+            literal(r["id"]),
+            literal(r["host"]),
             str(r["pid"]),
             r["started_at"],
             _ago(r["heartbeat_at"]) + " ago",
@@ -286,4 +329,4 @@ def workers_table(rows: list[dict]) -> None:
             str(r["leases"]),
             r["verdict"],
         )
-    _out.print(t)
+    out.print(t)
