@@ -190,18 +190,31 @@ def instance_table(
     table = INSTANCE_COLUMNS
     if not any(c["label"] for c in cells):  # a label column only where some flow has one
         table = tuple(col for col in table if col[1] != "label")
+    lines = plain_table(table, cells, width, SHRINK_ORDER)
+    lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
+    click.echo("\n".join(lines))
+
+
+def plain_table(
+    table: tuple[tuple[str, str, int | None, int | None], ...],
+    cells: list[dict[str, str]],
+    width: int,
+    shrink_order: tuple[str, ...],
+) -> list[str]:
+    """The lines of a plain-text table (header bold on a terminal) fitted to ``width``
+    cells by :func:`fit_columns`: ``table`` is ``INSTANCE_COLUMNS``-shaped, ``cells`` one
+    dict per row (key → text already made literal)."""
     natural = {
         key: max([_cells(head)] + [_cells(c[key]) for c in cells]) for head, key, _m, _r in table
     }
-    shown = fit_columns(table, natural, width, SHRINK_ORDER)
+    shown = fit_columns(table, natural, width, shrink_order)
     columns = []
     for head, key, _m, _r in table:
         if key in shown:
             columns.append(_pad_column([head] + [c[key] for c in cells], shown[key]))
     lines = ["  ".join(parts).rstrip() for parts in zip(*columns, strict=True)]
     lines[0] = click.style(lines[0], bold=True)
-    lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
-    click.echo("\n".join(lines))
+    return lines
 
 
 def _pad_column(values: list[str], width: int) -> list[str]:
@@ -286,29 +299,52 @@ def instance_detail(item: dict) -> None:
         )
 
 
-def events_table(rows: list[dict]) -> None:
+#: The events table's columns (``INSTANCE_COLUMNS``-shaped): what happened never drops;
+#: the handling delay drops first.
+EVENT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("id", "id", None, None),
+    ("sensor", "sensor", 12, 2),
+    ("what", "what", 24, None),
+    ("created", "created", None, 1),
+    ("handled", "handled", None, 0),
+    ("action", "action", 16, 3),
+)
+
+
+def _handled(created: str | None, handled: str | None) -> str:
+    """``pending``, or how long after it was stored the rules handled an event (``+12ms``)."""
+    if handled is None:
+        return "pending"
+    if created is None:
+        return handled
+    delay = datetime.fromisoformat(handled.replace("Z", "+00:00")) - datetime.fromisoformat(
+        created.replace("Z", "+00:00")
+    )
+    return "+" + fmt.span(delay.total_seconds())
+
+
+def events_table(rows: list[dict], *, width: int | None = None) -> None:
     """Print sensor events (``runner.ops.queries.list_events``): id, sensor, what
-    happened (the line, the file: one line, cut to fit), times and what the rules did,
-    shown literally."""
-    out, Table = _rich()
-    t = Table(box=None, header_style="bold")
-    for col in ("id", "sensor", "what", "created", "handled", "action"):
-        if col in ("created", "handled"):
-            t.add_column(col, no_wrap=True, min_width=len("2026-11-27T09:00:00.000Z"))
-        elif col == "what":
-            t.add_column(col, no_wrap=True, overflow="ellipsis", ratio=2, min_width=24)
-        else:
-            t.add_column(col, overflow="fold", ratio=1 if col == "action" else None)
-    for r in rows:
-        t.add_row(
-            str(r["id"]),
-            literal(r["sensor"]),
-            literal(r.get("what"))[:EVENT_WHAT_WIDTH],
-            r["created_at"] or "-",
-            r["handled_at"] or "pending",
-            literal(r.get("action")),
-        )
-    out.print(t)
+    happened (the line, the file; one line), when it was stored, how long after the rules
+    handled it (or ``pending``) and what they did, shown literally and fitted to
+    ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped): the
+    action and the sensor shrink, then the handling delay, the time, the sensor and the
+    action drop; the id and what happened always show."""
+    if width is None:
+        width = shutil.get_terminal_size((80, 24)).columns
+    cells = [
+        {
+            "id": str(r["id"]),
+            "sensor": literal(r["sensor"]),
+            "what": literal(r.get("what"))[:EVENT_WHAT_WIDTH],
+            "created": r["created_at"] or "-",
+            "handled": _handled(r["created_at"], r["handled_at"]),
+            "action": one_line(r.get("action")),
+        }
+        for r in rows
+    ]
+    lines = plain_table(EVENT_COLUMNS, cells, width, ("action", "sensor", "what"))
+    click.echo("\n".join(lines))
 
 
 def workers_table(rows: list[dict]) -> None:

@@ -109,16 +109,21 @@ def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
 
 def event_what(payload: Any) -> str:
     """What happened, in one text, from a stored event's ``payload``: a tail sensor's
-    ``line``, a files sensor's ``path`` (with its size in bytes), a clock sensor's
+    ``line``, a files sensor's file (``a.csv (12 bytes) in /srv/inbox``), a clock sensor's
     ``tick`` at ``scheduled`` (and how many ticks it missed); any other payload as compact
     JSON. As stored: the caller shows it literally."""
     if not isinstance(payload, dict):
         return json.dumps(payload)
     if isinstance(payload.get("line"), str):
         return payload["line"]
-    if isinstance(payload.get("path"), str):
-        size = payload.get("size")
-        return payload["path"] + (f" ({size} bytes)" if isinstance(size, int) else "")
+    if isinstance(payload.get("path"), str):  # the file's name first: it survives a cut
+        path, name, size = payload["path"], payload.get("name"), payload.get("size")
+        text = name if isinstance(name, str) and name else path
+        text += f" ({size} bytes)" if isinstance(size, int) else ""
+        if text.startswith(path):
+            return text
+        folder = path[: -len(name)].rstrip("/") if path.endswith(name) else path
+        return f"{text} in {folder}"
     if "tick" in payload:
         text = f"tick {payload['tick']}"
         if payload.get("scheduled"):
