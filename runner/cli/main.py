@@ -319,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
-    nothing for user mistakes or database failures.
+    usage, an argument that is not UTF-8 text included, 75 the database failed
+    mid-command, e.g. a full disk, 130 interrupted); raises nothing for user mistakes or
+    database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -337,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         click.echo(f"flowrun: {literal(exc, lines=True)}", err=True)
         return exc.exit_code
+    except UnicodeEncodeError as exc:  # an argument with bytes that are not UTF-8
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
+        byte = "".join(f"0x{ord(ch) - 0xDC00:02x}" for ch in bad if 0xDC80 <= ord(ch) <= 0xDCFF)
+        click.echo(f"flowrun: an argument is not UTF-8 text (byte {byte or '?'})", err=True)
+        return 2
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
         click.echo(f"flowrun: {literal(database_failure(exc), lines=True)}", err=True)
         return EXIT_DATABASE

@@ -278,3 +278,27 @@ def test_every_command_shows_hostile_text_literally(tmp_path: Path) -> None:
     assert "bad\\x1b[2J[bold]x.yaml:3:" in text("check", str(bad), code=2)
     text("graph", hostile)
     text("migrate", "--flow", hostile, "--to", "latest", "--dry-run")
+
+
+def test_arguments_that_are_not_utf8_get_one_line(tmp_path: Path) -> None:
+    """An argument with bytes that are not UTF-8 (a flow name, a search, an event):
+    one line naming the byte, exit 2, never a traceback; nothing is written."""
+    fr = Flowrun(tmp_path)
+    name = unique("good")
+    write_flow(fr.flows, name, FLOW)
+    iid = fr("start", name).stdout.strip()
+    assert iid.isdigit()
+    for args in (
+        ("ls", "--flow", b"\xff"),
+        ("ls", "--search", INVALID_UTF8),
+        ("pause", "--flow", b"\xff"),
+        ("send", iid, b"\xff\x1b[2J"),
+        ("start", b"caf\xe9"),
+    ):
+        res = subprocess.run(fr.argv(*args), env=fr.env, capture_output=True, timeout=60)
+        err = res.stderr.decode()
+        assert res.returncode == 2 and "Traceback" not in err, (args, err)
+        assert err.startswith("flowrun: an argument is not UTF-8 text (byte 0x"), err
+        assert len(err.strip().splitlines()) == 1 and not raw_controls(err), err
+    rows = json.loads(fr("ls", "--json").stdout)
+    assert [(r["id"], r["status"]) for r in rows] == [(int(iid), "runnable")]
