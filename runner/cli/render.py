@@ -347,22 +347,38 @@ def events_table(rows: list[dict], *, width: int | None = None) -> None:
     click.echo("\n".join(lines))
 
 
-def workers_table(rows: list[dict]) -> None:
+#: The workers table's columns (``INSTANCE_COLUMNS``-shaped): the id, the heartbeat and
+#: the verdict always show; the start time drops first.
+WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("id", "id", 16, None),
+    ("host", "host", 8, 4),
+    ("pid", "pid", None, 3),
+    ("started", "started", None, 0),
+    ("heartbeat", "heartbeat", None, None),
+    ("running", "running", None, 2),
+    ("leases", "leases", None, 1),
+    ("state", "state", None, None),
+)
+
+
+def workers_table(rows: list[dict], *, width: int | None = None) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
-    attempts, valid leases and the liveness verdict (alive/late/dead/stopped)."""
-    out, Table = _rich()
-    t = Table(box=None, header_style="bold")
-    for col in ("id", "host", "pid", "started", "heartbeat", "running", "leases", "state"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            literal(r["id"]),
-            literal(r["host"]),
-            str(r["pid"]),
-            r["started_at"],
-            _ago(r["heartbeat_at"]) + " ago",
-            str(r["running"]),
-            str(r["leases"]),
-            r["verdict"],
-        )
-    out.print(t)
+    attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
+    ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and
+    hosts shown literally."""
+    if width is None:
+        width = shutil.get_terminal_size((80, 24)).columns
+    cells = [
+        {
+            "id": literal(r["id"]),
+            "host": literal(r["host"]),
+            "pid": str(r["pid"]),
+            "started": r["started_at"] or "-",
+            "heartbeat": _ago(r["heartbeat_at"]) + " ago",
+            "running": str(r["running"]),
+            "leases": str(r["leases"]),
+            "state": r["verdict"],
+        }
+        for r in rows
+    ]
+    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))
