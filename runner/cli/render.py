@@ -228,6 +228,21 @@ def _pad_column(values: list[str], width: int) -> list[str]:
     return out
 
 
+#: ``show``'s attempts table (``INSTANCE_COLUMNS``-shaped): the number and the outcome
+#: always show; a start time is never cut (``2026-11-27T…`` says nothing), it drops.
+ATTEMPT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("#", "attempt", None, None),
+    ("state", "state", 8, 4),
+    ("worker", "worker", 8, 1),
+    ("started", "started", None, 3),
+    ("secs", "secs", None, 2),
+    ("outcome", "outcome", None, None),
+    ("to", "to", 8, 0),
+    ("error", "error", 16, 5),
+)
+#: The order in which the attempts table's columns shrink.
+ATTEMPT_SHRINK = ("worker", "to", "state", "error")
+
 #: The fields ``show`` prints first, one a line: an instance's (data comes later), with
 #: its flow version after its label.
 DETAIL_KEYS = (*INSTANCE_KEYS[:3], "version", *(k for k in INSTANCE_KEYS[3:] if k != "data"))
@@ -269,24 +284,23 @@ def instance_detail(item: dict) -> None:
         )
     _field(grid, "data", json.dumps(item["data"]))
     out.print(grid)
-    t = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-    for col in ("#", "state", "worker", "started", "secs", "outcome", "to", "error"):
-        if col == "started":  # a time cut to 2026-11-27T… says nothing
-            t.add_column(col, no_wrap=True, min_width=len("2026-11-27T09:00:00.000Z"))
-        else:
-            t.add_column(col, overflow="fold" if col == "error" else "ellipsis")
-    for a in item["history"]:
-        t.add_row(
-            str(a["attempt"]),
-            literal(a["state"]),
-            literal(a["worker"]),
-            a["started_at"] or "-",
-            f"{a['duration']:.3f}" if a["duration"] is not None else "running",
-            a["outcome"] or "-",
-            literal(a["to_state"]),
-            literal((a["error"] or "")[:300], lines=True),
-        )
-    out.print(t)
+    if item["history"]:
+        width = shutil.get_terminal_size((80, 24)).columns
+        cells = [
+            {
+                "attempt": str(a["attempt"]),
+                "state": literal(a["state"]),
+                "worker": literal(a["worker"]),
+                "started": a["started_at"] or "-",
+                "secs": f"{a['duration']:.3f}" if a["duration"] is not None else "running",
+                "outcome": a["outcome"] or "-",
+                "to": literal(a["to_state"]),
+                "error": one_line(a["error"], 300),
+            }
+            for a in item["history"]
+        ]
+        click.echo("attempts")
+        click.echo("\n".join(plain_table(ATTEMPT_COLUMNS, cells, width, ATTEMPT_SHRINK)))
     for cp in item.get("checkpoints", []):
         out.print(
             f"checkpoint of attempt {cp['attempt']} in {literal(cp['state'])}: "

@@ -209,3 +209,8 @@ def test_ls_and_show_at_80_columns_keep_labels_errors_and_times(env: dict) -> No
         assert all(len(line) <= 80 for line in text.splitlines()), text
         for attempt in shown["history"]:
             assert attempt["started_at"] in text, text
+    # narrower still, each attempt keeps its number and outcome (rich dropped them)
+    text = flowrun({**env, "COLUMNS": "40"}, "show", str(failed)).stdout.splitlines()
+    head = text.index("attempts") + 1
+    assert text[head].split()[:2] == ["#", "state"] and "outcome" in text[head], text
+    assert text[head + 1].split()[:3] == ["1", "check", "error"], text
