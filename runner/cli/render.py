@@ -49,6 +49,11 @@ def _ago(iso_ts: str | None, *, future: bool = False) -> str:
     return sign + text
 
 
+def terminal_width(width: int | None = None) -> int:
+    """``width``, or the terminal's width in cells (``COLUMNS`` when set, 80 when piped)."""
+    return width if width is not None else shutil.get_terminal_size((80, 24)).columns
+
+
 def json_lines_array(items: list) -> str:
     """A JSON array with one item per line: valid JSON, readable, and written by the
     ``json`` module's C encoder (``indent`` falls back to its pure-Python encoder, which
@@ -162,8 +167,7 @@ def instance_table(
     Plain text built here (a rich ``Table`` took 16 s for 10,000 rows); the header is
     bold on a terminal.
     """
-    if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+    width = terminal_width(width)
     now = time.time()
     waits = waits or {}
     cells = []
@@ -285,7 +289,7 @@ def instance_detail(item: dict) -> None:
     _field(grid, "data", json.dumps(item["data"]))
     out.print(grid)
     if item["history"]:
-        width = shutil.get_terminal_size((80, 24)).columns
+        width = terminal_width()
         cells = [
             {
                 "attempt": str(a["attempt"]),
@@ -344,8 +348,7 @@ def events_table(rows: list[dict], *, width: int | None = None) -> None:
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped): the
     action and the sensor shrink, then the handling delay, the time, the sensor and the
     action drop; the id and what happened always show."""
-    if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+    width = terminal_width(width)
     cells = [
         {
             "id": str(r["id"]),
@@ -380,8 +383,7 @@ def workers_table(rows: list[dict], *, width: int | None = None) -> None:
     attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and
     hosts shown literally."""
-    if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+    width = terminal_width(width)
     cells = [
         {
             "id": literal(r["id"]),
