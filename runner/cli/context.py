@@ -17,9 +17,16 @@ if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay ligh
     from runner.flowspec.registry import FlowRegistry
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
-#: that does not exist they say so and exit 1 instead of creating it.
+#: that does not exist they say so and never create it (the listings ``ls``, ``events``
+#: and ``workers`` then list nothing, exit 0; the others exit 1).
 READ_ONLY = frozenset(
     {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send"}
+)
+
+
+_CREATES = (
+    "nothing has run here yet; `flowrun start FLOW` or `flowrun --daemon` creates it, "
+    "--db/FLOWRUN_DB chooses another"
 )
 
 
@@ -60,6 +67,12 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
+        #: ``runner.store.pooler``).
+        self.pooler = "auto"
+        #: PostgreSQL: the direct URL a daemon or the console's worker listens on
+        #: (``--listen-db``), or ``None``.
+        self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None
@@ -79,15 +92,31 @@ class Ctx:
 
             missing = missing_sqlite_file(self.db) if self.read_only else None
             if missing is not None:
-                raise UserError(
-                    f"no database at {missing} (nothing has run here yet; `flowrun start "
-                    "FLOW` or `flowrun --daemon` creates it, --db/FLOWRUN_DB chooses another)",
-                    1,
-                )
+                raise UserError(f"no database at {missing} ({_CREATES})", 1)
             self._engine = make_engine(
-                self.db, pool=self.pool, application_name=self.application_name
+                self.db,
+                pool=self.pool,
+                application_name=self.application_name,
+                pooler=self.pooler,
             )
         return self._engine
+
+    def nothing_to_list(self) -> bool:
+        """For a listing (``ls``, ``events``, ``workers``): True when the SQLite database
+        file does not exist yet, after one note on stderr naming it. Listing nothing is
+        not an error (exit 0), and the file is not created."""
+        if self._engine is not None:
+            return False
+        from runner.store.reader import sqlite_file
+
+        plain = sqlite_file(self.db)
+        if plain is not None and Path(plain).is_file():
+            return False  # the common case, decided without loading SQLAlchemy
+        missing = missing_sqlite_file(self.db)
+        if missing is None:
+            return False
+        click.echo(f"flowrun: no database at {missing} yet: nothing to list ({_CREATES})", err=True)
+        return True
 
     @property
     def reader(self):

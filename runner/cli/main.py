@@ -22,7 +22,13 @@ from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
 from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.errors import (
+    ConfigError,
+    FlowErrors,
+    UserError,
+    database_failure,
+    read_only_database,
+)
 from runner.literal import literal
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
@@ -31,8 +37,9 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
-command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
-75 the database failed mid-command (full disk, lost connection): nothing was changed;
+command); 2 bad flows, config or usage, or a read-only database; 70 a daemon part
+could not be kept alive; 75 the database failed mid-command (full disk, lost
+connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
@@ -130,6 +137,25 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     "adds one listening connection.",
 )
 @click.option(
+    "--db-pooler",
+    type=click.Choice(["auto", "transaction", "none"]),
+    default="auto",
+    show_default=True,
+    envvar="FLOWRUN_DB_POOLER",
+    help="PostgreSQL: is --db reached through a transaction-pooling pooler (PgBouncer's "
+    "pool_mode = transaction)? Then nothing is prepared on the server and LISTEN needs "
+    "--listen-db. auto: found out on connecting; none: direct or session pooling. A "
+    "pooler= parameter of the URL wins.",
+)
+@click.option(
+    "--listen-db",
+    metavar="URL",
+    envvar="FLOWRUN_LISTEN_DB",
+    help="--daemon and the console's worker on PostgreSQL: LISTEN for wake-ups on this "
+    "direct URL of the same database (default: --db's; behind a transaction-pooling "
+    "pooler, without it, the worker polls).",
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -155,6 +181,8 @@ def main_group(
     idle_poll=None,
     pool_size=2,
     prefetch=None,
+    db_pooler="auto",
+    listen_db=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -162,6 +190,7 @@ def main_group(
     `flowrun --daemon` runs the headless worker.
     """
     ctx.obj = Ctx(flows, db, lease, pool=pool_size)
+    ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
@@ -235,6 +264,7 @@ def _run_daemon(c: Ctx) -> int:
             metrics=address,
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
+            listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
@@ -248,7 +278,9 @@ def _run_daemon(c: Ctx) -> int:
             raise
         log.error("flowrun: %s", exc)
         return exc.exit_code
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    from runner.service.progress import closing_line
+
+    log.info("%s", closing_line(served.worker.stats))
     return served.code
 
 
@@ -319,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, an argument that is not UTF-8 text included, 75 the database failed
-    mid-command, e.g. a full disk, 130 interrupted); raises nothing for user mistakes or
-    database failures.
+    usage, an argument that is not UTF-8 text, or a read-only database, 75 the database
+    failed mid-command, e.g. a full disk, 130 interrupted); raises nothing for user
+    mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -345,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
         click.echo(f"flowrun: {literal(database_failure(exc), lines=True)}", err=True)
-        return EXIT_DATABASE
+        return 2 if read_only_database(exc) else EXIT_DATABASE  # read-only: a set-up fault
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import textwrap
 import time
 from datetime import datetime
 
 import click
 
+from runner.error_line import error_line
 from runner.literal import literal, one_line
 from runner.ops.views import INSTANCE_KEYS
 from runner.tui import fmt
@@ -188,7 +190,7 @@ def instance_table(
                 "restarts": str(r["restarts"]),
                 "due": due or "-",
                 "lock": literal(fmt.lock(r["locked_by"], r["locked_until"], now)) or "-",
-                "last_error": one_line(r.get("last_error"), LAST_ERROR_WIDTH),
+                "last_error": literal(error_line(r.get("last_error"), LAST_ERROR_WIDTH)),
             }
         )
     table = INSTANCE_COLUMNS
@@ -299,12 +301,16 @@ def instance_detail(item: dict) -> None:
                 "secs": f"{a['duration']:.3f}" if a["duration"] is not None else "running",
                 "outcome": a["outcome"] or "-",
                 "to": literal(a["to_state"]),
-                "error": one_line(a["error"], 300),
+                "error": literal(error_line(a["error"], 300)),
             }
             for a in item["history"]
         ]
         click.echo("attempts")
         click.echo("\n".join(plain_table(ATTEMPT_COLUMNS, cells, width, ATTEMPT_SHRINK)))
+        for a in item["history"]:  # the whole kept tail of each attempt's error
+            if a["error"]:
+                click.echo(f"error of attempt {a['attempt']}:")
+                click.echo(textwrap.indent(literal(a["error"], lines=True), "  "))
     for cp in item.get("checkpoints", []):
         out.print(
             f"checkpoint of attempt {cp['attempt']} in {literal(cp['state'])}: "

@@ -51,7 +51,6 @@ from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
 from runner.store import heartbeat
-from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.worker")
 
@@ -103,7 +102,7 @@ class Worker:
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
         self._grace_deadline: float | None = None
-        self._outage = OutageBackoff()
+        self._outage = OutageBackoff(self._db.said)  # one outage log for the worker
         # the loop's chores, each due at once, then every interval (seconds)
         # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
         # loop sleeps until the next due time or lease expiry it knows (``_wake.at``)
@@ -449,7 +448,7 @@ class Worker:
                     release = self.attempts.give_back(everything=True)
                     self.stats.add(await self.cycles.run_now(self._request(0, release=release)))
                 except DBAPIError as exc:
-                    log.warning("database unavailable at stop (%s); retrying", short_error(exc))
+                    self._db.said.failed(exc, "; retrying at stop")
                     await asyncio.sleep(1.0)
 
         try:

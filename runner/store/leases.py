@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
@@ -118,6 +118,8 @@ class Lost:
     attempt: int
     worker: str
     failed: bool  # its restarts were spent: the instance is now ``failed``
+    flow: str = field(default="", compare=False)  # for the log line
+    state: str = field(default="", compare=False)
 
 
 def recover_lost(
@@ -140,6 +142,7 @@ def recover_lost(
     i = instances.c
     q = select(
         i.id,
+        i.flow,
         i.running_attempt,
         i.locked_by,
         i.state,
@@ -186,7 +189,9 @@ def recover_lost(
                 ),
             )
         conn.execute(update(instances).where(i.id == r["id"]).values(**values))
-        found.append(Lost(r["id"], r["running_attempt"], r["locked_by"], failed))
+        found.append(
+            Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])
+        )
     hot_for(conn).close_attempts.executemany(conn, rows)
     return found
 

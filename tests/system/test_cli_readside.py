@@ -113,7 +113,7 @@ def test_ls_keeps_id_and_status_at_80_columns_and_says_when_due(env: dict) -> No
         for iid, line in table.items():
             assert rows[iid]["status"] in line.split(), (columns, line)
     wide = _table(flowrun({**env, "COLUMNS": "250"}, "ls").stdout)
-    assert "error budget spent" in wide[ids["failed"]], "a wide terminal shows the error"
+    assert "exit code 1: " in wide[ids["failed"]], "a wide terminal shows the error"
     due = {k: wide[i].split()[7] for k, i in ids.items()}  # id flow state status a e r due
     assert due == {"parked": "on", "failed": "-", "paused": "-", "waiting": "now"}, due
     # an instance in an external state says which events it waits for
@@ -198,7 +198,7 @@ def test_ls_and_show_at_80_columns_keep_labels_errors_and_times(env: dict) -> No
     table = _table(out)
     assert "inbox/seattle-2026-11-27.csv" in table[ids[0]], out
     assert "inbox/seattle-2026-11-28.csv" in table[ids[1]], out
-    assert "error budget spent" in table[failed] and "failed" in table[failed].split(), out
+    assert "exit code 1: the upstre" in table[failed] and "failed" in table[failed].split(), out
     assert "runnable" in table[ids[0]].split()
     # waiting in quarantine: due on one of its events, never cut
     wide = _table(flowrun({**env, "COLUMNS": "100"}, "ls").stdout)

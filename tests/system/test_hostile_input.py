@@ -19,6 +19,7 @@ from tests.support.hostile import (
     INVALID_UTF8_SHOWN,
     TEXTS,
     Hostile,
+    HostileText,
     missing,
     raw_controls,
 )
@@ -144,7 +145,7 @@ HOSTILE_FAIL = """\
 import json, os, sys
 data = os.environ.get("FLOWRUN_DATA") or open(os.environ["FLOWRUN_DATA_FILE"]).read()
 data = json.loads(data)
-sys.stderr.buffer.write(data["err"].encode("utf-8", "surrogateescape") + b"\\n" + RAW + b"\\n")
+sys.stderr.buffer.write(RAW + b"\\n" + data["err"].encode("utf-8", "surrogateescape") + b"\\n")
 sys.exit(1)
 """
 # a quarantine-like external state, fed by a tail sensor and a files sensor
@@ -249,7 +250,9 @@ def test_every_command_shows_hostile_text_literally(tmp_path: Path) -> None:
     for t in TEXTS:
         iid = str(ids[t.name])
         _check_text(text("show", iid), [t], f"show {t.name}")
-        _check_text(text("explain", iid), [t], f"explain {t.name}")
+        # explain gives an error's last line: the case's last fragment
+        last = HostileText(t.name, t.text, t.shown[-1:])
+        _check_text(text("explain", iid), [last], f"explain {t.name}")
         shown = json_of("show", iid, "--json")
         assert shown["data"]["err"] == t.text and t.text[-1000:] in shown["history"][-1]["error"]
         told = list(_strings(json_of("explain", iid, "--json")))
