@@ -16,9 +16,15 @@ import re
 
 #: Characters never printed raw: C0 controls (newline only where lines are kept), DEL,
 #: C1 controls (``\x9b`` is an 8-bit CSI), the bidirectional marks, embeddings,
-#: overrides and isolates (they reorder what follows), and lone surrogates (the
-#: undecodable bytes of a file name, which no terminal encoding can print).
-_UNSAFE = "\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+#: overrides and isolates (they reorder what follows), other invisible format characters
+#: (soft hyphen, zero-width characters, line and paragraph separators, invisible
+#: operators, BOM, interlinear annotations, tag characters: the console's set,
+#: ``runner.tui.literal``), and lone surrogates (the undecodable bytes of a file name,
+#: which no terminal encoding can print).
+_UNSAFE = (
+    "\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f"
+)
 _ONE_LINE = re.compile(f"[\n{_UNSAFE}]")
 _LINES = re.compile(f"[{_UNSAFE}]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -32,7 +38,9 @@ def _visible(match: re.Match[str]) -> str:
         return _NAMED[ch]
     if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
         return f"\\x{code - 0xDC00:02x}"
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def literal(text: object, *, lines: bool = False) -> str:

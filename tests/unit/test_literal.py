@@ -24,6 +24,8 @@ def test_escapes_are_visible_and_markup_untouched() -> None:
     assert literal("x\ty\r\nz", lines=True) == "x\\ty\\r\nz"
     assert literal("\x00\x7f\x9b\u202e") == "\\x00\\x7f\\x9b\\u202e"
     assert literal(None) == "" and literal(42) == "42"
+    # invisible format characters too: zero width, line separator, BOM, tag characters
+    assert literal("a\u200bb\u2028c\ufeffd\U000e0041") == "a\\u200bb\\u2028c\\ufeffd\\U000e0041"
 
 
 def test_undecodable_bytes_show_as_bytes() -> None:
