@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,34 @@ _CREATES = (
     "nothing has run here yet; `flowrun start FLOW` or `flowrun --daemon` creates it, "
     "--db/FLOWRUN_DB chooses another"
 )
+
+
+#: The systemd credential (``LoadCredential=flowrun-db:FILE``) holding the database URL.
+DB_CREDENTIAL = "flowrun-db"
+
+
+def credential_db(environ: Mapping[str, str]) -> str | None:
+    """The database URL in ``$CREDENTIALS_DIRECTORY/flowrun-db`` (systemd's
+    ``LoadCredential=``), surrounding whitespace stripped; ``None`` when the variable is
+    unset or the file does not exist. Used only when neither ``--db`` nor ``FLOWRUN_DB``
+    is given.
+
+    Raises:
+        ConfigError: the file cannot be read or is empty (exit 2).
+    """
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    path = Path(folder) / DB_CREDENTIAL
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the database URL: {exc}") from None
+    if not url:
+        raise ConfigError(f"{path}: empty; it should hold the database URL")
+    return url
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -56,7 +85,8 @@ class Ctx:
         lease: seconds a claim lasts without renewal (``--lease``).
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
-    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
+    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int, or
+    ``None``: ``runner.engine.config.default_concurrency``),
     ``prefetch`` (int or ``None``),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
@@ -215,7 +245,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,
-        concurrency=o["concurrency"],
         prefetch=o.get("prefetch"),
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
@@ -223,4 +252,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     )
     if o["worker_id"]:
         cfg.worker_id = o["worker_id"]
+    if o["concurrency"] is not None:  # else the default, 16 per core
+        cfg.concurrency = o["concurrency"]
     return cfg

@@ -21,7 +21,7 @@ import click
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
+from runner.cli.context import READ_ONLY, Ctx, credential_db, pass_ctx, worker_config
 from runner.errors import (
     ConfigError,
     FlowErrors,
@@ -59,7 +59,9 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     envvar="FLOWRUN_DB",
     default=DEFAULT_URL,
     show_default=True,
-    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db.",
+    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db. Neither this "
+    "nor FLOWRUN_DB given: the file $CREDENTIALS_DIRECTORY/flowrun-db (systemd "
+    "LoadCredential=) when present, else the default.",
 )
 @click.option(
     "--lease",
@@ -73,10 +75,10 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
+    default=None,
     envvar="FLOWRUN_CONCURRENCY",
-    help="Attempts run at once by this worker.",
+    help="Attempts run at once by this worker (default: 16 per core this process may run "
+    "on, at most 256).",
 )
 @click.option(
     "--prefetch",
@@ -189,6 +191,8 @@ def main_group(
     Without a command: `flowrun` opens the console (with an embedded worker);
     `flowrun --daemon` runs the headless worker.
     """
+    if ctx.get_parameter_source("db") is click.core.ParameterSource.DEFAULT:
+        db = credential_db(os.environ) or db
     ctx.obj = Ctx(flows, db, lease, pool=pool_size)
     ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"

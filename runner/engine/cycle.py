@@ -320,7 +320,9 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
-            recovered = leases.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
+            recovered = leases.recover_lost(
+                conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
+            )
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)

@@ -252,7 +252,7 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     Its commits leave WAL checkpoints to a :class:`runner.store.wal.WalCheckpointer` (their
     automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return None  # PostgreSQL, or a second engine would open a different, empty database
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False),
@@ -273,14 +273,14 @@ def read_engine(engine: Engine) -> Engine:
     itself. The caller owns a sibling (``dispose()`` it when done); raises nothing
     (connections open lazily).
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return engine
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False), engine.url.database, readonly=True
     )
 
 
-def _file_sibling_ok(engine: Engine) -> bool:
+def file_sibling_ok(engine: Engine) -> bool:
     """True when a second engine on ``engine``'s URL reaches the same database: an
     in-process (SQLite) database in a file, not in memory."""
     if not dialect_of(engine).in_process:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runner.engine.config import default_concurrency
 from runner.flowspec.compiler import load_flow
 from runner.store.create import create_instances
 from runner.store.db import make_engine
@@ -181,7 +182,7 @@ def test_metrics_scraped_over_http(live: Live) -> None:
     assert m[("flowrun_sensor_events_total", (("sensor", "svc.inbox"),))] == N
     assert m[("flowrun_rule_actions_total", (("sensor", "svc.inbox"),))] == N
     assert m[("flowrun_running_attempts", ())] == 0
-    assert m[("flowrun_free_slots", ())] == 8
+    assert m[("flowrun_free_slots", ())] == default_concurrency()  # all free
     assert m[("flowrun_event_start_latency_seconds_count", ())] == N
     assert m[("flowrun_database_disconnects_total", ())] == 0
     assert m[("flowrun_database_errors_total", (("part", "rules"),))] == 0
