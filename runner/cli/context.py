@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from runner.errors import ConfigError, FlowErrors, UserError
+from runner.literal import literal
 
 if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
     from runner.engine.config import WorkerConfig
@@ -218,10 +219,11 @@ def flow_to_start(c: Ctx, name: str) -> Any:
     broken = [p for p in reg.errors if Path(p).stem == name or Path(p).resolve() in known]
     if not broken:
         return reg.get(name)  # raises the "unknown flow" line
+
     for path in broken:
-        click.echo(f"flowrun: {path} has errors:", err=True)
+        click.echo(f"flowrun: {literal(path)} has errors:", err=True)
         for e in reg.errors[path]:
-            click.echo(f"  {e}", err=True)
+            click.echo(f"  {literal(e, lines=True)}", err=True)
     if stored is None:
         raise UserError(f"flow '{name}' has errors and no good version of it is stored", 2)
     from runner.ops.views import iso

@@ -29,6 +29,7 @@ from runner.errors import (
     database_failure,
     read_only_database,
 )
+from runner.literal import literal
 from runner.retention import DEFAULT as DEFAULT_RETENTION
 from runner.retention import EVENT_WINDOW, Retention, parse_retention, parse_window
 
@@ -413,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, or a read-only database, 75 the database failed mid-command, e.g. a full disk,
-    130 interrupted); raises nothing for user mistakes or database failures.
+    usage, an argument that is not UTF-8 text, or a read-only database, 75 the database
+    failed mid-command, e.g. a full disk, 130 interrupted); raises nothing for user
+    mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -426,13 +428,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code if exc.exit_code else 2
     except FlowErrors as exc:
         for e in exc.errors:
-            click.echo(str(e), err=True)
+            click.echo(literal(e, lines=True), err=True)
         return 2
     except (ConfigError, UserError) as exc:
-        click.echo(f"flowrun: {exc}", err=True)
+        click.echo(f"flowrun: {literal(exc, lines=True)}", err=True)
         return exc.exit_code
+    except UnicodeEncodeError as exc:  # an argument with bytes that are not UTF-8
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
+        byte = "".join(f"0x{ord(ch) - 0xDC00:02x}" for ch in bad if 0xDC80 <= ord(ch) <= 0xDCFF)
+        click.echo(f"flowrun: an argument is not UTF-8 text (byte {byte or '?'})", err=True)
+        return 2
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
-        click.echo(f"flowrun: {database_failure(exc)}", err=True)
+        click.echo(f"flowrun: {literal(database_failure(exc), lines=True)}", err=True)
         return 2 if read_only_database(exc) else EXIT_DATABASE  # read-only: a set-up fault
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
