@@ -39,6 +39,7 @@ from typing import Any
 
 from watchfiles import Change
 
+from runner.literal import literal
 from runner.sensors.base import FileChange, Sensor
 
 log = logging.getLogger("flowrun.sensors")
@@ -185,8 +186,25 @@ class FilesSensor(Sensor):
         for key, payload in rows:
             self._stored[payload["path"]] = key
 
+    def not_utf8(self, path: str) -> bool:
+        """True when ``path``'s name is not UTF-8 (bytes kept as lone surrogates): no
+        database stores it, so the file is not acted on; logs it once per path, with the
+        undecodable bytes shown as ``\\xNN``."""
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            if path not in self._outside:
+                self._outside.add(path)
+                log.warning(
+                    "sensor %s: ignoring %s: its name is not UTF-8 (rename it to act on it)",
+                    self.name,
+                    literal(os.path.relpath(path, self.folder)),
+                )
+            return True
+        return False
+
     def _event(self, path: str, st: os.stat_result) -> tuple[str, dict[str, Any]] | None:
-        if self.leads_out(path):
+        if self.not_utf8(path) or self.leads_out(path):
             return None
         rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
         if path in self._gone:  # re-created after a deletion this process saw

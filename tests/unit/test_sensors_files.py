@@ -224,3 +224,23 @@ async def test_follow_symlinks_true_counts_a_link_out_of_the_folder(tmp_path: Pa
         await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 2)
         await settled(hub)
     assert names_started(engine) == ["at_start.txt", "later.txt"]
+
+
+async def test_a_name_that_is_not_utf8_is_one_warning_not_a_dead_sensor(
+    tmp_path: Path, caplog
+) -> None:
+    """A file whose name is not UTF-8 (no database stores it) is skipped with one WARNING
+    showing its bytes escaped; the sensor lives on and acts on the files after it."""
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    os.close(os.open(os.fsencode(inbox) + b"/caf\xe9 \x1b[2J.txt", os.O_CREAT | os.O_WRONLY))
+    caplog.set_level("INFO", logger="flowrun.sensors")
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        drop(inbox, "after.txt", "dropped after it")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 1)
+        await settled(hub)
+    warned = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    assert "caf\\xe9 \\x1b[2J.txt" in warned[0].getMessage()
+    assert names_started(engine) == ["after.txt"]
