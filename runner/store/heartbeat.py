@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 from sqlalchemy import Engine, update
 
 from runner.store import leases
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.tables import workers
 
@@ -37,7 +37,7 @@ def register(engine: Engine, worker_id: str, every: float | None = None) -> None
     """Create or refresh the row of ``worker_id`` (host, pid, started now, not stopped),
     recording ``every``, its heartbeat interval in seconds (``runner.ops.liveness`` judges
     the row by it; ``None`` leaves it unset)."""
-    at = time.time()
+    at = db_now(engine)
     row = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -59,7 +59,7 @@ def beat(engine: Engine, worker_id: str, running: int) -> None:
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(heartbeat_at=time.time(), running=running)
+            .values(heartbeat_at=db_now(conn), running=running)
         )
 
 
@@ -72,5 +72,5 @@ def stopped(engine: Engine, worker_id: str, running: int, release: bool) -> None
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(stopped_at=time.time(), running=running)
+            .values(stopped_at=db_now(conn), running=running)
         )

@@ -33,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 
+from runner.store.clock import clock_of
 from runner.store.db import Prepared
 from runner.store.dialect import dialect_of
 from runner.store.tables import JSONType, attempts, instances
@@ -246,7 +247,10 @@ class Hot:
         )
         #: record finished attempts, one row each (params: see :func:`attempt_row`)
         self.close_attempts = Prepared(engine, close_attempts(engine))
-        #: PostgreSQL: the rest of the transaction plans index scans only (no params)
+        #: the database's clock as this process reads it (``runner.store.clock``)
+        self.clock = clock_of(engine)
+        #: PostgreSQL: the rest of the transaction plans index scans only, and the
+        #: server's clock is read in the same round trip (no params; the third column)
         self.by_index = None
         if d.skip_locked:
             self.by_index = Prepared(
@@ -254,6 +258,7 @@ class Hot:
                 select(
                     func.set_config("enable_seqscan", "off", True),
                     func.set_config("enable_bitmapscan", "off", True),
+                    literal_column(d.server_clock or "NULL"),
                 ),
             )
 
