@@ -44,7 +44,7 @@ class DbClock:
 
     __slots__ = ("offset", "error", "read_at", "label", "warned")
 
-    def __init__(self, label: str = "the database") -> None:
+    def __init__(self, label: str = "the database server") -> None:
         self.offset = 0.0
         self.error = math.inf
         self.read_at = 0.0  # time.monotonic() of the reading in use
@@ -76,8 +76,9 @@ class DbClock:
         if abs(self.offset) > SKEW_WARN and not self.warned:
             self.warned = True
             log.warning(
-                "this host's clock is %+.1f s off %s's (more than %g s): flowrun judges "
-                "leases and due times by the database's clock; fix the host's time sync",
+                "this host's clock is %+.1f s off the clock of %s (more than %g s): "
+                "flowrun judges leases and due times by the database's; fix the host's "
+                "time sync",
                 -self.offset,
                 self.label,
                 SKEW_WARN,

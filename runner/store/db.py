@@ -206,7 +206,7 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         json_deserializer=loads_bytes,
     )
 
-    clock = track_server_clock(engine, f"the database server {engine.url.host or 'local'}")
+    clock = track_server_clock(engine, f"PostgreSQL at {engine.url.host or 'its socket'}")
     clock_sql = f"SELECT {dialect_of(engine).server_clock}"
 
     @event.listens_for(engine, "connect")
