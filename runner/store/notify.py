@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, text
 
+from runner.store.db import TCP_SETTINGS
 from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.notify")
@@ -121,10 +122,12 @@ class DueListener:
         while not stop.is_set():
             try:
                 named = "application_name" in self.url
+                tcp = {k: v for k, v in TCP_SETTINGS.items() if k not in self.url}
                 conn = await psycopg.AsyncConnection.connect(
                     self.url,
                     autocommit=True,
                     connect_timeout=5,
+                    **tcp,  # a silent network is noticed within seconds
                     **({} if named else {"application_name": self.application_name}),
                 )
             except psycopg.Error as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -208,5 +207,21 @@ def test_second_sigterm_stops_a_frozen_daemon_within_3s(pg_url: str, tmp_path: P
         proxy.close()
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-v"]))
+def test_connections_detect_a_silent_peer_within_seconds(pg_url: str) -> None:
+    """Every pooled connection carries TCP keepalives and ``tcp_user_timeout`` (the
+    kernel's defaults notice a black-holed peer after hours), unless the URL says
+    otherwise."""
+    engine = make_engine(pg_url)
+    own = make_engine(pg_url + "?keepalives_idle=30")
+    try:
+        with engine.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()
+        assert params["keepalives"] == "1"
+        assert params["tcp_user_timeout"] == "5000"
+        assert int(params["keepalives_idle"]) + 3 * int(params["keepalives_interval"]) <= 10
+        with own.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()
+        assert params["keepalives_idle"] == "30"
+    finally:
+        engine.dispose()
+        own.dispose()
