@@ -107,15 +107,13 @@ class RunningAttempts:
         as many as there are free slots; the rest wait (:attr:`waiting`). ``since``
         (``time.monotonic()`` seconds; default now) precedes the statement that claimed
         them: their leases end ``lease`` seconds after it (the self-fencing deadline)."""
-        if not claims:
-            return
-        waiting = self.waiting
-        fence = self.fence
-        since = time.monotonic() if since is None else since
-        until = fence.deadline(since)
-        for claim in claims:
-            waiting[claim.id] = Running(claim, None, Cancel(), [claim.data], until)  # type: ignore[arg-type]
-        fence.set((), since)
+        if claims:
+            waiting = self.waiting
+            since = time.monotonic() if since is None else since
+            until = self.fence.deadline(since)
+            for claim in claims:
+                waiting[claim.id] = Running(claim, None, Cancel(), [claim.data], until)  # type: ignore[arg-type]
+            self.fence.set((), since)
         if self.refill:
             self._refill()
 
