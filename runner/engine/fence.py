@@ -90,6 +90,7 @@ class SelfFence:
         upcoming = math.inf
         for run in list(self._held()):
             if run.until <= now:
+                run.until = math.inf  # ended once: never again, never renewed
                 self._lapse(run)
             elif run.until < upcoming:
                 upcoming = run.until
