@@ -29,13 +29,15 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from runner.engine.timers import OutageBackoff
-from runner.store.db import interrupt, short_error, trust_fresh_connections
+from runner.store.db import STATEMENT_TIMEOUT, interrupt, short_error, trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
 #: Seconds a worker's database call may wait on PostgreSQL before its connection is
-#: broken off (a cycle takes milliseconds; a black-holed network never answers).
-CALL_TIMEOUT = 5.0
+#: broken off (a cycle takes milliseconds; a black-holed network never answers): a
+#: little more than the server's own ``statement_timeout``, which cancels a slow statement
+#: cleanly first.
+CALL_TIMEOUT = STATEMENT_TIMEOUT + 0.5
 #: Seconds a call may take once the worker is stopping and its grace is over, or after
 #: a second stop request (:meth:`DatabaseThread.hurry`).
 HURRY_TIMEOUT = 1.0

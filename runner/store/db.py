@@ -45,6 +45,11 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 DEFAULT_POOL = 2
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
+#: Seconds one of a worker's statements may take on PostgreSQL: the server cancels one
+#: running longer (``statement_timeout``, set for each cycle's transaction by
+#: ``runner.store.leases.by_index``), and the worker breaks off a call whose answer does
+#: not come (``runner.engine.db_thread``: a silent network) a little later.
+STATEMENT_TIMEOUT = 4.5
 #: libpq's TCP settings for every PostgreSQL connection flowrun opens (the URL's own win):
 #: a peer that stops answering (a black-holed network drops packets, nothing refuses
 #: them) is noticed within seconds instead of the kernel's two hours of keepalive idle

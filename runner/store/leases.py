@@ -41,8 +41,9 @@ def now() -> float:
 def by_index(conn: Connection) -> None:
     """PostgreSQL: plan the rest of the caller's transaction (a worker's cycle) with index
     scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip),
-    and read the server's clock in the same statement (``runner.store.clock``: leases
-    are judged by the database's time); nothing on SQLite.
+    with a ``statement_timeout`` (``db.STATEMENT_TIMEOUT``), and read the server's clock
+    in the same statement (``runner.store.clock``: leases are judged by the database's
+    time); nothing on SQLite.
 
     The cycle's statements each touch a few rows, found by an index: the claim reads the
     oldest due rows in ``(status, due_at)`` order and stops after ``n``, the commit looks
@@ -59,7 +60,7 @@ def by_index(conn: Connection) -> None:
     if steer is not None:
         sent = time.time()
         rows = steer.fetch(conn, {})
-        hot.clock.observe(float(rows[0][2]), sent, time.time())
+        hot.clock.observe(float(rows[0][-1]), sent, time.time())
 
 
 def has_due(conn: Connection, at: float) -> bool:

@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
-from runner.store.db import make_engine
+from runner.store import leases
+from runner.store.clock import clock_of
+from runner.store.db import STATEMENT_TIMEOUT, make_engine
 from tests.support.fault import flowrun_cmd, poll
 from tests.support.tcp_proxy import TcpProxy
 
@@ -225,3 +228,20 @@ def test_connections_detect_a_silent_peer_within_seconds(pg_url: str) -> None:
     finally:
         engine.dispose()
         own.dispose()
+
+
+def test_a_cycle_statement_is_cancelled_by_the_server_past_its_timeout(pg_url: str) -> None:
+    """A worker cycle's transaction (begun by ``leases.by_index``) cancels a statement
+    after ``STATEMENT_TIMEOUT`` (a lock wait, say) instead of waiting on; the same
+    statement reads the server's clock."""
+    engine = make_engine(pg_url)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DBAPIError, match="statement timeout"):
+            with engine.begin() as conn:
+                leases.by_index(conn)
+                conn.execute(text("SELECT pg_sleep(30)"))
+        assert time.monotonic() - t0 < STATEMENT_TIMEOUT + 2
+        assert clock_of(engine).error < 0.5  # read, with a round trip's error
+    finally:
+        engine.dispose()
