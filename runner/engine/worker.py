@@ -174,9 +174,10 @@ class Worker:
 
     @property
     def unreachable(self) -> bool:
-        """True while the database did not answer this worker's last call, or was down
-        when it stopped: what is left to do at a stop should not wait for it."""
-        return self._db.down or self._down_at_stop
+        """True while a database over the network (PostgreSQL) did not answer this
+        worker's last call, or was down when it stopped: what is left to do at a stop
+        should not wait for it. Always False on SQLite (no network to wait on)."""
+        return self._db.timeout is not None and (self._db.down or self._down_at_stop)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -289,7 +290,9 @@ class Worker:
         assert self._grace_deadline is not None
         if now > self._grace_deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
-            if self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT):
+            if self._db.timeout is not None and (
+                self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT)
+            ):
                 self._down_at_stop = True  # the database does not answer: leave now
                 return True
         return False
