@@ -5,7 +5,8 @@ Each turn of the loop is one transaction that commits every finished attempt (fe
 claims as many due instances as there are free slots (``--concurrency``), and on
 PostgreSQL a few more while attempts end quickly (claimed ahead, ``--prefetch``: they
 start the moment a slot frees, see ``ahead``); handlers run concurrently as asyncio
-tasks. While attempts run (or wait), their leases are renewed every third of the lease,
+tasks. While attempts run (or wait), their leases are renewed every third of the lease
+(one not renewed in time is ended before it runs out: ``fence``, self-fencing),
 and every ``fence_poll`` seconds the worker checks whether an operator command (pause,
 kill, send) or another worker took an instance away: that attempt is cancelled at once
 (process group terminated, coroutine cancelled) and recorded ``cancelled``.
