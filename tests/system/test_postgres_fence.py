@@ -182,6 +182,47 @@ def test_cut_off_daemon_ends_its_handlers_before_another_takes_over(
         engine.dispose()
 
 
+def test_a_fenced_attempt_is_recorded_lost_when_the_database_is_back(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Alone, the cut-off daemon ends its handler before its lease ends; once the network
+    thaws it records the attempt ``lost`` (one restart) and runs the instance again."""
+    flows, proxy, via_proxy, env = _world(pg_url, tmp_path)
+    log = tmp_path / "handlers.log"
+    engine = make_engine(pg_url)
+    _start(flows, pg_url, 1)
+    daemon_log = tmp_path / "cut.log"
+    cut = _daemon(flows, via_proxy, "cut", daemon_log, env)
+    try:
+        poll(lambda: len(_runs(log)) == 1, 60, what="the handler started")
+        time.sleep(LEASE / 3 + 0.5)
+        proxy.freeze()
+        frozen_at = time.time()
+        poll(lambda: "end" in _runs(log)[(1, 1)], 30, what="the handler ended by the fence")
+        assert _runs(log)[(1, 1)]["end"] - frozen_at < LEASE
+        time.sleep(max(0.0, frozen_at + LEASE + 1 - time.time()))
+        proxy.thaw()
+        poll(lambda: _completed(engine) == 1, 60, what="completed after the thaw")
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT attempt, worker, outcome FROM attempts ORDER BY attempt")
+            ).all()
+            restarts = conn.execute(text("SELECT restarts FROM instances")).scalar_one()
+        assert [tuple(r) for r in rows] == [(1, "cut", "lost"), (2, "cut", "moved")]
+        assert restarts == 1
+        assert "Traceback" not in daemon_log.read_text()
+    finally:
+        if cut.poll() is None:
+            cut.terminate()
+            try:
+                cut.wait(20)
+            except subprocess.TimeoutExpired:
+                cut.kill()
+                cut.wait()
+        proxy.close()
+        engine.dispose()
+
+
 def test_second_sigterm_stops_a_frozen_daemon_within_3s(pg_url: str, tmp_path: Path) -> None:
     flows, proxy, via_proxy, env = _world(pg_url, tmp_path)
     log = tmp_path / "handlers.log"
