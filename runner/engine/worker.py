@@ -151,9 +151,11 @@ class Worker:
         if not self._stopping:
             self._stopping = True
             self.attempts.refill = False  # the claims not started are given back
-            self._grace_deadline = time.monotonic() + self.config.grace
-            # past the grace, a call stuck on a dead network is broken off quickly
-            self.cycles.hurry(self._grace_deadline)
+            now = time.monotonic()
+            self._grace_deadline = now + self.config.grace
+            # from the grace's last second on, a call stuck on a dead network is broken
+            # off or given up, so that the loop is free when the grace ends
+            self.cycles.hurry(max(now, self._grace_deadline - HURRY_TIMEOUT))
             self.wake()
             return "graceful"
         self._abort = True
@@ -288,14 +290,20 @@ class Worker:
             )
         if self.quiet():
             return True
-        assert self._grace_deadline is not None
-        if now > self._grace_deadline:
+        deadline = self._grace_deadline
+        assert deadline is not None
+        if now > deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
-            if self._db.timeout is not None and (
-                self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT)
-            ):
-                self._down_at_stop = True  # the database does not answer: leave now
-                return True
+        # the database (over a network) does not answer in the grace's last second: what
+        # is left cannot be committed; leave, once no attempt runs
+        if (
+            self._db.timeout is not None
+            and now > deadline - HURRY_TIMEOUT
+            and (now > deadline or not self.running)
+            and (self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT))
+        ):
+            self._down_at_stop = True
+            return True
         return False
 
     async def _collect(self) -> None:
@@ -470,8 +478,10 @@ class Worker:
         """Wait for the cycles still in flight (keeping the attempts of one that failed); then
         abort, or commit what finished (retrying a few times); then sign off. After an
         abort or past the grace, a database that does not answer is not waited for."""
-        late = self._abort or (
-            self._grace_deadline is not None and time.monotonic() > self._grace_deadline
+        late = (
+            self._abort
+            or self._down_at_stop
+            or (self._grace_deadline is not None and time.monotonic() > self._grace_deadline)
         )
         gone = late and self.unreachable  # nothing more can be committed: leave now
         for settled in await self.cycles.settle(0 if gone else ABANDON_AFTER if late else None):

@@ -393,7 +393,7 @@ async def serve(
         if cut_off:
             interrupt()
         if side:
-            done, pending = await asyncio.wait(side, timeout=1 if cut_off else 10)
+            done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
             for task in pending:
                 task.cancel()
             for task in done:
