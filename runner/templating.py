@@ -126,6 +126,21 @@ def render(template: str, context: Mapping) -> str:
     return "".join(out)
 
 
+def render_value(template: str, context: Mapping) -> object:
+    """A rule's ``data`` value: a template that is exactly one placeholder (``"{event.size}"``)
+    gives the value itself, its type kept (a number stays a number, a list a list);
+    anything else is :func:`render`-ed to a string.
+
+    Raises:
+        KeyError: the dotted path of the first missing placeholder.
+        ValueError: the template is malformed.
+    """
+    parts = _parse(template)
+    if len(parts) == 1 and isinstance(parts[0], tuple):
+        return lookup(context, ".".join(parts[0]))
+    return render(template, context)
+
+
 #: ``{event.field}`` inside a rule selector's regex (other braces, such as ``\d{3}``, are
 #: regex syntax and left alone).
 _EVENT_REF = re.compile(r"\{event\.([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +17,45 @@ if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay ligh
     from runner.flowspec.registry import FlowRegistry
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
-#: that does not exist they say so and exit 1 instead of creating it.
+#: that does not exist they say so and never create it (the listings ``ls``, ``events``
+#: and ``workers`` then list nothing, exit 0; the others exit 1).
 READ_ONLY = frozenset(
     {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send"}
 )
+
+
+_CREATES = (
+    "nothing has run here yet; `flowrun start FLOW` or `flowrun --daemon` creates it, "
+    "--db/FLOWRUN_DB chooses another"
+)
+
+
+#: The systemd credential (``LoadCredential=flowrun-db:FILE``) holding the database URL.
+DB_CREDENTIAL = "flowrun-db"
+
+
+def credential_db(environ: Mapping[str, str]) -> str | None:
+    """The database URL in ``$CREDENTIALS_DIRECTORY/flowrun-db`` (systemd's
+    ``LoadCredential=``), surrounding whitespace stripped; ``None`` when the variable is
+    unset or the file does not exist. Used only when neither ``--db`` nor ``FLOWRUN_DB``
+    is given.
+
+    Raises:
+        ConfigError: the file cannot be read or is empty (exit 2).
+    """
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    path = Path(folder) / DB_CREDENTIAL
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the database URL: {exc}") from None
+    if not url:
+        raise ConfigError(f"{path}: empty; it should hold the database URL")
+    return url
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -48,7 +84,8 @@ class Ctx:
         lease: seconds a claim lasts without renewal (``--lease``).
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
-    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
+    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int, or
+    ``None``: ``runner.engine.config.default_concurrency``),
     ``prefetch`` (int or ``None``),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
@@ -59,6 +96,12 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
+        #: ``runner.store.pooler``).
+        self.pooler = "auto"
+        #: PostgreSQL: the direct URL a daemon or the console's worker listens on
+        #: (``--listen-db``), or ``None``.
+        self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None
@@ -78,15 +121,31 @@ class Ctx:
 
             missing = missing_sqlite_file(self.db) if self.read_only else None
             if missing is not None:
-                raise UserError(
-                    f"no database at {missing} (nothing has run here yet; `flowrun start "
-                    "FLOW` or `flowrun --daemon` creates it, --db/FLOWRUN_DB chooses another)",
-                    1,
-                )
+                raise UserError(f"no database at {missing} ({_CREATES})", 1)
             self._engine = make_engine(
-                self.db, pool=self.pool, application_name=self.application_name
+                self.db,
+                pool=self.pool,
+                application_name=self.application_name,
+                pooler=self.pooler,
             )
         return self._engine
+
+    def nothing_to_list(self) -> bool:
+        """For a listing (``ls``, ``events``, ``workers``): True when the SQLite database
+        file does not exist yet, after one note on stderr naming it. Listing nothing is
+        not an error (exit 0), and the file is not created."""
+        if self._engine is not None:
+            return False
+        from runner.store.reader import sqlite_file
+
+        plain = sqlite_file(self.db)
+        if plain is not None and Path(plain).is_file():
+            return False  # the common case, decided without loading SQLAlchemy
+        missing = missing_sqlite_file(self.db)
+        if missing is None:
+            return False
+        click.echo(f"flowrun: no database at {missing} yet: nothing to list ({_CREATES})", err=True)
+        return True
 
     @property
     def reader(self):
@@ -184,7 +243,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,
-        concurrency=o["concurrency"],
         prefetch=o.get("prefetch"),
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
@@ -192,4 +250,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     )
     if o["worker_id"]:
         cfg.worker_id = o["worker_id"]
+    if o["concurrency"] is not None:  # else the default, 16 per core
+        cfg.concurrency = o["concurrency"]
     return cfg

@@ -66,7 +66,7 @@ def check(c: Ctx, paths: tuple[Path, ...]):
 )
 @pass_ctx
 def graph(c: Ctx, flow: str, fmt: str):
-    """Print FLOW's state graph, from its compiled machine.
+    """Print FLOW's state graph, from its compiled machine (on_exhausted moves too).
 
     \f
     Raises:

@@ -29,7 +29,8 @@ initial: greet
 data: {greeting: hello}         # default data, merged under each new instance's data
 
 defaults:
-  timeout: 1m                   # an attempt running longer is an error
+  timeout: 1m                   # an attempt running longer is killed and restarted
+                                # (max_restarts, default 5, then the instance fails)
   error_budget: {max_errors: 3, window: 1h, on_exhausted: failed}
   backoff: {initial: 5s, factor: 2, max: 5m}   # delay between retries after errors
 

@@ -21,8 +21,14 @@ import click
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.cli.context import READ_ONLY, Ctx, credential_db, pass_ctx, worker_config
+from runner.errors import (
+    ConfigError,
+    FlowErrors,
+    UserError,
+    database_failure,
+    read_only_database,
+)
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -30,8 +36,9 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
-command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
-75 the database failed mid-command (full disk, lost connection): nothing was changed;
+command); 2 bad flows, config or usage, or a read-only database; 70 a daemon part
+could not be kept alive; 75 the database failed mid-command (full disk, lost
+connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
 Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
 """
@@ -51,7 +58,9 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     envvar="FLOWRUN_DB",
     default=DEFAULT_URL,
     show_default=True,
-    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db.",
+    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db. Neither this "
+    "nor FLOWRUN_DB given: the file $CREDENTIALS_DIRECTORY/flowrun-db (systemd "
+    "LoadCredential=) when present, else the default.",
 )
 @click.option(
     "--lease",
@@ -65,10 +74,10 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
+    default=None,
     envvar="FLOWRUN_CONCURRENCY",
-    help="Attempts run at once by this worker.",
+    help="Attempts run at once by this worker (default: 16 per core this process may run "
+    "on, at most 256).",
 )
 @click.option(
     "--prefetch",
@@ -129,6 +138,25 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     "adds one listening connection.",
 )
 @click.option(
+    "--db-pooler",
+    type=click.Choice(["auto", "transaction", "none"]),
+    default="auto",
+    show_default=True,
+    envvar="FLOWRUN_DB_POOLER",
+    help="PostgreSQL: is --db reached through a transaction-pooling pooler (PgBouncer's "
+    "pool_mode = transaction)? Then nothing is prepared on the server and LISTEN needs "
+    "--listen-db. auto: found out on connecting; none: direct or session pooling. A "
+    "pooler= parameter of the URL wins.",
+)
+@click.option(
+    "--listen-db",
+    metavar="URL",
+    envvar="FLOWRUN_LISTEN_DB",
+    help="--daemon and the console's worker on PostgreSQL: LISTEN for wake-ups on this "
+    "direct URL of the same database (default: --db's; behind a transaction-pooling "
+    "pooler, without it, the worker polls).",
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -154,13 +182,18 @@ def main_group(
     idle_poll=None,
     pool_size=2,
     prefetch=None,
+    db_pooler="auto",
+    listen_db=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
     Without a command: `flowrun` opens the console (with an embedded worker);
     `flowrun --daemon` runs the headless worker.
     """
+    if ctx.get_parameter_source("db") is click.core.ParameterSource.DEFAULT:
+        db = credential_db(os.environ) or db
     ctx.obj = Ctx(flows, db, lease, pool=pool_size)
+    ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
@@ -234,6 +267,7 @@ def _run_daemon(c: Ctx) -> int:
             metrics=address,
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
+            listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
@@ -247,7 +281,9 @@ def _run_daemon(c: Ctx) -> int:
             raise
         log.error("flowrun: %s", exc)
         return exc.exit_code
-    log.info("done: %s", ", ".join(f"{k} {v}" for k, v in served.worker.stats.items()))
+    from runner.service.progress import closing_line
+
+    log.info("%s", closing_line(served.worker.stats))
     return served.code
 
 
@@ -318,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
-    nothing for user mistakes or database failures.
+    usage, or a read-only database, 75 the database failed mid-command, e.g. a full disk,
+    130 interrupted); raises nothing for user mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -338,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
         click.echo(f"flowrun: {database_failure(exc)}", err=True)
-        return EXIT_DATABASE
+        return 2 if read_only_database(exc) else EXIT_DATABASE  # read-only: a set-up fault
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -61,7 +61,7 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
 )
 @pass_ctx
 def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
-    """List instances.
+    """List instances (none, exit 0, when the database does not exist yet).
 
     \f
     Raises:
@@ -71,15 +71,17 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     from runner.ops.views import JSON_KEYS, TABLE_KEYS, instance_json
 
     keys = JSON_KEYS if as_json else TABLE_KEYS
-    rows = read_instances(
-        c.reader,
-        keys=keys,
-        flow=flow,
-        status=status,
-        text=search,
-        limit=limit,
-        desc=limit is not None,
-    )
+    rows = []
+    if not c.nothing_to_list():
+        rows = read_instances(
+            c.reader,
+            keys=keys,
+            flow=flow,
+            status=status,
+            text=search,
+            limit=limit,
+            desc=limit is not None,
+        )
     if limit is not None:
         rows.reverse()
     if as_json:
@@ -210,7 +212,7 @@ def events(c: Ctx, as_json: bool, limit: int):
     """
     from runner.ops.queries import list_events
 
-    rows = list_events(c.reader, limit=limit)
+    rows = [] if c.nothing_to_list() else list_events(c.reader, limit=limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -231,7 +233,7 @@ def workers_cmd(c: Ctx, as_json: bool):
     """
     from runner.ops.liveness import list_workers
 
-    rows = list_workers(c.reader)
+    rows = [] if c.nothing_to_list() else list_workers(c.reader)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -11,6 +11,7 @@ from datetime import datetime
 
 import click
 
+from runner.error_line import error_line
 from runner.tui import fmt
 
 
@@ -162,7 +163,7 @@ def instance_table(rows: list[dict], *, width: int | None = None) -> None:
                 )
                 or "-",
                 "lock": fmt.lock(r["locked_by"], r["locked_until"], now) or "-",
-                "last_error": err.splitlines()[0][:LAST_ERROR_WIDTH] if err else "",
+                "last_error": error_line(err, LAST_ERROR_WIDTH),
             }
         )
     table = INSTANCE_COLUMNS
@@ -234,7 +235,7 @@ def instance_detail(item: dict) -> None:
             f"{a['duration']:.3f}" if a["duration"] is not None else "running",
             a["outcome"] or "-",
             a["to_state"] or "",
-            (a["error"] or "")[:300],
+            a["error"] or "",  # the whole kept tail
         )
     _out.print(t)
     for cp in item.get("checkpoints", []):

@@ -144,11 +144,13 @@ def rules_test(c: Ctx, flow, sensor, event_json, line, path, as_json):
 
     Prints every rule with why it matches or not, and for the matching ones the action
     with its rendered data (or the instances a command would select). Writes nothing.
-    Exit 2 for an unknown flow or sensor, or an event the sensor would not record.
+    Exit 1 when a matching rule would fail (e.g. the event lacks a field its templates
+    name); 2 for an unknown flow or sensor, or an event the sensor would not record.
 
     \f
     Raises:
         UserError: bad flow, sensor or event (exit 2).
+        SystemExit: 1 when a matching rule would fail.
     """
     from runner.sensors.replay import sensor_payload, try_rules
 
@@ -170,7 +172,9 @@ def rules_test(c: Ctx, flow, sensor, event_json, line, path, as_json):
         out = {"flow": flow, "sensor": sensor, "payload": payload}
         out["rules"] = [v.as_json() for v in verdicts]
         click.echo(json.dumps(out, indent=2))
-        return
-    click.echo(f"event of {flow}.{sensor}: {json.dumps(payload)}")
-    for text in _verdict_lines(verdicts, replaying=False):
-        click.echo(text)
+    else:
+        click.echo(f"event of {flow}.{sensor}: {json.dumps(payload)}")
+        for text in _verdict_lines(verdicts, replaying=False):
+            click.echo(text)
+    if any(v.error for v in verdicts):
+        raise SystemExit(1)

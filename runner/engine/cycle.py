@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError
 
 from runner import lifecycle
 from runner.engine.outcomes import decide
+from runner.error_line import error_line
 from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
@@ -212,35 +213,78 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
         result = _transaction(engine, request, limit, True)
     except commit.FenceMoved:  # rolled back: commit again, reading the fences first
         result = _transaction(engine, request, limit, False)
-    if result.lost:
-        log_fenced(engine, request.worker_id, result.lost)
+    log_ended(engine, request, result.lost)
     result.committed = len(outcomes) + len(cancels) - len(result.lost)
     result.cancelled = len(cancels)
     return result
 
 
-def log_fenced(engine: Engine, worker_id: str, lost: Sequence[int]) -> None:
-    """One WARNING per holder for outcomes the fence refused (``lost``: instance ids
-    taken away by a command or another worker), naming who holds them now."""
-    try:
+def log_ended(engine: Engine, request: CycleRequest, lost: Sequence[int]) -> None:
+    """One WARNING line per instance a committed cycle left for an operator, naming it,
+    its flow and state (fields ``instance``, ``flow``, ``state``, ``kind``): ``failed``
+    or ``paused`` (its error budget or restarts spent), ``killed`` (a command killed it:
+    its running attempt was cancelled, or its outcome fenced out), ``fenced_out`` (the
+    outcome not committed: another worker or a command took the instance; ``holder`` and
+    ``worker`` fields). ``lost``: the ids whose outcome the fence refused."""
+    gone = set(lost)
+    for o in request.outcomes:
+        status = o.values["status"]
+        if status in ("failed", "paused") and o.claim.id not in gone:
+            why = error_line(o.values["last_error"], 300, spent=True)
+            _warn(o.claim, status, f"{status}: {why}")
+    cancelled = [c for c, _ in request.cancels]
+    if not (gone or cancelled):
+        return
+    try:  # who holds them now, and were they killed; rare: only after a command
         with reading(engine) as conn:
             rows = conn.execute(
-                select(instances.c.id, instances.c.locked_by).where(instances.c.id.in_(lost))
+                select(instances.c.id, instances.c.status, instances.c.locked_by).where(
+                    instances.c.id.in_([*gone, *(c.id for c in cancelled)])
+                )
             ).all()
     except DBAPIError:
         rows = []
-    holders = {iid: holder for iid, holder in rows}
-    by_holder: dict[str, list[int]] = {}
-    for iid in lost:
-        by_holder.setdefault(holders.get(iid) or "nobody (released)", []).append(iid)
-    for holder, ids in by_holder.items():
-        log.warning(
-            "fenced out: outcome of instances %s not committed by %s; held now by %s",
-            ", ".join(map(str, ids)),
-            worker_id,
-            holder,
-            extra={"instances": ids, "worker": worker_id, "holder": holder},
+    now = {iid: (status, holder) for iid, status, holder in rows}
+    for c in cancelled:
+        if now.get(c.id, ("",))[0] == "killed":
+            _warn(c, "killed", f"killed by a command; its attempt {c.attempt} was cancelled")
+    for o in request.outcomes:
+        if o.claim.id not in gone:
+            continue
+        c, (status, holder) = o.claim, now.get(o.claim.id, ("", None))
+        if status == "killed":
+            _warn(
+                c,
+                "killed",
+                f"killed by a command; the outcome of attempt {c.attempt} was not committed",
+            )
+            continue
+        holder = holder or "nobody (released)"
+        _warn(
+            c,
+            "fenced_out",
+            f"fenced out: the outcome of attempt {c.attempt} was not committed by "
+            f"{request.worker_id}; held now by {holder}",
+            worker=request.worker_id,
+            holder=holder,
         )
+
+
+def _warn(claim: Claim, kind: str, text: str, **fields: Any) -> None:
+    log.warning(
+        "instance %d (flow %s, state %s): %s",
+        claim.id,
+        claim.flow,
+        claim.state,
+        text,
+        extra={
+            "instance": claim.id,
+            "flow": claim.flow,
+            "state": claim.state,
+            "kind": kind,
+            **fields,
+        },
+    )
 
 
 def run_inline(
@@ -281,7 +325,9 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
-            recovered = leases.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
+            recovered = leases.recover_lost(
+                conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
+            )
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)
@@ -317,17 +363,27 @@ def nothing_pending(engine: Engine) -> bool:
 
 
 def log_lost(recovered: list[leases.Lost]) -> None:
-    """Log each attempt a cycle recorded as lost by a dead worker (``leases.Lost`` list)."""
+    """Log each attempt a cycle recorded as lost by a dead worker (``leases.Lost`` list):
+    one WARNING each, its ``kind`` ``failed`` when that spent the restarts, else ``lost``."""
     for lost in recovered:
         log.warning(
-            "instance %d: attempt lost by worker %s (attempt %d); %s",
+            "instance %d (flow %s, state %s): attempt lost by worker %s (attempt %d); %s",
             lost.instance_id,
+            lost.flow,
+            lost.state,
             lost.worker,
             lost.attempt,
             "restarts spent: instance failed"
             if lost.failed
             else "restarting from its last checkpoint",
-            extra={"instance": lost.instance_id, "worker": lost.worker, "attempt": lost.attempt},
+            extra={
+                "instance": lost.instance_id,
+                "flow": lost.flow,
+                "state": lost.state,
+                "kind": "failed" if lost.failed else "lost",
+                "worker": lost.worker,
+                "attempt": lost.attempt,
+            },
         )
 
 

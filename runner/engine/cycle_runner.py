@@ -97,7 +97,7 @@ class CycleRunner:
         # SQLite engine's pool has no ``size()``, and one connection)
         size = getattr(engine.pool, "size", None)
         if overlap and self.no_wait is None and callable(size) and size() >= 2:
-            self._threads.append(DatabaseThread("flowrun-cycles", timeout=timeout))
+            self._threads.append(DatabaseThread("flowrun-cycles", db.said, timeout=timeout))
         self._sent: list = []  # the finished attempts of the request being made
         self._released: list = []  # the waiting claims it gives back
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from runner.engine.timers import OutageBackoff
-from runner.store.db import STATEMENT_TIMEOUT, interrupt, short_error, trust_fresh_connections
+from runner.engine.timers import OutageBackoff, OutageLog
+from runner.store.db import STATEMENT_TIMEOUT, interrupt, trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -130,13 +130,22 @@ class DaemonThreads(ThreadPoolExecutor):
 class DatabaseThread:
     """One thread for a worker's blocking database calls, named ``name`` (``flowrun-db``;
     the second cycle's thread on PostgreSQL: ``flowrun-cycles``, ``cycle_runner``).
+    Database faults of its guarded and retried calls are logged through ``said`` (the
+    worker's :class:`OutageLog`; a new one when not given): repeats folded.
 
     ``timeout``: seconds a call may run before its PostgreSQL connection is broken off
     (``None``: no limit, as on SQLite, whose calls never wait on a network); checked by
     one loop timer while calls are pending, not per call.
     """
 
-    def __init__(self, name: str = "flowrun-db", *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "flowrun-db",
+        said: OutageLog | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.said = said if said is not None else OutageLog()
         # the worker's cycles follow each other closely: no ping before each (a round
         # trip); a connection lost meanwhile fails a cycle, which is retried
         self.pool = DaemonThreads(name, 1, trust_fresh_connections)
@@ -147,7 +156,6 @@ class DatabaseThread:
         self._timer: asyncio.TimerHandle | None = None
         #: set when the calls made before :meth:`hurry` and still waiting are given up
         self._gone: asyncio.Future | None = None
-        self._down = False  # a guarded call failed; the next one that succeeds says so
 
     def submit(self, fn: Callable, *args: Any) -> asyncio.Future:
         """Start ``fn(*args)`` on the thread; returns the running loop's future of it."""
@@ -178,7 +186,6 @@ class DatabaseThread:
         if fut.done():
             return fut.result()
         fut.cancel()
-        self._down = True
         raise OperationalError(
             None, None, ConnectionAbortedError(f"no answer within {HURRY_TIMEOUT:g}s at stop")
         )
@@ -207,8 +214,9 @@ class DatabaseThread:
 
     @property
     def down(self) -> bool:
-        """True since a guarded or abandoned call failed, until one succeeds."""
-        return self._down
+        """True while the worker's database is failing (its :class:`OutageLog` counts
+        failures since the database last answered)."""
+        return self.said.failures > 0
 
     def _limit(self) -> float:
         """How long the current call may run (seconds)."""
@@ -235,23 +243,21 @@ class DatabaseThread:
         self._timer = asyncio.get_running_loop().call_later(max(0.05, wait), self._check)
 
     async def guard(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` on the thread; a database error (``DBAPIError``) is logged in one
-        line and ``None`` returned; the first success after one logs the return."""
+        """``fn(*args)`` on the thread; a database error (``DBAPIError``) is reported to
+        ``said`` (one line, repeats folded) and ``None`` returned; the first success after
+        one logs the return."""
         try:
             result = await self.call(fn, *args)
         except DBAPIError as exc:
-            self._down = True
-            log.warning("database unavailable (%s)", short_error(exc))
+            self.said.failed(exc)
             return None
-        if self._down:
-            self._down = False
-            log.warning("database reachable again")
+        self.said.back()
         return result
 
     async def retrying(self, fn: Callable, *args: Any, give_up: Callable[[], bool]) -> Any:
         """``fn(*args)`` on the thread, retried with :class:`OutageBackoff` while the
         database is away; the error propagates once ``give_up()`` is true."""
-        backoff = OutageBackoff()
+        backoff = OutageBackoff(self.said)
         while True:
             try:
                 return await self.call(fn, *args)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from runner.flowspec.loader import did_you_mean
+from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
 from runner.flowspec.spec import FlowSpec, StateSpec
 from runner.flowspec.spec_sensors import event_fields
@@ -25,28 +26,39 @@ from runner.templating import event_refs, placeholders
 Report = Callable[..., None]
 """``err(message: str, loc: tuple, *, key: bool = False) -> None``."""
 
+NO_GAPS = Gaps()
+"""A flow with nothing left out: every check runs."""
 
-def check_flow(spec: FlowSpec, err: Report) -> None:
+
+def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     """Run the graph-level checks on a validated ``spec``, reporting through ``err``.
 
     Args:
-        spec: the flow file, already validated field by field (``load_flow_text``).
+        spec: the flow file, already validated field by field (``load_flow_partial``).
         err: called as ``err(message: str, loc: tuple, key=False)`` once per problem;
             ``loc`` is the key path in the YAML (e.g. ``("states", "a", "next")``) and
             ``key=True`` points at the key rather than its value.
+        gaps: what the file's field errors left out of ``spec``
+            (``runner.flowspec.partial.Gaps``): a name of a left-out state or sensor is
+            not reported as unknown, and with ``gaps.edges`` neither reachability nor
+            the events a ``send`` names are checked.
 
     Raises nothing itself: every problem goes to ``err`` (which may raise to stop early).
     """
-    _check_states(spec, err)
-    _check_reachable(spec, err)
-    _check_exhausted(spec, err)
-    _check_rules(spec, err)
+    _check_states(spec, err, gaps)
+    if not gaps.edges:
+        _check_reachable(spec, err)
+    _check_exhausted(spec, err, gaps)
+    _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
 
 
-def _target(spec: FlowSpec, err: Report, value: str, loc: tuple, what: str) -> None:
-    """Report ``value`` (at ``loc``, described as ``what``) unless it names a state."""
-    if value not in spec.states:
+def _target(
+    spec: FlowSpec, err: Report, value: str, loc: tuple, what: str, gaps: Gaps = NO_GAPS
+) -> None:
+    """Report ``value`` (at ``loc``, described as ``what``) unless it names a state (or a
+    state left out for its own field errors)."""
+    if value not in spec.states and value not in gaps.states:
         names = list(spec.states)
         err(
             f"{what} '{value}' is not a state of this flow{did_you_mean(value, names)} "
@@ -55,17 +67,17 @@ def _target(spec: FlowSpec, err: Report, value: str, loc: tuple, what: str) -> N
         )
 
 
-def _check_states(spec: FlowSpec, err: Report) -> None:
+def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
     """Targets exist; each state is one of handler / external / terminal and can be left."""
-    _target(spec, err, spec.initial, ("initial",), "initial state")
+    _target(spec, err, spec.initial, ("initial",), "initial state", gaps)
     for name, st in spec.states.items():
         here = ("states", name)
         if st.next_ is not None:
-            _target(spec, err, st.next_, (*here, "next"), "next")
+            _target(spec, err, st.next_, (*here, "next"), "next", gaps)
         for i, t in enumerate(st.to):
-            _target(spec, err, t, (*here, "to", i), "to")
+            _target(spec, err, t, (*here, "to", i), "to", gaps)
         for ev, t in st.on_.items():
-            _target(spec, err, t, (*here, "on", ev), f"on: {ev} ->")
+            _target(spec, err, t, (*here, "on", ev), f"on: {ev} ->", gaps)
         handler = st.exec_ is not None or st.call is not None
         edges = st.next_ is not None or st.to or st.on_
         if st.terminal:
@@ -133,12 +145,12 @@ def _check_reachable(spec: FlowSpec, err: Report) -> None:
             )
 
 
-def _check_exhausted(spec: FlowSpec, err: Report) -> None:
+def _check_exhausted(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
     """An explicit ``on_exhausted`` is ``failed``, ``paused`` or a state of this flow."""
     names = list(spec.states)
 
     def exhausted(value: str, loc: tuple) -> None:
-        if value not in STATUS_OUTCOMES and value not in spec.states:
+        if value not in STATUS_OUTCOMES and value not in spec.states and value not in gaps.states:
             err(
                 f"on_exhausted '{value}' must be failed, paused or a state of this flow"
                 f"{did_you_mean(value, [*STATUS_OUTCOMES, *names])}",
@@ -156,14 +168,14 @@ def _check_exhausted(spec: FlowSpec, err: Report) -> None:
             )
 
 
-def _check_rules(spec: FlowSpec, err: Report) -> None:
+def _check_rules(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
     """Rules name sensors of this flow; selectors and sends aimed at this flow name its
     states and events (other flows are checked by the ``FlowRegistry``)."""
     states = spec.states
     names = list(states)
     for i, rule in enumerate(spec.rules):
         here = ("rules", i)
-        if rule.when not in spec.sensors:
+        if rule.when not in spec.sensors and rule.when not in gaps.sensors:
             known = ", ".join(spec.sensors) or "none"
             err(
                 f"rule names unknown sensor '{rule.when}'{did_you_mean(rule.when, spec.sensors)} "
@@ -175,8 +187,8 @@ def _check_rules(spec: FlowSpec, err: Report) -> None:
         if action == "start" or sel.flow not in (None, spec.flow):
             continue  # other flows are checked by the FlowRegistry
         if sel.state is not None:
-            _target(spec, err, sel.state, (*here, action, "state"), "state")
-        if action == "send":
+            _target(spec, err, sel.state, (*here, action, "state"), "state", gaps)
+        if action == "send" and not gaps.edges:
             pool = [sel.state] if sel.state in states else names
             events = {ev for s in pool for ev in states[s].on_}
             if sel.event not in events:

@@ -16,9 +16,9 @@ from typing import Any
 from transitions import Machine, MachineError
 
 from runner.errors import IllegalMove
-from runner.flowspec.graph import render_graph
+from runner.flowspec.graph import EXHAUSTED, render_graph
 from runner.flowspec.loader import did_you_mean
-from runner.flowspec.policy import Policy
+from runner.flowspec.policy import STATUS_OUTCOMES, Policy
 from runner.flowspec.spec import FlowSpec
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
@@ -51,6 +51,15 @@ class CompiledState:
     on: dict[str, str]
     policy: Policy
     description: str | None = None
+
+    @property
+    def exhausted_target(self) -> str | None:
+        """The state this handler state moves to when its error budget is spent
+        (``on_exhausted`` naming a state), else ``None`` (``failed``/``paused``, or not a
+        handler state)."""
+        if self.kind not in ("exec", "call") or self.policy.on_exhausted in STATUS_OUTCOMES:
+            return None
+        return self.policy.on_exhausted
 
 
 class _Probe:
@@ -167,13 +176,18 @@ class CompiledFlow:
         return target
 
     def edges(self) -> list[tuple[str, str, str | None]]:
-        """``(source, target, event or None)`` for every transition of the compiled machine,
-        ordered by source state; ``None`` marks a ``next``/``to`` move. Raises nothing."""
+        """``(source, target, label)`` for every transition of the compiled machine, then
+        each handler state's ``on_exhausted`` move to a state (label ``"on_exhausted"``),
+        ordered by source state; label ``None`` marks a ``next``/``to`` move, else it is the
+        ``on:`` event's name. Raises nothing."""
         out: list[tuple[str, str, str | None]] = []
         for name, ev in self.machine.events.items():
             label = None if name.startswith("goto:") else name
             for transitions in ev.transitions.values():
                 out.extend((t.source, t.dest, label) for t in transitions)
+        for name, st in self.states.items():
+            if st.exhausted_target is not None:
+                out.append((name, st.exhausted_target, EXHAUSTED))
         order = {s: i for i, s in enumerate(self.states)}
         out.sort(key=lambda e: (order[e[0]], e[2] is not None))
         return out

@@ -1,10 +1,12 @@
 """Compile a flow file into a ``CompiledFlow``: checked graph, policies, transitions machine.
 
-The pipeline: ``load_flow_text`` (YAML + field validation, ``runner.flowspec.loader``),
+The pipeline: ``load_flow_partial`` (YAML + field validation, ``runner.flowspec.loader``),
 the graph-level checks (``runner.flowspec.checks``), the ``call`` imports, each state's
 effective policy (``runner.flowspec.policy``) and the flow's ``transitions.Machine``
 (``runner.flowspec.compiled`` describes its events). Every problem found is reported at
-once, with its position.
+once, with its position: a file with field errors is checked and imported without the
+broken parts (``runner.flowspec.partial``), so its independent mistakes of every stage
+come in one report.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from runner.errors import FlowError, FlowErrors
 from runner.flowspec.checks import check_flow
 from runner.flowspec.compiled import CompiledFlow, CompiledState
 from runner.flowspec.limits import read_flow_file
-from runner.flowspec.loader import did_you_mean, load_flow_text
+from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.policy import state_policy
 from runner.flowspec.spec import FlowSpec, StateSpec
 
@@ -82,14 +84,18 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
         FlowErrors: every problem found, each with ``file:line:col``, sorted by position.
     """
     file = str(path)
-    spec = load_flow_text(source, file)
-    errors: list[FlowError] = []
+    loaded = load_flow_partial(source, file)
+    spec, errors, left = loaded.spec, list(loaded.errors), loaded.left
+    if spec is None:
+        raise FlowErrors(errors)
 
     def err(message: str, loc: tuple, *, key: bool = False) -> None:
+        if left.touches(loc):
+            return  # about a part left out for its field error: maybe not a mistake
         line, col = spec.position(loc, key=key)
         errors.append(FlowError(message, file, line, col))
 
-    check_flow(spec, err)
+    check_flow(spec, err, left.gaps(loaded.data))
     folder = str(Path(file).resolve().parent)
     states: dict[str, CompiledState] = {}
     for name, st in spec.states.items():

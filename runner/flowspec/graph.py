@@ -1,7 +1,8 @@
 """A compiled flow's state graph as text: Mermaid ``stateDiagram-v2`` or Graphviz ``dot``.
 
-Pure text from ``CompiledFlow.edges()`` (the compiled machine's transitions), the initial
-state and the terminal states; optionally one state highlighted as ``current``.
+Pure text from ``CompiledFlow.edges()`` (the compiled machine's transitions and the
+``on_exhausted`` moves, labelled so), the initial state and the terminal states;
+optionally one state highlighted as ``current``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ if TYPE_CHECKING:
 
 FORMATS = ("mermaid", "dot")
 """The graph formats ``render_graph`` knows."""
+
+EXHAUSTED = "on_exhausted"
+"""The label of a handler state's ``on_exhausted`` edge (dashed in ``dot``)."""
 
 
 def render_graph(flow: CompiledFlow, fmt: str = "mermaid", current: str | None = None) -> str:
@@ -65,6 +69,7 @@ def _dot(flow: CompiledFlow, terminal: list[str], current: str | None) -> str:
             'penwidth=3, xlabel="current"];'
         )
     for src, dst, label in flow.edges():
-        lines.append(f'    "{src}" -> "{dst}"' + (f' [label="{label}"];' if label else ";"))
+        style = ", style=dashed" if label == EXHAUSTED else ""
+        lines.append(f'    "{src}" -> "{dst}"' + (f' [label="{label}"{style}];' if label else ";"))
     lines.append("}")
     return "\n".join(lines) + "\n"

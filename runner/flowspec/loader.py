@@ -3,13 +3,16 @@
 Every problem is reported with its ``file:line:col`` (1-based): YAML syntax, duplicate
 keys, tags, a bound of ``runner.flowspec.limits`` crossed (size, nesting, aliases, bytes,
 time), and each pydantic error mapped back to the key or value it is about. All of a
-file's errors are collected and raised together as ``FlowErrors``.
+file's errors are collected and raised together as ``FlowErrors``; a file with field
+errors is validated again without them (``runner.flowspec.partial``) so the compiler can
+check the rest (:func:`load_flow_partial`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +21,7 @@ from pydantic import (
 )
 
 from runner.flowspec.limits import LimitError, check_text, guarded_yaml
+from runner.flowspec.partial import LeftOut, cut_for, leave_out
 from runner.flowspec.spec import FlowSpec
 from runner.flowspec.spec_types import NAME_RE
 
@@ -29,6 +33,9 @@ class Positions:
 
     def __init__(self) -> None:
         self.nodes: dict[tuple, tuple[_Pos, _Pos, bool]] = {(): ((1, 1), (1, 1), True)}
+        #: The nodes left out to validate a file with field errors: ``find`` takes
+        #: locations in the data validated (list indexes shifted) and maps them back.
+        self.left: LeftOut | None = None
 
     def add(self, loc: tuple, key: _Pos, value: _Pos, container: bool) -> None:
         """Record the key and value positions of the node at ``loc``."""
@@ -42,7 +49,7 @@ class Positions:
             key: True for the key's position, False for the value's, None for "the key
                 when the node is a mapping or list, else the value".
         """
-        loc = tuple(loc)
+        loc = tuple(loc) if self.left is None else self.left.in_file(tuple(loc))
         while loc not in self.nodes:
             loc = loc[:-1]
         key_pos, value_pos, container = self.nodes[loc]
@@ -206,10 +213,49 @@ def load_flow_text(text: str, path: str | Path) -> FlowSpec:
         FlowErrors: every problem found (syntax, tags, duplicate keys, unknown keys,
             wrong types, bad durations/regexes/cron...), each with ``file:line:col``.
     """
+    from runner.errors import FlowErrors
+
+    loaded = load_flow_partial(text, path)
+    if loaded.errors:
+        raise FlowErrors(loaded.errors)
+    assert loaded.spec is not None
+    return loaded.spec
+
+
+@dataclass
+class Loaded:
+    """A flow file as far as it validates (:func:`load_flow_partial`).
+
+    Attributes:
+        spec: the ``FlowSpec`` (positions kept), validated without the nodes that have
+            field errors (``left``); ``None`` when the file cannot be read as a flow at
+            all (YAML syntax, a bound of ``runner.flowspec.limits``, a required key).
+        errors: every problem found, sorted by position (``[]``: valid).
+        left: the nodes left out to validate the rest (``runner.flowspec.partial``).
+        data: the file's plain values (``None`` when it did not parse).
+    """
+
+    spec: FlowSpec | None
+    errors: list
+    left: LeftOut = field(default_factory=LeftOut)
+    data: Any = None
+
+
+#: Validations of a file without its broken parts before giving up (each leaves out more).
+_ROUNDS = 6
+
+
+def load_flow_partial(text: str, path: str | Path) -> Loaded:
+    """Parse and validate one flow file, and when some fields are wrong, validate it
+    again without them so that the rest can still be checked (a :class:`Loaded`).
+
+    The errors are those of the file as written (field errors of the first validation
+    only: what leaving parts out causes is not reported). Raises nothing of its own.
+    """
     from pydantic import ValidationError
     from ruamel.yaml.error import MarkedYAMLError
 
-    from runner.errors import FlowError, FlowErrors
+    from runner.errors import FlowError
 
     file = str(path)
     errors: list[FlowError] = []
@@ -218,55 +264,47 @@ def load_flow_text(text: str, path: str | Path) -> FlowSpec:
         doc = guarded_yaml(file, errors).load(text)
     except LimitError as exc:
         errors.append(FlowError(exc.message, file, exc.line, exc.col))
-        errors.sort(key=lambda e: (e.line or 0, e.col or 0))
-        raise FlowErrors(errors) from None
+        return Loaded(None, _sorted(errors))
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = _mark(mark) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
         errors.append(FlowError(f"YAML syntax error: {problem}", file, line, col))
-        raise FlowErrors(errors) from None
+        return Loaded(None, errors)
     except Exception as exc:  # the constructor choking on something odd
         if not errors:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             errors.append(FlowError(f"cannot read YAML: {first}", file, 1, 1))
-        raise FlowErrors(errors) from None
+        return Loaded(None, errors)
     if doc is None:
         errors.append(
             FlowError("empty flow file (expected a mapping with initial: and states:)", file, 1, 1)
         )
-        raise FlowErrors(errors)
+        return Loaded(None, errors)
     if not isinstance(doc, dict):
         errors.append(
             FlowError("a flow file must be a mapping (keys initial:, states:, ...)", file, 1, 1)
         )
-        raise FlowErrors(errors)
+        return Loaded(None, errors)
     positions = Positions()
     data = _plain(doc, (), positions, file, errors)
+    left = LeftOut()
+    positions.left = left
     spec: FlowSpec | None = None
-    try:
-        spec = FlowSpec.model_validate(data)
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            loc = tuple(err["loc"])
-            if "[key]" in loc:
-                loc = loc[: loc.index("[key]")]
-                line, col = positions.find(loc, key=True)
-                name = loc[-1] if loc else ""
-                msg = f"invalid name '{name}': expected letters, digits and _ (no leading digit)"
-                if len(loc) > 1 and loc[-2] in ("sensors",):
-                    msg = f"invalid name '{name}': expected [a-z_][a-z0-9_]*"
-                errors.append(FlowError(msg, file, line, col))
-                continue
-            real = loc
-            while real not in positions.nodes and err["type"] not in ("missing", "extra_forbidden"):
-                real = real[:-1]
-            message, key = _describe(err, real)
-            if err["type"] == "missing":
-                line, col = positions.find(real[:-1], key=True)
-            else:
-                line, col = positions.find(real, key=key)
-            errors.append(FlowError(message, file, line, col))
+    for round_ in range(_ROUNDS):
+        try:
+            spec = FlowSpec.model_validate(leave_out(data, left) if left.nodes else data)
+            break
+        except ValidationError as exc:
+            cuts = set()
+            for err in exc.errors(include_url=False):
+                loc = left.in_file(tuple(err["loc"]))
+                if round_ == 0:
+                    errors.append(_field_error(err, loc, positions, file))
+                cuts.add(cut_for(loc, err["type"], positions.nodes))
+            if () in cuts or cuts <= left.nodes:
+                break  # nothing left to validate, or no progress
+            left.nodes |= cuts
     if spec is not None and spec.flow is None:
         stem = Path(file).stem
         if re.match(NAME_RE, stem):
@@ -281,10 +319,34 @@ def load_flow_text(text: str, path: str | Path) -> FlowSpec:
                     1,
                 )
             )
-    if errors:
-        errors.sort(key=lambda e: (e.line or 0, e.col or 0))
-        raise FlowErrors(errors)
-    assert spec is not None
-    spec._positions = positions
-    spec._path = file
-    return spec
+    if spec is not None:
+        spec._positions = positions
+        spec._path = file
+    return Loaded(spec, _sorted(errors), left, data)
+
+
+def _sorted(errors: list) -> list:
+    return sorted(errors, key=lambda e: (e.line or 0, e.col or 0))
+
+
+def _field_error(err: dict, loc: tuple, positions: Positions, file: str) -> Any:
+    """The ``FlowError`` of one pydantic error at ``loc`` (a location in the file)."""
+    from runner.errors import FlowError
+
+    if "[key]" in loc:
+        loc = loc[: loc.index("[key]")]
+        line, col = positions.find(loc, key=True)
+        name = loc[-1] if loc else ""
+        msg = f"invalid name '{name}': expected letters, digits and _ (no leading digit)"
+        if len(loc) > 1 and loc[-2] in ("sensors",):
+            msg = f"invalid name '{name}': expected [a-z_][a-z0-9_]*"
+        return FlowError(msg, file, line, col)
+    real = loc
+    while real not in positions.nodes and err["type"] not in ("missing", "extra_forbidden"):
+        real = real[:-1]
+    message, key = _describe(err, real)
+    if err["type"] == "missing":
+        line, col = positions.find(real[:-1], key=True)
+    else:
+        line, col = positions.find(real, key=key)
+    return FlowError(message, file, line, col)

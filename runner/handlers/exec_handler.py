@@ -114,7 +114,8 @@ async def run_exec(
     if code == EXIT_NOT_YET:
         return AttemptResult("not_yet", data, checkpoint=last)
     what = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return AttemptResult("error", data, error=_with_tail(what, stderr or stdout), checkpoint=last)
+    tail = stderr if stderr.strip() else stdout  # stdout when stderr has nothing to say
+    return AttemptResult("error", data, error=_with_tail(what, tail), checkpoint=last)
 
 
 def _with_tail(what: str | None, tail: str) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runner import lifecycle
+from runner.error_line import error_line
 from runner.flowspec.policy import Policy
 from runner.ops.explanation import (
     Entry,
@@ -221,7 +222,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
     outcome, head = a["outcome"], f"attempt {a['attempt']} in {a['state']!r} on {a['worker']}"
     data = {"attempt": a["attempt"], "state": a["state"], "worker": a["worker"]}
     data.update(outcome=outcome, started_at=a["started_at"], duration=at - a["started_at"])
-    error = first_line(a["error"])
+    error = error_line(a["error"], 160)
     if outcome == "moved":
         flow = _safe_flow(flow_of, t.version)
         target = a["to_state"]

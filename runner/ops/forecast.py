@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner import lifecycle
+from runner.error_line import error_line
 from runner.ops.explanation import (
     Entry,
     Track,
@@ -18,7 +19,6 @@ from runner.ops.explanation import (
     clock,
     describe_backoff,
     exhausted_target,
-    first_line,
     secs,
 )
 
@@ -109,14 +109,17 @@ def _due(inst: dict, flow: Any, now: float, t: Track | None) -> Entry:
         text = "nothing: killed by a command"
     elif status == "failed":
         text = (
-            f"nothing until an operator acts: failed ({first_line(inst['last_error'])}); "
+            f"nothing until an operator acts: failed ({error_line(inst['last_error'], 160)}); "
             f"`flowrun retry {iid}` runs {inst['state']!r} again with a fresh error budget"
         )
     elif status == "paused":
         text = f"nothing until `flowrun resume {iid}`: paused (then due at once)"
         if inst.get("last_error") and inst["last_error"].startswith("error budget spent"):
-            why_paused = first_line(inst["last_error"])
-            text = f"nothing until `flowrun resume {iid}`: paused because {why_paused}"
+            why_paused = error_line(inst["last_error"], 160)
+            text = (
+                f"nothing until `flowrun resume {iid}`: paused because its error budget was "
+                f"spent (last: {why_paused})"
+            )
     elif due is None and st is not None and st.kind == "external":
         events = ", ".join(f"`flowrun send {iid} {e}` (→ {s})" for e, s in st.on.items())
         text = f"waits in {inst['state']!r} for an event: {events or 'none accepted'}"

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, func, select, update
 
 from runner.errors import UserError
 from runner.ops.views import iso
-from runner.sensors.rules import RULE_ERRORS, Planned, act, plan
+from runner.sensors.rules import RULE_ERRORS, Planned, act, plan, rule_error
 from runner.store.db import reading
 from runner.store.tables import commands, events, instances
 
@@ -117,7 +117,7 @@ def _plan_all(conn: Connection, registry: Any, flow: Any, payload: dict, found: 
         try:
             v.planned = plan(conn, registry, flow, flow.rules[v.number - 1], payload)
         except RULE_ERRORS as exc:
-            v.error = str(exc)
+            v.error = rule_error(exc)
 
 
 def try_rules(engine: Engine, registry: Any, flow_name: str, sensor: str, payload: dict) -> list:
@@ -255,7 +255,7 @@ def _replay_one(
                 v.done, _ = act(conn, v.planned, ev["id"], source)
             except RULE_ERRORS as exc:
                 savepoint.rollback()
-                v.error = str(exc)
+                v.error = rule_error(exc)
             else:
                 savepoint.commit()
                 texts.append(v.done)

@@ -34,7 +34,7 @@ from runner.sensors.base import log
 from runner.store import create
 from runner.store.db import reading
 from runner.store.tables import events
-from runner.templating import render, render_event_refs
+from runner.templating import render_event_refs, render_value
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -45,6 +45,17 @@ _ACTIONABLE = {event: sources for event, sources, _ in lifecycle.TABLE}
 
 #: Errors of a rule that are the flow author's, not the database's: recorded, not retried.
 RULE_ERRORS = (UserError, IllegalMove, KeyError, ValueError, LookupError, re.error)
+
+
+def rule_error(exc: BaseException) -> str:
+    """One line saying why a rule that matched could not act (``exc`` one of
+    ``RULE_ERRORS``): a template naming a missing field says which field, of what."""
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        head, _, rest = exc.args[0].partition(".")
+        whose = {"event": "the event", "data": "the started flow's data"}.get(head)
+        if whose and rest:
+            return f"{whose} has no field {rest!r} (named by {{{exc.args[0]}}})"
+    return str(exc)
 
 
 _SET_ACTION = update(events).where(events.c.id == bindparam("eid")).values(action=bindparam("text"))
@@ -136,7 +147,7 @@ class RuleEngine:
                 text, n = self._act(conn, flow, rule, event_id, payload, source)
             except RULE_ERRORS as exc:
                 savepoint.rollback()
-                text = f"{source} error: {exc}"
+                text = f"{source} error: {rule_error(exc)}"
                 log.warning(
                     "event %d (%s): %s",
                     event_id,
@@ -204,7 +215,7 @@ def plan(conn: Connection, registry: Any, flow: Any, rule: Any, payload: dict[st
     if rule.start is not None:
         target = registry.get(rule.start)
         context = {"event": payload, "data": dict(target.data or {})}
-        data = {k: render(v, context) for k, v in (rule.data or {}).items()}
+        data = {k: render_value(v, context) for k, v in (rule.data or {}).items()}
         return Planned("start", target.name, data=data, target=target)
     for command in ("send", "pause", "resume", "kill"):
         selector = getattr(rule, command)

@@ -4,7 +4,9 @@ This is the one place that puts a worker next to the console. The console itself
 (``runner.tui``) never imports the worker: it reads the store and writes command rows, so
 it steers this embedded worker, a local daemon, or daemons on other hosts alike. The
 embedded worker runs the same ``serve`` as ``--daemon`` in a thread with its own event
-loop; its log goes to ``.flowrun/console.log`` so it cannot scribble over the screen.
+loop. The log (the embedded worker's, and the details of a console view that failed,
+``runner.tui.guard``) goes to ``.flowrun/console.log`` so it cannot scribble over the
+screen.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def _log_to_file(path: Path) -> None:
 class EmbeddedWorker:
     """``serve`` (worker + sensors) in a background thread; ``stop()`` stops it gracefully."""
 
-    def __init__(self, engine: Any, registry: Any, config: Any):
+    def __init__(self, engine: Any, registry: Any, config: Any, listen_url: str | None = None):
         self.engine, self.registry, self.config = engine, registry, config
+        self.listen_url = listen_url  # ``--listen-db`` (PostgreSQL)
         self.worker: Any = None
         self.error: BaseException | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -43,7 +46,7 @@ class EmbeddedWorker:
         self._ready.wait(10)
 
     def _main(self) -> None:
-        from runner.service.daemon import serve
+        from runner.service.daemon import ServiceOptions, serve
 
         async def go() -> None:
             self.loop = asyncio.get_running_loop()
@@ -52,7 +55,12 @@ class EmbeddedWorker:
                 lambda f: (setattr(self, "worker", f.result()), self._ready.set())
             )
             await serve(
-                self.engine, self.registry, self.config, install_signals=False, worker_ready=fut
+                self.engine,
+                self.registry,
+                self.config,
+                install_signals=False,
+                worker_ready=fut,
+                options=ServiceOptions(listen_url=self.listen_url),
             )
 
         try:
@@ -122,8 +130,15 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
 
             raise ConfigError(f"{c.flows}: flows folder not found (use --attach to only observe)")
         registry = load_registry(engine, flows_dir)
+    # the worker's log and the details of a view that failed (runner.tui.guard); an
+    # observer (--attach) in a folder it cannot write to goes on without the details
+    try:
         _log_to_file(Path(".flowrun") / "console.log")
-        embedded = EmbeddedWorker(engine, registry, config)
+    except OSError:
+        if not attach:
+            raise
+    if not attach:
+        embedded = EmbeddedWorker(engine, registry, config, c.listen_db)
         embedded.start()
     stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
     app = FlowrunApp(

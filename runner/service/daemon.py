@@ -37,9 +37,10 @@ from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
-from runner.store.db import interrupt, short_error
+from runner.store.db import interrupt, redact, short_error
 from runner.store.dialect import dialect_of
-from runner.store.notify import DueListener
+from runner.store.notify import DueListener, listen_db_url
+from runner.store.pooler import pooler_of
 
 if TYPE_CHECKING:
     from runner.sensors.hub import SensorHub
@@ -102,6 +103,10 @@ class ServiceOptions:
         status_every: seconds between status lines (counts by status, attempts/s).
         log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
         notifier: the systemd notifier (``None``: from the environment).
+        listen_url: PostgreSQL: the URL whose connection ``LISTEN``s (``--listen-db``: a
+            direct connection to the same database when the engine's goes through a
+            transaction-pooling pooler); ``None``: the engine's own URL, or no ``LISTEN``
+            at all (polling, with a WARNING) behind such a pooler.
     """
 
     metrics: tuple[str, int] | None = None
@@ -110,6 +115,7 @@ class ServiceOptions:
     status_every: float = 60.0
     log_attempts: bool = False
     notifier: Notifier | None = None
+    listen_url: str | None = None
 
 
 @dataclass
@@ -166,6 +172,43 @@ async def _until(*aws: Awaitable[Any], timeout: float | None = None) -> None:
                 made.cancel()
 
 
+def _listen_url(engine: Engine, given: str | None, config: WorkerConfig) -> str | None:
+    """The URL the daemon ``LISTEN``s on: ``given`` (``--listen-db``), else the engine's own
+    unless it goes through a transaction-pooling pooler (then ``None``: the worker polls,
+    said in one WARNING); ``None`` on SQLite.
+
+    Raises:
+        ConfigError: ``given`` with a database that has no ``NOTIFY`` (SQLite), or a
+            ``given`` URL that is not PostgreSQL.
+    """
+    notify = dialect_of(engine).notify
+    if given is not None:
+        if not notify:
+            raise ConfigError("--listen-db: only for a PostgreSQL --db (SQLite has no LISTEN)")
+        url = listen_db_url(given)
+        if pooler_of(engine) == "transaction":
+            log.info(
+                "database %s is reached through a transaction pooling pooler: statements are "
+                "not prepared on the server; LISTEN on %s (--listen-db)",
+                redact(engine.url.render_as_string(hide_password=False)),
+                redact(url),
+            )
+        return url
+    if not notify:
+        return None
+    if pooler_of(engine) == "transaction":
+        every = f"every {config.poll:g}s"
+        log.warning(
+            "database %s is reached through a transaction pooling pooler: LISTEN cannot "
+            "work through it, so this worker is polling for due work %s; give --listen-db "
+            "(FLOWRUN_LISTEN_DB) a direct URL of the same database to be woken at once",
+            redact(engine.url.render_as_string(hide_password=False)),
+            every,
+        )
+        return None
+    return engine.url.render_as_string(hide_password=False)
+
+
 async def serve(
     engine: Engine,
     registry: FlowRegistry | None,
@@ -184,7 +227,8 @@ async def serve(
     worker).
 
     Raises:
-        ConfigError: the metrics address cannot be bound.
+        ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
+            not a PostgreSQL URL or given with a SQLite engine.
     """
     opts = options or ServiceOptions()
     with_hub = sensors and registry is not None
@@ -216,7 +260,9 @@ async def serve(
         elif not idle.is_set() and worker.quiet():
             idle.set()
 
-    listen = dialect_of(engine).notify  # wake-ups through LISTEN/NOTIFY (PostgreSQL)
+    # wake-ups through LISTEN/NOTIFY (PostgreSQL), unless only a transaction pooler is known
+    listen_url = _listen_url(engine, opts.listen_url, config)
+    listen = listen_url is not None
     config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
 
@@ -225,10 +271,9 @@ async def serve(
             hub.kick()
 
     listener = None
-    if listen:
-        url = engine.url.render_as_string(hide_password=False)
+    if listen_url is not None:
         listener = DueListener(
-            url,
+            listen_url,
             worker.notify_due,
             kick_hub if with_hub else None,
             application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon`` names
@@ -293,6 +338,14 @@ async def serve(
     # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
     gc.freeze()
     gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
+    base = None  # the progress line's baseline: what was final before the first claim
+    if opts.progress and config.exit_when_idle:
+        from runner.service.progress import baseline
+
+        try:
+            base = await baseline(engine)
+        except DBAPIError:  # counted when the progress line starts (and it says so)
+            log.warning("progress: cannot count the instances yet; counting later")
     worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
     side: list[asyncio.Future] = []
 
@@ -378,7 +431,7 @@ async def serve(
         async def progress() -> None:
             from runner.service.progress import progress_loop
 
-            await progress_loop(engine, stop, tty=opts.tty)
+            await progress_loop(engine, stop, tty=opts.tty, base=base)
 
         parts.append(("progress", after_first_cycle(progress)))
     for name, run in parts:

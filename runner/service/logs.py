@@ -3,8 +3,12 @@
 ``--log-format json`` prints one object per line: ``ts`` (ISO 8601 UTC), ``level``,
 ``logger``, ``msg``, plus every field of :data:`FIELDS` the call passed in ``extra=``
 (``log.info("...", extra={"instance": 42, "flow": "f"})``), and ``exc`` for a traceback.
-The text format appends the same fields as ``key=value``. ``--log-attempts`` adds one
-INFO line per finished attempt (logger ``flowrun.attempts``; off by default: see
+The text format appends the same fields as ``key=value`` to the attempt lines. By
+default an instance that failed or was paused (its error budget or restarts spent), was
+killed, or whose attempt's outcome was fenced out is one WARNING line naming instance,
+flow and state (fields ``instance``, ``flow``, ``state``, ``kind``;
+``runner.engine.cycle.log_ended``). ``--log-attempts`` adds one INFO line per finished
+attempt with its error line (logger ``flowrun.attempts``; off by default: see
 :func:`attempt_logger` for its cost).
 """
 
@@ -15,6 +19,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from runner.error_line import error_line
 
 #: Structured fields a log call may pass in ``extra=`` (kept as JSON keys).
 FIELDS = (
@@ -28,6 +34,8 @@ FIELDS = (
     "event",
     "outcome",
     "to_state",
+    "error",
+    "kind",
     "seconds",
     "part",
     "sensor",
@@ -98,21 +106,24 @@ ATTEMPTS = logging.getLogger("flowrun.attempts")
 def attempt_logger(worker_id: str):
     """The worker's ``on_finished(claim, result)`` hook logging one INFO line per attempt
     (``instance``, ``flow``, ``state``, ``attempt``, ``worker``, ``outcome``,
-    ``to_state``, ``seconds`` as fields). A formatted line costs about 10-20 us, so it is
+    ``to_state``, ``seconds`` and, for an attempt with an error, ``error`` (its error
+    line, ``runner.error_line``) as fields). A formatted line costs about 10-20 us, so it is
     off by default (``--log-attempts``; figures in README)."""
 
     def finished(claim: Any, result: Any) -> None:
         if not ATTEMPTS.isEnabledFor(logging.INFO):
             return
         spent = time.time() - claim.started_at
+        error = error_line(result.error, 300) if result.error else None
         ATTEMPTS.info(
-            "instance %d: %s attempt %d %s%s in %.3fs",
+            "instance %d: %s attempt %d %s%s in %.3fs%s",
             claim.id,
             claim.state,
             claim.attempt,
             result.outcome,
             f" -> {result.to_state}" if result.to_state else "",
             spent,
+            f": {error}" if error else "",
             extra={
                 "instance": claim.id,
                 "flow": claim.flow,
@@ -122,6 +133,7 @@ def attempt_logger(worker_id: str):
                 "outcome": result.outcome,
                 "to_state": result.to_state,
                 "seconds": round(spent, 6),
+                **({"error": error} if error else {}),
             },
         )
 

@@ -2,11 +2,15 @@
 
 - ``--exit-when-idle`` on a terminal: a live rich progress bar (done/total, rate, ETA);
   without a terminal, one progress line every ``every`` seconds (:func:`progress_loop`).
-- Every daemon: one status line a minute (counts by status, attempts/s) (:func:`status_loop`).
+- Every daemon: one status line a minute (counts by status, attempts/s) (:func:`status_loop`),
+  and a last line saying what its worker did (:func:`closing_line`).
 
 "Done" counts instances that reached a final status (completed, failed, killed) since the
 daemon started; "total" adds the instances that are not final yet. Both come from one
-grouped count (``queries.count_by_status``, over an index) per refresh, on a thread.
+grouped count (``queries.count_by_status``, over an index) per refresh, on a thread. The
+baseline (what was final already) is counted before the worker's first claim
+(:func:`baseline`): attempts that end in its first cycles, before the progress line
+starts, count as done.
 """
 
 from __future__ import annotations
@@ -60,17 +64,61 @@ class Progress:
         return f"progress: {self.done}/{self.total} done, {self.rate(now):.1f}/s, {left}"
 
 
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def closing_line(stats: Any) -> str:
+    """The daemon's last line, in a user's words, from its worker's ``WorkerStats``:
+    ``done: 8 attempts committed (1 cancelled), 5 instances claimed, 3 attempts run on
+    in the next state without a new claim, ...``; the counts that are 0 after the first
+    two are left out."""
+    parts = [
+        _n(stats.committed, "attempt committed", "attempts committed")
+        + (f" ({stats.cancelled} cancelled)" if stats.cancelled else ""),
+        _n(stats.claimed, "instance claimed", "instances claimed"),
+    ]
+    if stats.chained:
+        parts.append(
+            _n(stats.chained, "attempt", "attempts")
+            + " run on in the next state without a new claim"
+        )
+    if stats.lost_fence:
+        parts.append(
+            _n(stats.lost_fence, "outcome", "outcomes")
+            + " not committed (the instance was taken away by a command or another worker)"
+        )
+    if stats.recovered:
+        parts.append(
+            _n(stats.recovered, "attempt", "attempts") + " of dead workers recorded as lost"
+        )
+    return "done: " + ", ".join(parts)
+
+
 async def _counts(engine: Engine) -> dict[str, int]:
     return await asyncio.to_thread(count_by_status, engine)
 
 
+async def baseline(engine: Engine) -> dict[str, int]:
+    """The instance counts by status before the worker's first claim (on a thread), for
+    :func:`progress_loop`. Raises SQLAlchemy's ``DBAPIError`` when the database fails."""
+    return await _counts(engine)
+
+
 async def progress_loop(
-    engine: Engine, stop: asyncio.Event, *, tty: bool | None = None, every: float = 5.0
+    engine: Engine,
+    stop: asyncio.Event,
+    *,
+    tty: bool | None = None,
+    every: float = 5.0,
+    base: dict[str, int] | None = None,
 ) -> None:
     """Show progress until ``stop``: a rich bar on a terminal (stderr), else a log line
-    every ``every`` seconds. A database error propagates (the supervisor retries)."""
+    every ``every`` seconds. ``base`` is :func:`baseline`'s counts, taken before the
+    worker's first claim (``None``: counted now). A database error propagates (the
+    supervisor retries)."""
     tty = sys.stderr.isatty() if tty is None else tty
-    prog = Progress(await _counts(engine), time.monotonic())
+    prog = Progress(base if base is not None else await _counts(engine), time.monotonic())
     if not tty:
         while not stop.is_set():
             try:

@@ -33,6 +33,8 @@ from runner.errors import ConfigError
 from runner.store.clock import DbClock, track_server_clock
 from runner.store.dialect import dialect_of
 from runner.store.json_codec import loads_bytes
+from runner.store.pooler import install as install_pooler
+from runner.store.pooler import split_pooler
 from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
@@ -109,6 +111,7 @@ def make_engine(
     readonly: bool = False,
     pool: int = DEFAULT_POOL,
     application_name: str = APPLICATION,
+    pooler: str = "auto",
 ) -> Engine:
     """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
 
@@ -121,11 +124,13 @@ def make_engine(
 
     PostgreSQL only: ``pool`` is the most connections the engine opens at once (see
     :func:`pg_engine`); ``application_name`` names them in ``pg_stat_activity`` unless the
-    URL sets one.
+    URL sets one; ``pooler`` (``auto``, ``transaction``, ``none``) says whether it is
+    reached through a transaction-pooling pooler, unless the URL's ``pooler=`` parameter
+    does (``runner.store.pooler``: then nothing is prepared on the server).
 
     For a SQLite file URL the parent folder is created (not with ``readonly``). Raises
-    ``ConfigError`` (one clear line, password redacted) for a malformed URL or an
-    unreachable database.
+    ``ConfigError`` (one clear line, password redacted) for a malformed URL, a folder
+    that cannot be created or an unreachable database.
     """
     url = normalize_url(url)
     try:
@@ -136,11 +141,15 @@ def make_engine(
         raise ConfigError(
             f"bad database URL {redact(url)!r}: write an '@' in the user name or password as %40"
         )
+    stripped, pooler = split_pooler(parsed, pooler)
+    if stripped is not parsed:  # the driver must not see ``pooler=``
+        parsed, url = stripped, stripped.render_as_string(hide_password=False)
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly)
         else:
             engine = pg_engine(url, readonly=readonly, pool=pool, application_name=application_name)
+            install_pooler(engine, pooler)
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
     if create and not readonly:
@@ -338,7 +347,7 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     Its commits leave WAL checkpoints to a :class:`runner.store.wal.WalCheckpointer` (their
     automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return None  # PostgreSQL, or a second engine would open a different, empty database
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False),
@@ -359,14 +368,14 @@ def read_engine(engine: Engine) -> Engine:
     itself. The caller owns a sibling (``dispose()`` it when done); raises nothing
     (connections open lazily).
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return engine
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False), engine.url.database, readonly=True
     )
 
 
-def _file_sibling_ok(engine: Engine) -> bool:
+def file_sibling_ok(engine: Engine) -> bool:
     """True when a second engine on ``engine``'s URL reaches the same database: an
     in-process (SQLite) database in a file, not in memory."""
     if not dialect_of(engine).in_process:
@@ -390,7 +399,13 @@ def _sqlite_engine(
     readonly: bool = False,
 ) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:") and not readonly:
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(database).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"database {redact(url)}: cannot create its folder {folder}: {exc.strerror or exc}"
+            ) from None
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
     busy_ms = int(timeout * 1000)
 

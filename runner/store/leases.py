@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
 from runner.store.clock import db_now
+from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
@@ -125,19 +126,29 @@ class Lost:
     attempt: int
     worker: str
     failed: bool  # its restarts were spent: the instance is now ``failed``
+    flow: str = field(default="", compare=False)  # for the log line
+    state: str = field(default="", compare=False)
 
 
 def recover_lost(
-    conn: Connection, max_restarts_of: Callable[[str, str], int], at: float | None = None
+    conn: Connection,
+    max_restarts_of: Callable[[str, str], int],
+    at: float | None = None,
+    *,
+    me: str = "",
 ) -> list[Lost]:
-    """Record every attempt whose worker stopped renewing its lease as ``lost``.
+    """Record every attempt whose worker stopped renewing its lease, or whose worker is
+    provably dead, as ``lost``.
 
     Such an instance still names its attempt in ``running_attempt`` while its lease
-    (``locked_until``) has expired: its worker died (or was stopped) mid-attempt. The
-    attempt row is written with outcome ``lost``, the instance counts one restart (its
-    state's too) and is unlocked, so the next claim restarts it from the data as last
-    checkpointed (majordomo's restart of lost work); past the state's ``max_restarts``
-    (``max_restarts_of(version, state)``) it becomes ``failed`` instead.
+    (``locked_until``) has expired: its worker died (or was stopped) mid-attempt. A
+    worker of this host and boot whose process is gone (``runner.store.dead``; ``me`` is
+    the caller's worker id, never judged) loses its attempts at once, lease or not, and
+    its claims not started yet are unlocked. The attempt row is written with outcome
+    ``lost``, the instance counts one restart (its state's too) and is unlocked, so the
+    next claim restarts it from the data as last checkpointed (majordomo's restart of
+    lost work); past the state's ``max_restarts`` (``max_restarts_of(version, state)``)
+    it becomes ``failed`` instead.
 
     Runs in the caller's transaction; on PostgreSQL the rows are locked ``SKIP LOCKED``,
     so two daemons never record the same attempt twice. Paused and killed instances are
@@ -147,6 +158,7 @@ def recover_lost(
     i = instances.c
     q = select(
         i.id,
+        i.flow,
         i.running_attempt,
         i.locked_by,
         i.state,
@@ -160,17 +172,26 @@ def recover_lost(
         # locked now, a few per worker) on SQLite too; the status is checked below, since
         # naming it in the query makes SQLite scan ix_instances_claim instead
         i.locked_by > "",
-        i.locked_until < at,
         i.running_attempt.is_not(None),
     )
+    dead = dead_holders(conn, instances, me)
+    expired = i.locked_until < at
+    q = q.where(or_(expired, i.locked_by.in_(dead)) if dead else expired)
     if dialect_of(conn).skip_locked:
         q = q.with_for_update(skip_locked=True)
+    if dead:  # the claims a dead worker had not started yet: free at once
+        conn.execute(
+            update(instances)
+            .where(i.locked_by.in_(dead), i.running_attempt.is_(None))
+            .values(locked_by=None, locked_until=None, fence=i.fence + 1)
+        )
     found: list[Lost] = []
     rows = []
     for r in conn.execute(q).mappings().all():
         if r["status"] not in CLAIMABLE:
             continue
-        error = f"lost: worker {r['locked_by']} stopped renewing its lease mid-attempt"
+        why = "died" if r["locked_by"] in dead else "stopped renewing its lease"
+        error = f"lost: worker {r['locked_by']} {why} mid-attempt"
         rows.append(running_attempt_row(r, at, "lost", error))
         allowed = max_restarts_of(r["version"], r["state"])
         values: dict = {
@@ -193,7 +214,9 @@ def recover_lost(
                 ),
             )
         conn.execute(update(instances).where(i.id == r["id"]).values(**values))
-        found.append(Lost(r["id"], r["running_attempt"], r["locked_by"], failed))
+        found.append(
+            Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])
+        )
     hot_for(conn).close_attempts.executemany(conn, rows)
     return found
 

@@ -98,6 +98,8 @@ WORKER_COLUMNS = (
     "running",
     "stopped_at",
     "heartbeat_every",
+    "boot_id",
+    "pid_started",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset({"data", "state_errors", "checkpoint", "args", "payload", "cursor"})

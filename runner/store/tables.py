@@ -16,7 +16,7 @@ claim query (source: Takahē ``stator/models.py``: lock columns + one index).
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, Column, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Dialect, Index, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
 
@@ -211,6 +211,16 @@ class WorkerRow(SQLModel, table=True):
     stopped_at: float | None = Field(default=None)
     heartbeat_every: float | None = Field(
         default=None, description="seconds between its heartbeats (NULL: written before 0004)"
+    )
+    boot_id: str | None = Field(
+        default=None,
+        max_length=120,
+        description="its kernel's boot id and pid namespace (runner.store.host; NULL: unknown)",
+    )
+    pid_started: int | None = Field(
+        default=None,
+        sa_type=BigInteger,
+        description="its process's start time, clock ticks since boot (NULL: unknown)",
     )
 
 

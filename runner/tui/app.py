@@ -18,12 +18,15 @@ from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
-from textual import work
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
+from textual.worker import Worker, WorkerState
 
 from runner.errors import database_failure
+from runner.tui import literal
 from runner.tui.data import ConsoleData
+from runner.tui.guard import background, report
 from runner.tui.palette import ConsoleCommands
 from runner.tui.screens.detail import DetailScreen
 from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen, StoppingScreen
@@ -91,6 +94,28 @@ class FlowrunApp(App[None]):
 
     def on_unmount(self) -> None:
         self.data.close()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Textual's ``notify``, but the message (which may quote stored text: a result,
+        an error) is shown literally (``runner.tui.literal``; lines kept) unless a caller
+        passes ``markup=True`` for text it wrote itself."""
+        if not markup:
+            message = literal.visible(message, 1000, multiline=True)
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A command worker of the app that failed (``runner.tui.guard``): one
+        notification line, details in the log; the console goes on."""
+        if event.state is WorkerState.ERROR:
+            self.notify(report("app", event.worker), severity="error")
 
     # -- navigation ----------------------------------------------------------------
 
@@ -179,13 +204,13 @@ class FlowrunApp(App[None]):
         else:
             self._submit(ids, command)
 
-    @work(thread=True, group="commands")
+    @background("commands")
     def _toggle(self, ids: list[int]) -> None:
         statuses = self.data.statuses(ids)
         paused = bool(statuses) and all(s == "paused" for s in statuses.values())
         self._submit_now(ids, "resume" if paused else "pause")
 
-    @work(thread=True, group="commands")
+    @background("commands")
     def _choose_event(self, ids: list[int]) -> None:
         try:
             names = self.data.allowed_events(ids)
@@ -203,7 +228,7 @@ class FlowrunApp(App[None]):
         )
         self.call_from_thread(self.push_screen, screen, chosen)
 
-    @work(thread=True, group="commands")
+    @background("commands")
     def _submit(self, ids: list[int], command: str, event: str | None = None) -> None:
         self._submit_now(ids, command, event)
 

@@ -16,13 +16,14 @@ lock), which would make each console refresh queue behind, and block, the worker
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 
 from runner.ops.detail import read_instance
 from runner.ops.liveness import read_workers
@@ -36,7 +37,7 @@ from runner.store.tables import (
     instances,
     sensors,
 )
-from runner.tui import fmt
+from runner.tui import literal
 from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
 from runner.tui.paging import read_counts, read_page
 
@@ -45,6 +46,18 @@ if TYPE_CHECKING:
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
+
+
+def _keep_undecodable(dbapi_connection: Any, _record: Any) -> None:
+    """Read SQLite text that is not UTF-8 (written by another program: the runner
+    itself stores only UTF-8) with its bytes kept as surrogates, which
+    ``runner.tui.literal`` shows as ``\\xNN``, instead of failing the whole read."""
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.text_factory = _lenient_text
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 class ConsoleData:
@@ -69,9 +82,12 @@ class ConsoleData:
     ) -> None:
         self.engine = engine
         self.reader = read_engine(engine)
+        if self.reader is not engine:  # our own SQLite sibling: text another program
+            event.listen(self.reader, "connect", _keep_undecodable)  # wrote stays readable
         self.clock = clock
         self.flows_dir = Path(flows_dir) if flows_dir else None
         self._policies: dict[tuple[str, str], tuple[int, float] | None] = {}
+        self._waits: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -99,7 +115,14 @@ class ConsoleData:
         the database cannot be read.
         """
         return read_page(
-            self.reader, q, offset, limit, total=total, anchor=anchor, policy=self.policy
+            self.reader,
+            q,
+            offset,
+            limit,
+            total=total,
+            anchor=anchor,
+            policy=self.policy,
+            waits=self.waits_for,
         )
 
     def count_by_status(self, flow: str | None = None) -> dict[str, int]:
@@ -174,22 +197,45 @@ class ConsoleData:
 
         return compiled(self.engine, version)
 
-    def policy(self, version: str, state: str) -> tuple[int, float] | None:
-        """``(max_errors, window seconds)`` of a state's error budget, or ``None`` when
-        the version or state is unknown or does not compile (cached; raises nothing)."""
+    def _of_state(
+        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable
+    ) -> Any:
+        """``read(compiled state)`` for ``state`` of ``version``, cached in ``cache``;
+        ``None`` when the version or state is unknown or does not compile (raises nothing)."""
         key = (version, state)
-        if key in self._policies:
-            return self._policies[key]
-        pol: tuple[int, float] | None = None
+        if key in cache:
+            return cache[key]
+        value = None
         try:
             st = self.compiled(version).states.get(state)
             if st is not None:
-                pol = (int(st.policy.max_errors), float(st.policy.window))
+                value = read(st)
         except Exception:  # not stored, not compilable, or no compiler yet
-            pol = None
+            value = None
         with self._lock:
-            self._policies[key] = pol
-        return pol
+            cache[key] = value
+        return value
+
+    def policy(self, version: str, state: str) -> tuple[int, float] | None:
+        """``(max_errors, window seconds)`` of a state's error budget, or ``None`` when
+        the version or state is unknown or does not compile (cached; raises nothing)."""
+        return self._of_state(
+            self._policies,
+            version,
+            state,
+            lambda st: (int(st.policy.max_errors), float(st.policy.window)),
+        )
+
+    def waits_for(self, version: str, state: str) -> tuple[str, ...] | None:
+        """The ``on:`` events of ``state`` when it is external (moved by events only), or
+        ``None`` when it is not, or the version or state is unknown or does not compile
+        (cached; raises nothing)."""
+        return self._of_state(
+            self._waits,
+            version,
+            state,
+            lambda st: tuple(st.on or {}) if st.kind == "external" else None,
+        )
 
     # -- one instance ----------------------------------------------------------------
 
@@ -220,7 +266,7 @@ class ConsoleData:
             st = d.flow.states.get(rec.row["state"])
             d.policy = st.policy if st is not None else None
         except Exception as exc:  # shown on the screen, never raised
-            d.flow_error = fmt.one_line(str(exc)) or type(exc).__name__
+            d.flow_error = literal.one_line(str(exc)) or type(exc).__name__
         return d
 
     # -- other views -----------------------------------------------------------------
@@ -278,7 +324,7 @@ class ConsoleData:
             except ImportError:
                 info.note = "flow registry not available (runner.flowspec.registry)"
             except Exception as exc:  # a broken folder is shown, never raised
-                info.note = f"cannot load {self.flows_dir}: {fmt.one_line(str(exc))}"
+                info.note = f"cannot load {self.flows_dir}: {literal.one_line(str(exc))}"
         else:
             info.note = "no flows folder given: showing stored versions only"
         fv = flow_versions.c

@@ -83,19 +83,46 @@ def bar(used: int, total: int, width: int = 20) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def one_line(text: str | None, limit: int = 200) -> str:
-    """The first non-empty line of ``text``, cut to ``limit`` characters."""
-    if not text:
-        return ""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:limit]
-    return ""
-
-
 def pretty_json(value: Any) -> str:
-    """Indented, key-sorted JSON (``null`` for ``None``)."""
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
+    """Indented, key-sorted JSON (``null`` for ``None``), non-ASCII text as it is (show it
+    through ``runner.tui.literal``, which escapes what the terminal must not see)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def command_label(command: dict[str, Any]) -> str:
+    """A ``commands`` row's command with its event, if any: ``send approve``, ``pause``."""
+    event = (command.get("args") or {}).get("event")
+    return f"{command['command']} {event}" if event else str(command["command"])
+
+
+def waits_for(
+    status: str, due_at: float | None, events: Sequence[str] | None, *, running: bool = False
+) -> str:
+    """What an instance in an external state waits for: ``"an event: approve, reject"``
+    while it is runnable with nothing due (``events``: its state's ``on:`` events, ``None``
+    when the state is not external or unknown); ``""`` otherwise."""
+    if events is None or status != "runnable" or due_at is not None or running:
+        return ""
+    if not events:
+        return "an event (its state declares none: only an operator can move it)"
+    return "an event: " + ", ".join(events)
+
+
+def event_what(payload: Any) -> str:
+    """What a sensor event (its ``payload``, a dict) says happened: a tail sensor's file
+    name and line (``app.log: ERROR 502 …``), a files sensor's path, a clock's tick; any
+    other payload as compact JSON. Not yet made visible: show it through
+    ``runner.tui.literal``."""
+    if not isinstance(payload, dict):
+        return "" if payload is None else json.dumps(payload, default=str, ensure_ascii=False)
+    if "line" in payload:
+        name = str(payload.get("file") or "").rsplit("/", 1)[-1]
+        return f"{name}: {payload['line']}" if name else str(payload["line"])
+    if "path" in payload:
+        return str(payload["path"])
+    if "tick" in payload:
+        return f"tick {payload['tick']}"
+    return json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
 
 
 def thousands(n: int) -> str:

@@ -47,7 +47,9 @@ class Row:
 
     Times (``locked_until``, ``due_at``, ``state_errors``) are float seconds since the
     epoch; ``max_errors``/``window`` (seconds) are the state's error budget, ``None`` when
-    its flow version cannot be compiled; ``label`` is the instance's label (flow ``label:``).
+    its flow version cannot be compiled; ``label`` is the instance's label (flow ``label:``);
+    ``waits_for`` the ``on:`` events of its state when that state is external (moved by
+    events only), ``None`` when it is not or its flow version cannot be compiled.
     """
 
     id: int
@@ -66,6 +68,7 @@ class Row:
     max_errors: int | None = None
     window: float | None = None
     label: str | None = None
+    waits_for: tuple[str, ...] | None = None
 
 
 @dataclass

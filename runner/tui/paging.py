@@ -36,6 +36,9 @@ ROWID_SCAN_ABOVE = 20_000
 #: ``(version, state) -> (max_errors, window seconds)`` of that state's error budget, or None.
 PolicyLookup = Callable[[str, str], tuple[int, float] | None]
 
+#: ``(version, state) -> the state's on: events`` when it is external, else None.
+WaitsLookup = Callable[[str, str], tuple[str, ...] | None]
+
 _ROW_COLS = (
     instances.c.id,
     instances.c.flow,
@@ -111,6 +114,7 @@ def read_page(
     total: int | None = None,
     anchor: Page | None = None,
     policy: PolicyLookup | None = None,
+    waits: WaitsLookup | None = None,
 ) -> Page:
     """Rows ``offset .. offset+limit`` of the instances matching ``q``, in its order.
 
@@ -124,6 +128,7 @@ def read_page(
         anchor: the page shown before: lets an ``id`` order continue by key from a row
             it holds.
         policy: fills each row's ``max_errors``/``window`` (``None``: left empty).
+        waits: fills each row's ``waits_for`` (``None``: left empty).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
@@ -183,6 +188,7 @@ def read_page(
                 max_errors=pol[0] if pol else None,
                 window=pol[1] if pol else None,
                 label=r.label,
+                waits_for=waits(r.version, r.state) if waits is not None else None,
             )
         )
     return Page(q, offset, rows, limit, time.perf_counter() - t0)

@@ -14,6 +14,7 @@ from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen
 from runner.tui.screens.instances import InstancesScreen
 from runner.tui.screens.views import EventsScreen, FlowsScreen, WorkersScreen
 from tests.support.console_db import build_db, clock, status_of
+from tests.support.hostile_console import settle
 
 
 @pytest.fixture
@@ -21,14 +22,6 @@ def db(tmp_path: Path):
     engine, path, flows = build_db(tmp_path)
     yield engine, flows
     engine.dispose()
-
-
-async def settle(app: FlowrunApp, pilot) -> None:
-    """Let every thread worker finish and its results reach the screen."""
-    for _ in range(4):
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 def make_app(db, **kw) -> FlowrunApp:
@@ -372,3 +365,63 @@ async def test_empty_table_says_what_to_do(tmp_path: Path):
             assert "no instances yet" in line and "flowrun start" in line
     finally:
         engine.dispose()
+
+
+async def test_events_view_says_what_happened(db):
+    engine, _ = db
+    from sqlalchemy import insert
+
+    from runner.store.tables import events
+
+    with engine.begin() as conn:
+        conn.execute(
+            insert(events),
+            {
+                "sensor": "orders.app_log",
+                "key": "app.log:1234",
+                "payload": {
+                    "line": "ERROR 502 upstream",
+                    "file": "/var/log/app.log",
+                    "code": "502",
+                },
+                "created_at": clock() - 1,
+                "handled_at": None,
+                "action": None,
+            },
+        )
+    app = make_app(db)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("3")
+        await settle(app, pilot)
+        table = app.screen.query_one("#events", DataTable)
+        what = [str(table.get_row_at(i)[-1]) for i in range(table.row_count)]
+        # a tail sensor's file and line, a files sensor's path
+        assert what == ["app.log: ERROR 502 upstream", "inbox/b.csv", "inbox/a.csv"]
+
+
+async def test_an_instance_in_an_external_state_says_which_events_it_waits_for(db):
+    engine, _ = db
+    from sqlalchemy import update
+
+    from runner.store.tables import instances
+
+    with engine.begin() as conn:  # quarantined after an error: it waits all the same
+        conn.execute(
+            update(instances).where(instances.c.id == 2).values(last_error="exit status 3: bad")
+        )
+    app = make_app(db)
+    async with app.run_test(size=(200, 30)) as pilot:
+        await settle(app, pilot)
+        table = app.screen.table
+        line = "".join(s.text for s in table.render_line(2))  # instance 2: check, runnable
+        assert "on event" in line
+        assert "waits for an event: approve, reject · exit status 3: bad" in line
+        paused = "".join(s.text for s in table.render_line(11))  # instance 11: check, paused
+        assert "waits for" not in paused and "on event" not in paused
+        await goto_row(app, pilot, 2)
+        await pilot.press("enter")
+        await settle(app, pilot)
+        summary = app.screen.query_one("#summary", Static).render()
+        assert "waits for an event: approve, reject" in str(summary)
+        assert "due event" not in str(summary)

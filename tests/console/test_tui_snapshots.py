@@ -1,7 +1,8 @@
 """Snapshots of the console's screens with fixed data and a fixed clock.
 
-Update after an intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``
-and look at the SVGs in ``tests/__snapshots__/test_tui_snapshots/``.
+Update after an intended change with
+``pytest tests/console/test_tui_snapshots.py --snapshot-update``
+and look at the SVGs in ``tests/console/__snapshots__/test_tui_snapshots/``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from runner.tui.app import FlowrunApp
 from runner.tui.screens.instances import InstancesScreen
 from tests.support.console_db import build_db, clock
+from tests.support.hostile_console import install
 
 SIZE = (150, 40)
 
@@ -21,6 +23,15 @@ SIZE = (150, 40)
 def app(tmp_path: Path):
     engine, _path, flows = build_db(tmp_path)
     # flows_dir is shown in the flows view; give a stable relative-looking name
+    yield FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
+    engine.dispose()
+
+
+@pytest.fixture
+def hostile_app(tmp_path: Path):
+    """The same data with the hostile corpus written into it (``hostile_console``)."""
+    engine, _path, flows = build_db(tmp_path)
+    install(engine, flows)
     yield FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
     engine.dispose()
 
@@ -82,3 +93,16 @@ def test_flows_screen(snap_compare, app):
     flows = app.data.flows_dir
     (flows / "broken.yaml").write_text("flow: broken\ninitial: a\nstates:\n  a: {next: nowhere}\n")
     assert snap_compare(app, terminal_size=SIZE, run_before=settle_then("4"))
+
+
+def test_hostile_detail_screen(snap_compare, hostile_app):
+    """Instance 1's markup-like, ANSI, control and bidi text, shown literally."""
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("enter", row=0))
+
+
+def test_hostile_instances_screen(snap_compare, hostile_app):
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then(row=1))
+
+
+def test_hostile_events_screen(snap_compare, hostile_app):
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("3"))

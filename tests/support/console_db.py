@@ -122,7 +122,7 @@ def build_db(folder: Path) -> tuple[Engine, Path, Path]:
             attempts=6,
             errors=4,
             state_errors=[NOW - 3000, NOW - 2000, NOW - 1000, NOW - 10],
-            last_error="exit status 2: carrier API down\nTraceback ...",
+            last_error="Traceback (most recent call last): ...\nexit status 2: carrier API down\n",
         ),
         _row(5, orders, "done", "completed", attempts=3),
         _row(

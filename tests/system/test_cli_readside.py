@@ -113,7 +113,7 @@ def test_ls_keeps_id_and_status_at_80_columns_and_says_when_due(env: dict) -> No
         for iid, line in table.items():
             assert rows[iid]["status"] in line.split(), (columns, line)
     wide = _table(flowrun({**env, "COLUMNS": "250"}, "ls").stdout)
-    assert "error budget spent" in wide[ids["failed"]], "a wide terminal shows the error"
+    assert "exit code 1: " in wide[ids["failed"]], "a wide terminal shows the error"
     due = {k: wide[i].split()[7] for k, i in ids.items()}  # id flow state status a e r due
     assert due == {"parked": "event", "failed": "-", "paused": "-", "waiting": "now"}, due
 

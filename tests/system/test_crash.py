@@ -207,7 +207,7 @@ def test_sigstopped_daemon_past_its_lease_cannot_advance_anything(make_run) -> N
     # a noticed on waking that its instances were taken over: it cancelled those attempts
     # or its fenced commit wrote nothing
     a_log = a.log()
-    fenced = re.search(r"lost_fence (\d+)", a_log)
+    fenced = re.search(r"(\d+) outcomes? not committed", a_log)
     assert "taken away" in a_log or (fenced and int(fenced.group(1)) > 0), a_log[-2000:]
 
 

@@ -1,6 +1,7 @@
-"""The flow author's first hour (issue 16), through the real `flowrun` command: `init`,
-read-only commands that never create a database, `start` from the last good version of a
-broken flow, `check FILE` resolving cross-references, the daemon with no flows, labels."""
+"""The flow author's first hour, through the real `flowrun` command: `init`, read-only
+commands that never create a database (listings list nothing, exit 0), `start` from the
+last good version of a broken flow, `check FILE` resolving cross-references, the daemon with
+no flows, labels."""
 
 from __future__ import annotations
 
@@ -51,16 +52,30 @@ def test_init_writes_a_runnable_example_and_refuses_twice(tmp_path: Path) -> Non
     assert "ok: 1 flow valid" in flowrun(project, "check").stdout
     (flows / "inbox" / "a.txt").write_text("hi there\n")
     iid = flowrun(project, "start", "hello", f"path={flows / 'inbox' / 'b.txt'}").stdout.strip()
-    flowrun(project, "--daemon", "--exit-when-idle")
+    closing = flowrun(project, "--daemon", "--exit-when-idle").stderr.strip().splitlines()[-1]
+    # the last line in a user's words (two instances: the file's and the one started)
+    assert "done: 2 attempts committed, 2 instances claimed" in closing, closing
+    assert "chained" not in closing and "lost_fence" not in closing
     row = json.loads(flowrun(project, "show", iid, "--json").stdout)
     assert (row["state"], row["label"]) == ("review", "inbox/b.txt")
 
 
 def test_read_only_commands_do_not_create_a_database(tmp_path: Path) -> None:
-    for args in (["ls"], ["show", "1"], ["events"], ["workers"], ["pause", "1"]):
+    # acting on or showing an instance of a database that does not exist: exit 1
+    for args in (["show", "1"], ["pause", "1"], ["events", "replay", "1"]):
         err = flowrun(tmp_path, *args, code=1).stderr
         assert err.startswith("flowrun: no database at .flowrun/flowrun.db"), err
         assert len(err.strip().splitlines()) == 1
+    # listing nothing is not an error: an empty list, exit 0, one note naming the file
+    for args in (["ls"], ["ls", "--json"], ["events"], ["events", "--json"], ["workers"]):
+        proc = flowrun(tmp_path, *args)
+        err = proc.stderr
+        assert err.startswith("flowrun: no database at .flowrun/flowrun.db yet"), err
+        assert len(err.strip().splitlines()) == 1
+        if "--json" in args:
+            assert json.loads(proc.stdout) == []
+    assert json.loads(flowrun(tmp_path, "workers", "--json").stdout) == []
+    assert "0 instances" in flowrun(tmp_path, "ls").stdout
     assert not (tmp_path / ".flowrun").exists()
 
 
@@ -117,3 +132,37 @@ def test_check_file_resolves_cross_references(tmp_path: Path, where: str) -> Non
     assert "unknown flow 'hr'" in proc.stderr
     (flows if where == "flows folder" else drafts).joinpath("hr.yaml").write_text(HR)
     assert "ok: 1 flow valid" in flowrun(tmp_path, "check", str(starter)).stdout
+
+
+THREE_MISTAKES = """\
+flow: three
+initial: fetch
+states:
+  fetch:
+    exec: [python, fetch.py]
+    timout: 5m
+    next: parse
+  parse:
+    call: no_such_module:parse
+    next: dnoe
+  done: {terminal: true}
+"""
+
+
+def test_check_reports_every_independent_mistake_of_a_file_at_once(tmp_path: Path) -> None:
+    """A field error (schema), a target that is not a state (graph) and a call that does
+    not import: one run of `check` names all three, each at its place, exit 2."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "three.yaml").write_text(THREE_MISTAKES)
+    err = flowrun(tmp_path, "check", code=2).stderr.strip().splitlines()
+    assert err[0].startswith("flows/three.yaml:6:5: unknown key 'timout' (did you mean 'timeout'?")
+    assert err[1].startswith("flows/three.yaml:9:11: cannot import module 'no_such_module'")
+    assert err[2].startswith("flows/three.yaml:10:11: next 'dnoe' is not a state of this flow")
+    # and what `done` being unreachable follows from: the same run, nothing invented
+    assert err[3:] == [
+        "flows/three.yaml:11:3: state 'done' is unreachable from initial state 'fetch'"
+    ]
+    # fixed one by one, each fix removes exactly its line
+    (flows / "three.yaml").write_text(THREE_MISTAKES.replace("timout", "timeout"))
+    assert len(flowrun(tmp_path, "check", code=2).stderr.strip().splitlines()) == 3

@@ -31,7 +31,7 @@ sensors:
 rules:
   - when: inbox
     start: ingest
-    data: {path: "{event.path}", origin: "{event.name}"}
+    data: {path: "{event.path}", origin: "{event.name}", size: "{event.size}"}
   - when: log
     match: {level: ERROR}
     pause: {state: hold}
@@ -88,6 +88,10 @@ def test_replay_is_idempotent_unless_forced(live) -> None:
     assert out["rules"][0]["done"].startswith("started ingest instance")
     rows = sql(db, "SELECT id, event_id FROM instances ORDER BY id")
     assert [r[1] for r in rows] == [file_event["id"]] * 2
+    # a template that is one placeholder keeps the value's type: the size stays a number
+    shown = json.loads(fr("ls", "--json").stdout)
+    assert [r["data"]["size"] for r in shown] == [4, 4]
+    assert [r["data"]["origin"] for r in shown] == ["a.csv", "a.csv"]
     action = sql(db, "SELECT action FROM events WHERE id = :i", i=file_event["id"])[0][0]
     assert "replayed at" in action and "started ingest instance" in action
 
@@ -143,8 +147,16 @@ def test_rules_test_writes_nothing(live) -> None:
     assert res.returncode == 0, res.stderr
     assert "would start ingest with data" in res.stdout and '"origin": "b.csv"' in res.stdout
     res = fr("rules", "test", "ingest", "--sensor", "inbox", "--event", '{"name": "c.csv"}')
-    assert res.returncode == 0
-    assert "matches, but fails" in res.stdout and "event.path" in res.stdout
+    assert res.returncode == 1, res.stdout
+    assert (
+        "rule #1 (when inbox): matches, but fails: the event has no field 'path' "
+        "(named by {event.path})" in res.stdout
+    )
+    res = fr(
+        "rules", "test", "ingest", "--sensor", "inbox", "--event", '{"name": "c.csv"}', "--json"
+    )
+    assert res.returncode == 1
+    assert json.loads(res.stdout)["rules"][0]["error"].startswith("the event has no field 'path'")
     for args, message in (
         (("--sensor", "log", "--line", "DEBUG x"), "would not record this line"),
         (("--sensor", "inbox", "--path", "b.txt"), "does not match glob '*.csv'"),

@@ -151,9 +151,12 @@ def test_graph_mermaid(flow: CompiledFlow) -> None:
         stateDiagram-v2
             [*] --> validate
             validate --> summarise
+            validate --> quarantine: on_exhausted
             summarise --> archive
             summarise --> quarantine
+            summarise --> quarantine: on_exhausted
             archive --> done
+            archive --> quarantine: on_exhausted
             quarantine --> validate: release
             quarantine --> done: discard
             done --> [*]
@@ -165,6 +168,29 @@ def test_graph_mermaid(flow: CompiledFlow) -> None:
     assert "current" not in flow.graph().splitlines()[-1]
 
 
+def test_graph_shows_on_exhausted_edges(tmp_path: Path) -> None:
+    """A state entered only when a budget is spent is drawn with its edge, not unreachable;
+    ``failed``/``paused`` and external states draw none."""
+    flow = load_flow(
+        write(
+            tmp_path,
+            "initial: fetch\n"
+            "defaults: {error_budget: {on_exhausted: paused}}\n"
+            "states:\n"
+            "  fetch: {exec: [x], next: done, error_budget: {on_exhausted: repair}}\n"
+            "  repair: {external: true, on: {fixed: fetch}}\n"
+            "  done: {terminal: true}\n",
+        )
+    )
+    assert flow.edges() == [
+        ("fetch", "done", None),
+        ("fetch", "repair", "on_exhausted"),
+        ("repair", "fetch", "fixed"),
+    ]
+    assert "    fetch --> repair: on_exhausted\n" in flow.graph("mermaid")
+    assert '"fetch" -> "repair" [label="on_exhausted", style=dashed];' in flow.graph("dot")
+
+
 def test_graph_dot(flow: CompiledFlow) -> None:
     dot = flow.graph("dot", current="quarantine")
     assert dot.startswith('digraph "csv_ingest" {\n') and dot.endswith("}\n")
@@ -173,7 +199,8 @@ def test_graph_dot(flow: CompiledFlow) -> None:
     assert '"quarantine" [style="rounded,filled,bold"' in dot
     assert '    "quarantine" -> "validate" [label="release"];' in dot
     assert '    "validate" -> "summarise";' in dot
-    assert dot.count("->") == 7
+    assert '    "archive" -> "quarantine" [label="on_exhausted", style=dashed];' in dot
+    assert dot.count("->") == 10
     with pytest.raises(ValueError, match="mermaid or dot"):
         flow.graph("svg")
 

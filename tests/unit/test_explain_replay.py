@@ -76,7 +76,7 @@ def test_waits_have_causes_and_the_budget_refills(tmp_path: Path) -> None:
         "instance": instance,
         "attempts": [
             _attempt(1, T0 + 1, T0 + 2, "not_yet"),
-            _attempt(2, T0 + 32, T0 + 33, "error", "boom\ntrace"),
+            _attempt(2, T0 + 32, T0 + 33, "error", "exit code 1: trace\nboom"),
             _attempt(3, T0 + 36, T0 + 100, "lost", "lost: worker w1 stopped"),
             _attempt(4, T0 + 101, T0 + 102, "cancelled", "paused"),
             _attempt(5, T0 + 800, T0 + 801, "error", "boom again"),
@@ -113,7 +113,8 @@ def test_waits_have_causes_and_the_budget_refills(tmp_path: Path) -> None:
     assert "restart 1 of 1 (no error budget spent)" in " ".join(texts)
     assert any("budget refilled: an error left the 10m window" in t for t in texts)
     assert "resume by rule ex#1" in " ".join(texts)
-    assert "error: boom" in " ".join(texts) and "trace" not in " ".join(texts)
+    # the error line: the head and the last line of the kept output
+    assert "error: exit code 1: boom" in " ".join(texts) and "trace" not in " ".join(texts)
     spent = [t for t in texts if "budget is spent" in t]
     assert spent == [
         "error 2 of 2 in 10m: the error budget is spent; the instance moves to state "

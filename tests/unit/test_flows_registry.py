@@ -110,7 +110,10 @@ def test_hot_reload_keeps_good_version(tmp_path: Path) -> None:
     good = reg.get("b")
     path.write_text(B.replace("on: {go: done}", "on: {go: dnoe}") + "bogus: 1\n")
     errs = reg.reload([path])
-    assert where(errs) == [
+    assert where(errs) == [  # every mistake at once: the field error and the graph's
+        "b.yaml:4:35: on: go -> 'dnoe' is not a state of this flow (did you mean 'done'?) "
+        "(states: wait, done)",
+        "b.yaml:5:3: state 'done' is unreachable from initial state 'wait'",
         "b.yaml:6:1: unknown key 'bogus' (expected one of: flow, description, label, initial, "
         "data, defaults, states, sensors, rules)",
     ]

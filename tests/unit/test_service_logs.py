@@ -1,4 +1,5 @@
-"""Service log lines: the fenced-out WARNING names the instances and their holder now;
+"""Service log lines: the fenced-out WARNING names the instance, its flow and state and
+its holder now (or says it was killed);
 JSON lines carry the fields as keys; the status and progress figures."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from runner.engine import cycle
+from runner.engine.cycle import WorkerStats
 from runner.handlers.attempt import AttemptResult
 from runner.service.logs import JsonFormatter
-from runner.service.progress import Progress, status_loop
+from runner.service.progress import Progress, closing_line, status_loop
 from runner.store import leases
 from tests.support.fault import engine_at, load, new_instance, sql, write_flow
 
@@ -25,14 +27,15 @@ states:
 """
 
 
-def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) -> None:
+def _fenced_out(tmp_path: Path, caplog, taken: str) -> tuple[int, logging.LogRecord]:
+    """Worker-a's finished attempt, its instance changed meanwhile by ``taken`` (an
+    UPDATE bumping the fence): the cycle's one WARNING record."""
     flow = load(write_flow(tmp_path / "flows", "fence", FLOW))
     engine = engine_at(tmp_path)
     iid = new_instance(engine, flow)
     with engine.begin() as conn:
         (claim,) = leases.claim_batch(conn, "worker-a", 30.0, 10)
-    # another worker takes the instance over (its lease "expired"): fence bumped
-    sql(engine, "UPDATE instances SET locked_by='worker-b', fence=fence+1 WHERE id=:i", i=iid)
+    sql(engine, f"UPDATE instances SET {taken}, fence=fence+1 WHERE id=:i", i=iid)
     run = SimpleNamespace(claim=claim, durable=[claim.data])
     request = cycle.decide_finished(
         engine,
@@ -41,15 +44,35 @@ def test_fenced_out_commit_names_instances_and_holder(tmp_path: Path, caplog) ->
         stopping=False,
     )
     with caplog.at_level(logging.WARNING, "flowrun.worker"):
-        lost = cycle.run_cycle(engine, request).lost
-    assert lost == [iid]
-    (record,) = [r for r in caplog.records if "fenced out" in r.getMessage()]
-    assert record.levelno == logging.WARNING
-    assert (
-        f"instances {iid}" in record.getMessage() and "held now by worker-b" in record.getMessage()
+        assert cycle.run_cycle(engine, request).lost == [iid]
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    return iid, record
+
+
+def test_fenced_out_commit_names_instance_flow_and_holder(tmp_path: Path, caplog) -> None:
+    # another worker takes the instance over (its lease "expired")
+    iid, record = _fenced_out(tmp_path, caplog, "locked_by='worker-b'")
+    assert record.getMessage() == (
+        f"instance {iid} (flow fence, state work): fenced out: the outcome of attempt 1 was "
+        "not committed by worker-a; held now by worker-b"
     )
     out = json.loads(JsonFormatter().format(record))
-    assert (out["instances"], out["worker"], out["holder"]) == ([iid], "worker-a", "worker-b")
+    assert (out["instance"], out["flow"], out["state"], out["kind"]) == (
+        iid,
+        "fence",
+        "work",
+        "fenced_out",
+    )
+    assert (out["worker"], out["holder"]) == ("worker-a", "worker-b")
+
+
+def test_fenced_out_by_a_kill_says_killed(tmp_path: Path, caplog) -> None:
+    iid, record = _fenced_out(tmp_path, caplog, "status='killed', locked_by=NULL")
+    assert record.getMessage() == (
+        f"instance {iid} (flow fence, state work): killed by a command; the outcome of "
+        "attempt 1 was not committed"
+    )
+    assert json.loads(JsonFormatter().format(record))["kind"] == "killed"
 
 
 def test_progress_figures() -> None:
@@ -58,6 +81,17 @@ def test_progress_figures() -> None:
     assert (p.done, p.total) == (5, 10)
     assert p.rate(10.0) == 0.5 and p.eta(10.0) == 10.0
     assert p.line(10.0) == "progress: 5/10 done, 0.5/s, ETA 10s"
+
+
+def test_closing_line_in_a_users_words() -> None:
+    quiet = WorkerStats(claimed=1, committed=1)
+    assert closing_line(quiet) == "done: 1 attempt committed, 1 instance claimed"
+    busy = WorkerStats(claimed=5, chained=3, committed=9, cancelled=1, lost_fence=2, recovered=1)
+    assert closing_line(busy) == (
+        "done: 9 attempts committed (1 cancelled), 5 instances claimed, 3 attempts run on in "
+        "the next state without a new claim, 2 outcomes not committed (the instance was taken "
+        "away by a command or another worker), 1 attempt of dead workers recorded as lost"
+    )
 
 
 async def test_status_line(tmp_path: Path, caplog) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from runner.templating import placeholders, render
+from runner.templating import placeholders, render, render_value
 
 CTX = {
     "data": {"path": "in/a.csv", "n": 3, "ok": True, "none": None, "nested": {"k": "v"}},
@@ -93,3 +93,16 @@ def test_injection_is_returned_verbatim(tmp_path, monkeypatch) -> None:
     assert render("{data.fmt}", evil) == "{data.path}"
     assert render("a {data.tick} b", evil) == "a `touch pwned3` b"
     assert os.listdir(tmp_path) == []
+
+
+def test_render_value_keeps_the_type_of_a_lone_placeholder() -> None:
+    ctx = {"event": {"size": 4846, "tags": ["a"], "gone": None, "ok": True, "name": "x.csv"}}
+    assert render_value("{event.size}", ctx) == 4846
+    assert render_value("{event.tags}", ctx) == ["a"]
+    assert render_value("{event.gone}", ctx) is None
+    assert render_value("{event.ok}", ctx) is True
+    assert render_value("{event.size} bytes", ctx) == "4846 bytes"
+    assert render_value(" {event.size}", ctx) == " 4846"
+    assert render_value("{{event.size}}", ctx) == "{event.size}"
+    with pytest.raises(KeyError, match="event.nope"):
+        render_value("{event.nope}", ctx)

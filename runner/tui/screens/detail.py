@@ -6,37 +6,45 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from runner.tui import fmt
+from runner.error_line import error_line
+from runner.tui import fmt, literal
+from runner.tui.guard import FailureLine, GuardedScreen, background
 from runner.tui.model import Detail
 from runner.tui.widgets.status_header import STATUS_STYLES
 
+#: Longest line of data or checkpoint JSON shown, in characters.
+JSON_LINE = 500
+
 
 def summary_text(d: Detail, now: float) -> Text:
-    """Id, flow, label, state, status, lock, counters and due time."""
+    """Id, flow, label, state, status, due time (or the events an instance in an external
+    state waits for), lock and counters; stored text shown literally."""
     r = d.row
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f" instance {r['id']} ", style="bold reverse")
-    t.append(f"  {r['flow']}", style="bold")
+    literal.append(t, f"  {r['flow']}", "bold")
     if r.get("label"):
-        t.append(f"  {r['label']}")
-    t.append(f"  version {r['version']}", style="dim")
+        literal.append(t, f"  {r['label']}")
+    literal.append(t, f"  version {r['version']}", "dim")
     t.append("\n state ", style="dim")
-    t.append(r["state"], style="bold")
+    literal.append(t, r["state"], "bold")
     t.append("  status ", style="dim")
-    t.append(r["status"], style=STATUS_STYLES.get(r["status"], ""))
-    t.append("  due ", style="dim")
-    t.append(
-        fmt.due_in(r["due_at"], now, r["status"], running=r["running_attempt"] is not None) or "-"
-    )
+    literal.append(t, r["status"], STATUS_STYLES.get(r["status"], ""))
+    running = r["running_attempt"] is not None
+    waits = fmt.waits_for(r["status"], r["due_at"], state_events(d), running=running)
+    if waits:
+        t.append("  waits for ", style="dim")
+        literal.append(t, waits, "bold cyan")
+    else:
+        t.append("  due ", style="dim")
+        t.append(fmt.due_in(r["due_at"], now, r["status"], running=running) or "-")
     t.append("  lock ", style="dim")
-    t.append(fmt.lock(r["locked_by"], r["locked_until"], now) or "-")
+    literal.append(t, fmt.lock(r["locked_by"], r["locked_until"], now) or "-")
     t.append("\n attempts ", style="dim")
     t.append(str(r["attempts"]))
     t.append("  errors ", style="dim")
@@ -47,8 +55,17 @@ def summary_text(d: Detail, now: float) -> Text:
     t.append(fmt.span(now - r["state_changed"]) if r["state_changed"] else "-")
     if r.get("last_error"):
         t.append("\n last error ", style="dim")
-        t.append(fmt.one_line(r["last_error"], 300), style="red")
+        t.append(literal.visible(error_line(r["last_error"]), 300), style="red")
     return t
+
+
+def state_events(d: Detail) -> list[str] | None:
+    """The ``on:`` events of the instance's state when that state is external (moved by
+    events only), else ``None`` (also when its flow version is unavailable)."""
+    if d.flow is None:
+        return None
+    st = d.flow.states.get(d.row["state"])
+    return list(st.on or {}) if st is not None and st.kind == "external" else None
 
 
 def budget_text(d: Detail, now: float, width: int = 40) -> Text:
@@ -58,7 +75,7 @@ def budget_text(d: Detail, now: float, width: int = 40) -> Text:
     t = Text(no_wrap=True)
     if pol is None:
         t.append(f" {len(errs)} errors in this state", style="bold")
-        t.append(f"  (budget unknown: {d.flow_error or 'no policy'})", style="dim")
+        literal.append(t, f"  (budget unknown: {d.flow_error or 'no policy'})", "dim")
         return t
     window, max_errors = float(pol.window), int(pol.max_errors)
     live = [e for e in errs if e >= now - window]
@@ -69,7 +86,7 @@ def budget_text(d: Detail, now: float, width: int = 40) -> Text:
     t.append(fmt.bar(used, max_errors, width), style=style)
     t.append(f" {used}/{max_errors}", style="bold")
     t.append(f"  left {left}", style=style)
-    t.append(f"  window {fmt.span(window)}  on exhausted: {pol.on_exhausted}", style="dim")
+    literal.append(t, f"  window {fmt.span(window)}  on exhausted: {pol.on_exhausted}", "dim")
     cells = ["·"] * width
     for e in live:
         i = min(width - 1, int((e - (now - window)) / window * width))
@@ -87,7 +104,7 @@ def graph_text(d: Detail) -> Text:
     """The flow's states and edges, one state a line, the current state marked ▶."""
     t = Text(no_wrap=True, overflow="ellipsis")
     if d.flow is None:
-        t.append(f" graph unavailable: {d.flow_error or 'flow not loaded'}", style="dim")
+        literal.append(t, f" graph unavailable: {d.flow_error or 'flow not loaded'}", "dim")
         return t
     current = d.row["state"]
     width = max((len(n) for n in d.flow.states), default=8)
@@ -95,7 +112,7 @@ def graph_text(d: Detail) -> Text:
         mark = "▶ " if name == current else "  "
         style = "bold reverse" if name == current else ""
         t.append(mark, style="bold yellow")
-        t.append(name.ljust(width), style=style)
+        literal.append(t, name.ljust(width), style)
         t.append(f"  {st.kind:<9}", style="dim")
         edges: list[str] = []
         if st.next:
@@ -104,27 +121,34 @@ def graph_text(d: Detail) -> Text:
             edges.append("→ " + " | ".join(st.to))
         for ev, target in (st.on or {}).items():
             edges.append(f"{ev} ⇢ {target}")
-        t.append("  ".join(edges))
+        if st.exhausted_target is not None:
+            edges.append(f"on_exhausted ⇢ {st.exhausted_target}")
+        literal.append(t, "  ".join(edges))
         if name == d.flow.initial:
             t.append("  (initial)", style="dim")
         t.append("\n")
     return t
 
 
-def checkpoints_text(d: Detail) -> str:
-    """Data (JSON), then every attempt's checkpoint, newest first."""
-    parts = ["data:", fmt.pretty_json(d.row["data"])]
+def checkpoints_text(d: Detail) -> Text:
+    """Data (JSON), then every attempt's checkpoint, newest first; shown literally."""
+    t = Text()
+    t.append("data:\n", style="bold")
+    t.append_text(literal.text(fmt.pretty_json(d.row["data"]), limit=JSON_LINE, multiline=True))
     cps = [a for a in d.attempts if a.get("checkpoint") is not None]
-    if cps:
-        for a in cps[:20]:
-            parts.append(f"\ncheckpoint of attempt {a['attempt']} ({a['state']}):")
-            parts.append(fmt.pretty_json(a["checkpoint"]))
-    else:
-        parts.append("\nno checkpoints")
-    return "\n".join(parts)
+    if not cps:
+        t.append("\n\nno checkpoints", style="dim")
+    for a in cps[:20]:
+        t.append(f"\n\ncheckpoint of attempt {a['attempt']} ", style="bold")
+        literal.append(t, f"({a['state']}):", "bold")
+        t.append("\n")
+        t.append_text(
+            literal.text(fmt.pretty_json(a["checkpoint"]), limit=JSON_LINE, multiline=True)
+        )
+    return t
 
 
-class DetailScreen(Screen):
+class DetailScreen(GuardedScreen):
     """One instance, refreshed every second; ``p k r s`` act on it."""
 
     BINDINGS = [
@@ -144,8 +168,9 @@ class DetailScreen(Screen):
         self.detail: Detail | None = None
 
     def compose(self) -> ComposeResult:
+        yield FailureLine()
         with VerticalScroll(id="detail"):
-            yield Static(f"loading instance {self.instance_id}…", id="summary")
+            yield Static(Text(f"loading instance {self.instance_id}…"), id="summary")
             yield Static("", id="budget", classes="section")
             with Horizontal(id="detail-columns"):
                 with Vertical(id="graph-box", classes="section"):
@@ -174,14 +199,14 @@ class DetailScreen(Screen):
         """Re-read the instance in a thread worker."""
         self._load()
 
-    @work(thread=True, exclusive=True, group="detail")
+    @background("detail", exclusive=True)
     def _load(self) -> None:
         d = self.app.data.detail(self.instance_id)
         self.app.call_from_thread(self._show, d)
 
     def _show(self, d: Detail | None) -> None:
         if d is None:
-            self.query_one("#summary", Static).update(f"no instance {self.instance_id}")
+            self.query_one("#summary", Static).update(Text(f"no instance {self.instance_id}"))
             return
         self.detail = d
         now = self.app.clock()
@@ -198,10 +223,10 @@ class DetailScreen(Screen):
         for c in d.commands:
             cmd.add_row(
                 fmt.span(now - c["created_at"]) + " ago",
-                c["command"] + (f" {c['args'].get('event')}" if c["args"].get("event") else ""),
-                c["source"],
-                c["status"],
-                fmt.one_line(c["result"], 120),
+                literal.cell(fmt.command_label(c)),
+                literal.cell(c["source"]),
+                literal.cell(c["status"]),
+                literal.cell(c["result"], limit=120),
             )
 
     @staticmethod
@@ -213,13 +238,13 @@ class DetailScreen(Screen):
         )
         return (
             str(a["attempt"]),
-            a["state"],
-            a["worker"],
+            literal.cell(a["state"]),
+            literal.cell(a["worker"]),
             fmt.span(now - a["started_at"]) + " ago",
             fmt.span(dur),
-            Text(outcome, style=style),
-            a["to_state"] or "",
-            fmt.one_line(a["error"], 120),
+            literal.cell(outcome, style),
+            literal.cell(a["to_state"]),
+            literal.cell(error_line(a["error"]), limit=120),
         )
 
     def action_sleep(self) -> None:

@@ -10,6 +10,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from runner.tui import literal
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask a yes/no question; dismisses with ``True`` on ``y``/Yes."""
@@ -26,7 +28,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog"):
-            yield Label(self.question, id="question")
+            yield Label(literal.text(self.question), id="question")
             with Horizontal(id="buttons"):
                 yield Button(f"{self.yes} (y)", variant="error", id="yes")
                 yield Button("No (n)", variant="primary", id="no")
@@ -55,11 +57,12 @@ class ChoiceScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog"):
-            yield Label(self.title_text, id="question")
+            yield Label(literal.text(self.title_text), id="question")
             if self.choices:
-                yield OptionList(*[Option(c, id=c) for c in self.choices], id="choices")
+                options = [Option(literal.text(c, limit=200), id=c) for c in self.choices]
+                yield OptionList(*options, id="choices")
             else:
-                yield Label(self.empty, classes="muted")
+                yield Label(literal.text(self.empty), classes="muted")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from runner.tui import literal
+from runner.tui.guard import FailureLine, GuardedScreen, background
 
-class ExplainScreen(Screen):
+#: Longest line of an explanation shown, in characters.
+EXPLAIN_LIMIT = 2000
+
+
+class ExplainScreen(GuardedScreen):
     """Why instance ``instance_id`` is where it is, and what happens next."""
 
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
@@ -23,8 +27,9 @@ class ExplainScreen(Screen):
         self.text = ""
 
     def compose(self) -> ComposeResult:
+        yield FailureLine()
         with VerticalScroll(id="explain"):
-            yield Static(f"explaining instance {self.instance_id}…", id="explain-text")
+            yield Static(Text(f"explaining instance {self.instance_id}…"), id="explain-text")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -37,14 +42,12 @@ class ExplainScreen(Screen):
         """Re-read and re-explain the instance in a thread worker."""
         self._load()
 
-    @work(thread=True, exclusive=True, group="explain")
+    @background("explain", exclusive=True)
     def _load(self) -> None:
-        try:
-            text = self.app.data.explain(self.instance_id)
-        except Exception as exc:  # never crash the console on a read
-            text = f"explain {self.instance_id}: {exc}"
+        text = self.app.data.explain(self.instance_id)
         self.app.call_from_thread(self._show, text)
 
     def _show(self, text: str | None) -> None:
         self.text = text if text is not None else f"no instance {self.instance_id}"
-        self.query_one("#explain-text", Static).update(Text(self.text))
+        shown = literal.text(self.text, limit=EXPLAIN_LIMIT, multiline=True)
+        self.query_one("#explain-text", Static).update(shown)

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import time
 
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
 
 from runner.lifecycle import STATUSES
+from runner.tui.guard import FailureLine, GuardedScreen, background
 from runner.tui.model import SORTS, Counts, Page, Query
 from runner.tui.screens.dialogs import ChoiceScreen
 from runner.tui.widgets.instance_table import InstanceTable
 from runner.tui.widgets.status_header import StatusHeader
 
 
-class InstancesScreen(Screen):
+class InstancesScreen(GuardedScreen):
     """Instances, refreshed live; every command a key (see ``?``)."""
 
     BINDINGS = [
@@ -59,6 +58,7 @@ class InstancesScreen(Screen):
         app = self.app
         mode = "read-only" if app.readonly else ""
         yield StatusHeader(mode=mode, id="status-header")
+        yield FailureLine()
         yield InstanceTable(clock=app.clock, id="instances")
         yield Input(
             placeholder="filter: applies as you type; enter keeps it, escape cancels",
@@ -100,7 +100,7 @@ class InstancesScreen(Screen):
             self._counting = True
             self._load_counts(table.query_spec())
 
-    @work(thread=True, exclusive=True, group="page")
+    @background("page", exclusive=True)
     def _load_page(
         self, query: Query, offset: int, limit: int, total: int, anchor: Page | None
     ) -> None:
@@ -116,7 +116,7 @@ class InstancesScreen(Screen):
         if not self.table.covers_window():
             self.refresh_data()
 
-    @work(thread=True, group="counts")
+    @background("counts")
     def _load_counts(self, query: Query) -> None:
         try:
             counts = self.app.data.counts(query)
@@ -232,7 +232,7 @@ class InstancesScreen(Screen):
 
         self.app.push_screen(ChoiceScreen("Filter by status", ["all", *STATUSES]), chosen)
 
-    @work(thread=True, group="flows")
+    @background("flows")
     def action_flow_filter(self) -> None:
         """Choose a flow to filter by (``all`` clears it)."""
         names = self.app.data.flow_names()

@@ -10,18 +10,17 @@ import json
 from typing import Any
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from runner.tui import fmt
+from runner.tui import fmt, literal
+from runner.tui.guard import FailureLine, GuardedScreen, background
 from runner.tui.model import FlowsInfo
 
 
-class TableView(Screen):
+class TableView(GuardedScreen):
     """A screen of titled ``DataTable`` sections refreshed by :meth:`load` in a thread."""
 
     #: (table id, title, column labels)
@@ -31,6 +30,7 @@ class TableView(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(Text(f" {self.TITLE_TEXT} ", style="bold reverse"), classes="view-title")
+        yield FailureLine()
         with Vertical(classes="view-body"):
             yield from self.extra_widgets()
             for table_id, _title, _cols in self.TABLES:
@@ -57,7 +57,7 @@ class TableView(Screen):
         """Reload in a thread worker."""
         self._reload()
 
-    @work(thread=True, exclusive=True, group="view")
+    @background("view", exclusive=True)
     def _reload(self) -> None:
         result = self.load()
         self.app.call_from_thread(self._apply, result)
@@ -94,6 +94,10 @@ VERDICT_STYLES = {
 }
 
 
+#: Longest "what happened" (a tail sensor's line, a path) shown in the events view.
+WHAT_LIMIT = 200
+
+
 class WorkersScreen(TableView):
     """Workers: id, host, pid, heartbeat age, attempts running, liveness verdict."""
 
@@ -113,11 +117,11 @@ class WorkersScreen(TableView):
         rows = []
         for w in result:
             age = now - w["heartbeat_at"]
-            state = Text(w["verdict"], style=VERDICT_STYLES.get(w["verdict"], ""))
+            state = literal.cell(w["verdict"], VERDICT_STYLES.get(w["verdict"], ""))
             rows.append(
                 (
-                    w["id"],
-                    w["host"],
+                    literal.cell(w["id"]),
+                    literal.cell(w["host"]),
                     str(w["pid"]),
                     fmt.span(age) + " ago",
                     str(w["running"]),
@@ -135,7 +139,11 @@ class EventsScreen(TableView):
     TITLE_TEXT = "sensors, events and commands"
     TABLES = (
         ("sensors", "sensors", ("sensor", "lease", "left", "cursor", "updated")),
-        ("events", "events (newest first)", ("id", "sensor", "key", "at", "handled", "action")),
+        (
+            "events",
+            "events (newest first)",
+            ("id", "sensor", "key", "at", "handled", "action", "what happened"),
+        ),
         (
             "commands",
             "commands (newest first)",
@@ -153,10 +161,10 @@ class EventsScreen(TableView):
             "sensors",
             [
                 (
-                    s["name"],
-                    s["locked_by"] or "",
+                    literal.cell(s["name"]),
+                    literal.cell(s["locked_by"]),
                     fmt.span(s["locked_until"] - now) if s["locked_until"] else "",
-                    json.dumps(s["cursor"], sort_keys=True)[:60],
+                    literal.cell(json.dumps(s["cursor"], sort_keys=True), limit=60),
                     fmt.span(now - s["updated_at"]) + " ago" if s["updated_at"] else "",
                 )
                 for s in sens
@@ -167,11 +175,12 @@ class EventsScreen(TableView):
             [
                 (
                     str(e["id"]),
-                    e["sensor"],
-                    fmt.one_line(e["key"], 50),
+                    literal.cell(e["sensor"]),
+                    literal.cell(e["key"], limit=50),
                     fmt.span(now - e["created_at"]) + " ago",
                     Text("yes", style="green") if e["handled_at"] else Text("pending", "yellow"),
-                    fmt.one_line(e["action"], 80),
+                    literal.cell(e["action"], limit=80),
+                    literal.cell(fmt.event_what(e["payload"]), limit=WHAT_LIMIT),
                 )
                 for e in evs
             ],
@@ -182,11 +191,11 @@ class EventsScreen(TableView):
                 (
                     str(c["id"]),
                     str(c["instance_id"]),
-                    c["command"] + (f" {c['args'].get('event')}" if c["args"].get("event") else ""),
-                    c["source"],
+                    literal.cell(fmt.command_label(c)),
+                    literal.cell(c["source"]),
                     fmt.span(now - c["created_at"]) + " ago",
-                    Text(c["status"], style="green" if c["status"] == "applied" else "red"),
-                    fmt.one_line(c["result"], 80),
+                    literal.cell(c["status"], "green" if c["status"] == "applied" else "red"),
+                    literal.cell(c["result"], limit=80),
                 )
                 for c in cmds
             ],
@@ -206,6 +215,11 @@ class FlowsScreen(TableView):
         ("flows", "loaded flows", ("flow", "version", "states", "sensors", "rules", "file")),
         ("versions", "stored versions", ("flow", "version", "loaded", "instances", "file")),
     )
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The loaded flows shown (``FlowsInfo.loaded``), in table order.
+        self.loaded: list[dict[str, Any]] = []
 
     def extra_widgets(self) -> ComposeResult:
         yield Static("", id="flow-errors")
@@ -227,10 +241,11 @@ class FlowsScreen(TableView):
             app.notify("read-only console: migrate refused", severity="warning")
             return
         table = self.query_one("#flows", DataTable)
-        if table.row_count == 0:
+        if table.row_count == 0 or not self.loaded:
             app.notify("no loaded flow", severity="warning")
             return
-        name, version = (str(c) for c in table.get_row_at(table.cursor_row)[:2])
+        flow = self.loaded[min(table.cursor_row, len(self.loaded) - 1)]
+        name, version = str(flow["name"]), str(flow["version"])
 
         def confirmed(yes: bool | None) -> None:
             if yes:
@@ -239,7 +254,7 @@ class FlowsScreen(TableView):
         question = f"Migrate unfinished {name} instances to version {version}?"
         app.push_screen(ConfirmScreen(question, yes="Migrate"), confirmed)
 
-    @work(thread=True, group="commands")
+    @background("commands")
     def _migrate(self, name: str) -> None:
         app = self.app
         try:
@@ -268,24 +283,27 @@ class FlowsScreen(TableView):
     def show(self, result: FlowsInfo, now: float) -> None:
         errors = Text()
         if result.note:
-            errors.append(result.note + "\n", style="dim")
+            literal.append(errors, result.note, "dim")
+            errors.append("\n")
         if result.errors:
             errors.append(f"{len(result.errors)} validation error(s):\n", style="bold red")
             for e in result.errors:
-                errors.append(f"  {self._rel(e)}\n", style="red")
+                literal.append(errors, f"  {self._rel(e)}", "red")
+                errors.append("\n")
         elif self.app.data.flows_dir is not None and not result.note:
             errors.append("all flows valid\n", style="green")
         self.query_one("#flow-errors", Static).update(errors)
+        self.loaded = list(result.loaded)
         self.fill(
             "flows",
             [
                 (
-                    f["name"],
-                    f["version"],
+                    literal.cell(f["name"]),
+                    literal.cell(f["version"]),
                     str(f["states"]),
                     str(f["sensors"]),
                     str(f["rules"]),
-                    self._rel(f["path"]),
+                    literal.cell(self._rel(f["path"])),
                 )
                 for f in result.loaded
             ],
@@ -294,11 +312,11 @@ class FlowsScreen(TableView):
             "versions",
             [
                 (
-                    v["flow"],
-                    v["version"],
+                    literal.cell(v["flow"]),
+                    literal.cell(v["version"]),
                     fmt.span(now - v["loaded_at"]) + " ago",
                     _per_status(v.get("instances") or {}),
-                    self._rel(v["path"]),
+                    literal.cell(self._rel(v["path"])),
                 )
                 for v in result.versions
             ],

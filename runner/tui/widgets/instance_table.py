@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -23,7 +24,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from runner.tui import fmt
+from runner.error_line import error_line
+from runner.lifecycle import STATUSES
+from runner.tui import fmt, literal
 from runner.tui.model import Page, Query, Row
 
 
@@ -49,8 +52,8 @@ COLUMNS = (
     Column("attempts", "ATT", 4, "attempts", right=True),
     Column("restarts", "RST", 4, "restarts", right=True),
     Column("budget", "BUDGET", 7, "errors", right=True),
-    Column("due", "DUE IN", 7, "due", right=True),
-    Column("error", "LAST ERROR", 0),
+    Column("due", "DUE IN", 8, "due", right=True),
+    Column("error", "LAST ERROR / WAITS FOR", 0),
 )
 
 
@@ -61,23 +64,43 @@ LABEL_WIDTH = 24
 NO_MATCH = "no instances match"
 
 
+#: Longest text of one cell, in characters (the widest terminal shows less).
+CELL_LIMIT = 400
+
+
 def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
-    """The text of each column for one row at time ``now``."""
+    """The text of each column for one row at time ``now``; stored text made visible
+    (``runner.tui.literal``). An instance in an external state with nothing due says,
+    in the last column, which events it waits for (its last error follows)."""
     used = fmt.budget_used(row.state_errors, now, row.window)
+    waits = fmt.waits_for(row.status, row.due_at, row.waits_for)
+    error = literal.visible(error_line(row.last_error), CELL_LIMIT)
+    if waits:
+        error = f"waits for {literal.visible(waits, CELL_LIMIT)}" + (f" · {error}" if error else "")
     return {
         "mark": "●" if marked else " ",
         "id": str(row.id),
-        "flow": row.flow,
-        "label": row.label or "",
-        "state": row.state,
-        "status": row.status,
-        "lock": fmt.lock(row.locked_by, row.locked_until, now),
+        "flow": literal.visible(row.flow, CELL_LIMIT),
+        "label": literal.visible(row.label, CELL_LIMIT),
+        "state": literal.visible(row.state, CELL_LIMIT),
+        "status": literal.visible(row.status, CELL_LIMIT),
+        "lock": literal.visible(fmt.lock(row.locked_by, row.locked_until, now), CELL_LIMIT),
         "attempts": str(row.attempts),
         "restarts": str(row.restarts),
         "budget": fmt.budget(used, row.max_errors),
-        "due": fmt.due_in(row.due_at, now, row.status),
-        "error": fmt.one_line(row.last_error),
+        "due": "on event" if waits else fmt.due_in(row.due_at, now, row.status),
+        "error": error,
     }
+
+
+def fit(value: str, width: int, right: bool = False) -> str:
+    """``value`` padded or cut to exactly ``width`` terminal cells (wide characters
+    count two), aligned right when ``right``."""
+    if value.isascii():  # one cell per character: the common case, cheaper
+        return value[:width].rjust(width) if right else value[:width].ljust(width)
+    if right and cell_len(value) < width:
+        return " " * (width - cell_len(value)) + value
+    return set_cell_size(value, width)
 
 
 class InstanceTable(ScrollView, can_focus=True):
@@ -96,6 +119,7 @@ class InstanceTable(ScrollView, can_focus=True):
         "instance-table--failed",
         "instance-table--killed",
         "instance-table--error",
+        "instance-table--waiting",
     }
 
     BINDINGS = [
@@ -319,14 +343,14 @@ class InstanceTable(ScrollView, can_focus=True):
             if not self.has_focus:
                 line_style += Style(dim=True)
         segments = []
+        waiting = text["due"] == "on event"
         for col, w in self._layout(width):
-            value = text[col.key]
-            value = value[:w].rjust(w) if col.right else value[:w].ljust(w)
+            value = fit(text[col.key], w, col.right)
             style = line_style
-            if col.key == "status":
+            if col.key == "status" and row.status in STATUSES:
                 style += self._style(row.status)
             elif col.key == "error" and value.strip():
-                style += self._style("error")
+                style += self._style("waiting" if waiting else "error")
             segments.append(Segment(value + " ", style))
         return Strip(segments).adjust_cell_length(width, line_style)
 

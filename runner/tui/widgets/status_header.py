@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from runner.lifecycle import STATUSES
-from runner.tui import fmt
+from runner.tui import fmt, literal
 from runner.tui.model import Query
 
 STATUS_STYLES = {
@@ -82,7 +82,7 @@ class StatusHeader(Static):
             parts.append(f"flow={q.flow}")
         if q.text:
             parts.append(f"/{q.text}")
-        t.append(" ".join(parts) or "none", style="bold cyan" if parts else "dim")
+        literal.append(t, " ".join(parts) or "none", "bold cyan" if parts else "dim", limit=200)
         t.append("   sort ", style="dim")
         t.append(f"{q.sort}{' ↓' if q.desc else ' ↑'}", style="bold")
         if self.total is not None:
