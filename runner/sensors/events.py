@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore, reading
 from runner.store.dead import dead_holders
 from runner.store.notify import notify_event
@@ -85,7 +86,7 @@ def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: fl
     names = sorted(set(names))
     if not names:
         return set()
-    at = time.time()
+    at = db_now(engine)  # the database's clock: leases shared by hosts
     with engine.begin() as conn:
         held = _take(conn, names, [worker_id], at, lease)
         missing = [n for n in names if n not in held]

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine.config import WorkerConfig
+from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
@@ -36,7 +38,7 @@ from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
-from runner.store.db import redact, short_error
+from runner.store.db import interrupt, redact, short_error
 from runner.store.dialect import dialect_of
 from runner.store.notify import DueListener, listen_db_url
 from runner.store.pooler import pooler_of
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
     from runner.sensors.hub import SensorHub
 
 log = logging.getLogger("flowrun.daemon")
+
+#: Threads for the parts' blocking calls (``asyncio.to_thread``), as many as
+#: ``ThreadPoolExecutor``'s default on this kind of machine.
+IO_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
@@ -331,6 +337,9 @@ async def serve(
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
+        # the parts' blocking calls (``asyncio.to_thread``) on daemon threads: one stuck
+        # on a dead network never keeps the process from exiting
+        loop.set_default_executor(DaemonThreads("flowrun-io", IO_THREADS))
     # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
     # thousands of objects) lives as long as the process: move it out of the collector's
     # sight, so the collections the hot loop's short-lived objects trigger stay cheap
@@ -462,8 +471,13 @@ async def serve(
         await worker_task
     finally:
         stop.set()
+        # the database does not answer: break off the parts' statements waiting for it,
+        # and give them a moment only (their leases expire; events wait for the next start)
+        cut_off = bool(aborted_by) or worker.unreachable
+        if cut_off:
+            interrupt()
         if side:
-            done, pending = await asyncio.wait(side, timeout=10)
+            done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
             for task in pending:
                 task.cancel()
             for task in done:

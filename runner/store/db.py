@@ -11,10 +11,13 @@ read lock to a write lock; its siblings on the same file are the worker's
 from __future__ import annotations
 
 import operator
+import os
 import re
+import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -27,6 +30,7 @@ from sqlalchemy.exc import (
 )
 
 from runner.errors import ConfigError
+from runner.store.clock import DbClock, track_server_clock
 from runner.store.dialect import dialect_of
 from runner.store.json_codec import loads_bytes
 from runner.store.pooler import install as install_pooler
@@ -43,6 +47,24 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 DEFAULT_POOL = 2
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
+#: Seconds one of a worker's statements may take on PostgreSQL: the server cancels one
+#: running longer (``statement_timeout``, set for each cycle's transaction by
+#: ``runner.store.leases.by_index``), and the worker breaks off a call whose answer does
+#: not come (``runner.engine.db_thread``: a silent network) a little later.
+STATEMENT_TIMEOUT = 4.5
+#: libpq's TCP settings for every PostgreSQL connection flowrun opens (the URL's own win):
+#: a peer that stops answering (a black-holed network drops packets, nothing refuses
+#: them) is noticed within seconds instead of the kernel's two hours of keepalive idle
+#: and 15 minutes of retransmissions. ``tcp_user_timeout`` (ms): data sent and not
+#: acknowledged for that long closes the connection; keepalive probes after 5 s of
+#: silence, every second, 3 unanswered end it.
+TCP_SETTINGS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5000,
+}
 
 
 def redact(url: str) -> str:
@@ -180,9 +202,12 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
     Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
     """
     args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
+    query = make_url(url).query
+    if "psycopg" in url:
+        args.update({k: v for k, v in TCP_SETTINGS.items() if k not in query})
     if readonly:
         args["options"] = "-c default_transaction_read_only=on"
-    if "application_name" not in make_url(url).query:
+    if "application_name" not in query:
         args["application_name"] = application_name[:63]  # NAMEDATALEN - 1
     engine = create_engine(
         url,
@@ -195,12 +220,26 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         json_deserializer=loads_bytes,
     )
 
+    clock = track_server_clock(engine, f"PostgreSQL at {engine.url.host or 'its socket'}")
+    clock_sql = f"SELECT {dialect_of(engine).server_clock}"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        read_server_clock(dbapi_conn, clock_sql, clock)
+
     @event.listens_for(engine, "checkin")
-    def _on_checkin(_dbapi_conn, record):  # pragma: no cover - trivial
+    def _on_checkin(dbapi_conn, record):  # pragma: no cover - trivial
+        _out.pop(id(dbapi_conn), None)
         record.info["flowrun_used"] = time.monotonic()
+
+    @event.listens_for(engine, "invalidate")
+    @event.listens_for(engine, "close")
+    def _on_gone(dbapi_conn, *_args):  # pragma: no cover - trivial
+        _out.pop(id(dbapi_conn), None)
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, _proxy):
+        _out[id(dbapi_conn)] = (threading.get_ident(), dbapi_conn)
         # A pooled connection may have been dropped by the server meanwhile (a restart,
         # ``idle_session_timeout``, a firewall): ping it, so the pool replaces it instead of
         # failing the caller's first statement. Not SQLAlchemy's ``pool_pre_ping``: that
@@ -225,6 +264,62 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
             raise DisconnectionError(short_error(exc)) from exc
 
     return engine
+
+
+def read_server_clock(dbapi_conn: Any, sql: str, clock: DbClock) -> None:
+    """Read the server's clock on a new psycopg connection ``dbapi_conn`` (``sql``: the
+    ``SELECT`` of ``Dialect.server_clock``) into ``clock``: one round trip, in autocommit,
+    so no transaction is left open."""
+    was = dbapi_conn.autocommit
+    dbapi_conn.autocommit = True
+    try:
+        cursor = dbapi_conn.cursor()
+        try:
+            sent = time.time()
+            cursor.execute(sql)
+            server = cursor.fetchone()[0]
+            received = time.time()
+        finally:
+            cursor.close()
+    finally:
+        dbapi_conn.autocommit = was
+    clock.observe(float(server), sent, received)
+
+
+#: PostgreSQL connections checked out now: ``{id(dbapi connection): (thread id, it)}``
+_out: dict[int, tuple[int, Any]] = {}
+
+
+def interrupt(thread: int | None = None) -> int:
+    """Break off every statement waiting on the network: shut down the socket of each
+    PostgreSQL connection checked out now by thread ``thread`` (``threading.get_ident()``),
+    or by any thread (``None``); returns how many.
+
+    The thread blocked in that connection's socket read gets an error at once
+    (``OperationalError``, a lost connection: the pool discards it), whatever the network
+    does: a frozen peer that acknowledges but never answers defeats TCP keepalives and
+    ``tcp_user_timeout``. Used for the worker's statement timeout
+    (``runner.engine.db_thread``) and at a stop. Safe from any thread; a connection
+    closed meanwhile is skipped.
+    """
+    n = 0
+    for owner, conn in list(_out.values()):
+        if thread is not None and owner != thread:
+            continue
+        try:
+            if conn.closed:
+                continue
+            fd = conn.pgconn.socket
+        except Exception:  # noqa: BLE001 - closed or lost meanwhile: nothing to break
+            continue
+        try:
+            # shutdown() acts on the socket, not the descriptor: the copy is closed at once
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            continue
+    return n
 
 
 def short_error(exc: BaseException) -> str:

@@ -5,11 +5,10 @@ them)."""
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import Engine, update
 
 from runner.store import host, leases
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.tables import workers
 
@@ -37,7 +36,7 @@ def register(engine: Engine, worker_id: str, every: float | None = None) -> None
     start time: ``runner.store.host.Identity``; started now, not stopped), recording
     ``every``, its heartbeat interval in seconds (``runner.ops.liveness`` judges the row by
     it; ``None`` leaves it unset)."""
-    at = time.time()
+    at = db_now(engine)
     me = host.current()
     row = {
         "host": me.host,
@@ -62,7 +61,7 @@ def beat(engine: Engine, worker_id: str, running: int) -> None:
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(heartbeat_at=time.time(), running=running)
+            .values(heartbeat_at=db_now(conn), running=running)
         )
 
 
@@ -75,5 +74,5 @@ def stopped(engine: Engine, worker_id: str, running: int, release: bool) -> None
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(stopped_at=time.time(), running=running)
+            .values(stopped_at=db_now(conn), running=running)
         )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
+from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
@@ -33,14 +34,17 @@ from runner.store.tables import instances
 
 
 def now() -> float:
-    """Seconds since the epoch, UTC."""
+    """Seconds since the epoch, UTC, by this host's clock (the worker's statements use
+    the database's: ``runner.store.clock.db_now``)."""
     return time.time()
 
 
 def by_index(conn: Connection) -> None:
     """PostgreSQL: plan the rest of the caller's transaction (a worker's cycle) with index
-    scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip);
-    nothing on SQLite.
+    scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip),
+    with a ``statement_timeout`` (``db.STATEMENT_TIMEOUT``), and read the server's clock
+    in the same statement (``runner.store.clock``: leases are judged by the database's
+    time); nothing on SQLite.
 
     The cycle's statements each touch a few rows, found by an index: the claim reads the
     oldest due rows in ``(status, due_at)`` order and stops after ``n``, the commit looks
@@ -52,9 +56,12 @@ def by_index(conn: Connection) -> None:
     the batch for each commit (17-47 ms for 256 rows, against 2-5 ms). A statement
     with no index to use (a count over OR-ed conditions) still runs, by a sequential scan.
     """
-    steer = hot_for(conn).by_index
+    hot = hot_for(conn)
+    steer = hot.by_index
     if steer is not None:
-        steer.fetch(conn, {})
+        sent = time.time()
+        rows = steer.fetch(conn, {})
+        hot.clock.observe(float(rows[0][-1]), sent, time.time())
 
 
 def has_due(conn: Connection, at: float) -> bool:
@@ -77,15 +84,15 @@ def claim_batch(
         worker_id: this worker's id, written to ``locked_by``.
         lease: seconds the claim lasts without renewal.
         limit: the most instances to claim.
-        at: the current time (epoch seconds); defaults to now.
+        at: the current time (epoch seconds); defaults to now on the database's clock.
 
     Returns the claims to run, oldest due first. No attempt row is written here: the
     instance row records the running attempt (``running_attempt``, ``locked_by``,
     ``state_attempted``) until its row is written at the end. An instance whose attempt a
     dead worker left running is not claimed until :func:`recover_lost` has recorded it.
     """
-    at = now() if at is None else at
     hot = hot_for(conn)
+    at = hot.clock.now() if at is None else at
     rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
@@ -147,7 +154,7 @@ def recover_lost(
     so two daemons never record the same attempt twice. Paused and killed instances are
     left to the operator commands (``runner.ops.commands``), which close their attempts.
     """
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     i = instances.c
     q = select(
         i.id,
@@ -224,7 +231,7 @@ def renew(
     """
     if not held:
         return []
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     ids = list(held)
     conn.execute(
         update(instances)
@@ -263,7 +270,7 @@ def busy_count(conn: Connection, at: float | None = None) -> int:
     (its worker died: ``recover_lost`` restarts it, so ``--exit-when-idle`` must not exit
     between the expiry and that recovery). An orphan of a dead worker on a paused
     instance is not work: it is closed when the instance is resumed or killed."""
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     i = instances.c
     q = select(func.count()).where(
         or_(

@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from runner.errors import ConfigError
-from runner.store.db import normalize_url, redact
+from runner.store.db import TCP_SETTINGS, normalize_url, redact
 from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.notify")
@@ -149,10 +149,12 @@ class DueListener:
         while not stop.is_set():
             try:
                 named = "application_name" in self.url
+                tcp = {k: v for k, v in TCP_SETTINGS.items() if k not in self.url}
                 conn = await psycopg.AsyncConnection.connect(
                     self.url,
                     autocommit=True,
                     connect_timeout=5,
+                    **tcp,  # a silent network is noticed within seconds
                     **({} if named else {"application_name": self.application_name}),
                 )
             except psycopg.Error as exc:
