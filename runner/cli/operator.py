@@ -93,7 +93,7 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
     from runner.cli.render import instance_table
     from runner.ops.queries import waiting_events
 
-    instance_table(rows, waits=waiting_events(c.reader, rows))
+    instance_table(rows, waits=waiting_events(c.reader, rows) if rows else {})
 
 
 @click.command()
