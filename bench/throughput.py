@@ -25,7 +25,12 @@ a pool of 2 x cores threads doing the same, measured in this process between the
 (5 names, two of them ``{data.…}`` templates), one secret file and ``limits`` (memory,
 cpu, files), and prints its ratio to the plain flow.
 
-    python bench/throughput.py [--n 10000] [--concurrency 64]
+Each flowrun figure is taken twice, interleaved: at the daemon's default ``--concurrency``
+(no option given: what a user who sets nothing gets) and at this bench's best
+(``--concurrency``, 64); both are printed, with their medians over ``--repeat``.
+``--skip-default`` runs only the best.
+
+    python bench/throughput.py [--n 10000] [--concurrency 64] [--skip-default]
                                [--case noop|fail_once|both|exec] [--repeat 5] [--huey-workers 2]
                                [--setup]
 """
@@ -100,14 +105,15 @@ async def fail_once(ctx):
 
 def run_flowrun(
     n: int,
-    concurrency: int,
+    concurrency: int | None,
     case: str,
     workdir: Path,
     extra: tuple[str, ...] = (),
     root: Path | None = None,
 ) -> dict:
-    """Drain ``n`` instances with one daemon (``extra``: more daemon options; ``root``:
-    the flowrun of that source tree, default this one); returns the figures."""
+    """Drain ``n`` instances with one daemon at ``concurrency`` (``None``: the daemon's
+    default; ``extra``: more daemon options; ``root``: the flowrun of that source tree,
+    default this one); returns the figures."""
     from sqlalchemy import func, select
 
     from runner.flowspec.compiler import load_flow
@@ -138,8 +144,7 @@ def run_flowrun(
             "runner.cli",
             "--daemon",
             "--exit-when-idle",
-            "--concurrency",
-            str(concurrency),
+            *(["--concurrency", str(concurrency)] if concurrency is not None else []),
             "--log-format",
             "json",
             *extra,
@@ -216,6 +221,17 @@ def spawn_ceiling(n: int) -> dict[str, float]:
 
 
 HUEY_CONFIGS = [(1, "thread"), (2, "thread"), (2, "process")]
+#: The key of the figures taken at the daemon's default ``--concurrency``.
+DEFAULT = "flowrun at the default"
+
+
+def sides(args: argparse.Namespace, r: int) -> list[tuple[str, int | None]]:
+    """The flowrun runs of repetition ``r``: ``("flowrun", --concurrency)`` and, unless
+    ``--skip-default``, ``(DEFAULT, None)``, in alternating order."""
+    runs: list[tuple[str, int | None]] = [("flowrun", args.concurrency)]
+    if not args.skip_default:
+        runs.append((DEFAULT, None))
+    return runs if r % 2 == 0 else runs[::-1]
 
 
 def main_exec(args: argparse.Namespace) -> None:
@@ -229,20 +245,21 @@ def main_exec(args: argparse.Namespace) -> None:
 
     for r in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
-            fr = run_flowrun(n, args.concurrency, "exec", Path(tmp) / "flowrun")
-            add("flowrun", fr["per_s"])
-            print(
-                f"[exec {r + 1}] flowrun: {fr['transitions']} transitions in "
-                f"{fr['seconds']:.2f}s = {fr['per_s']:,.0f}/s (process wall {fr['wall']:.2f}s, "
-                f"concurrency {args.concurrency})",
-                flush=True,
-            )
+            for key, conc in sides(args, r):
+                fr = run_flowrun(n, conc, "exec", Path(tmp) / key.replace(" ", "-"))
+                add(key, fr["per_s"])
+                print(
+                    f"[exec {r + 1}] {key}: {fr['transitions']} transitions in "
+                    f"{fr['seconds']:.2f}s = {fr['per_s']:,.0f}/s (process wall "
+                    f"{fr['wall']:.2f}s, concurrency {conc or 'default'})",
+                    flush=True,
+                )
             if args.setup:
                 su = run_flowrun(n, args.concurrency, "exec-setup", Path(tmp) / "setup")
                 add("flowrun (setup)", su["per_s"])
                 print(
                     f"[exec {r + 1}] flowrun with env, a secret and limits: {su['per_s']:,.0f}/s"
-                    f" ({su['per_s'] / fr['per_s']:.2f}x the plain flow)",
+                    f" ({su['per_s'] / rates['flowrun'][-1]:.2f}x the plain flow)",
                     flush=True,
                 )
             if args.compare:
@@ -276,15 +293,19 @@ def main_exec(args: argparse.Namespace) -> None:
                 flush=True,
             )
             line = f"[exec {r + 1}] ratios (this run): flowrun/ceiling "
-            line += f"{fr['per_s'] / rates['ceiling'][-1]:.2f}x"
+            line += f"{rates['flowrun'][-1] / rates['ceiling'][-1]:.2f}x"
+            if DEFAULT in rates:
+                line += f", at the default {rates[DEFAULT][-1] / rates['ceiling'][-1]:.2f}x"
             if "huey best" in rates:
-                line += f", flowrun/huey-best {fr['per_s'] / rates['huey best'][-1]:.2f}x"
+                line += f", flowrun/huey-best {rates['flowrun'][-1] / rates['huey best'][-1]:.2f}x"
             print(line, flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"[exec] medians of {args.repeat} (n {n}):")
     for k, v in med.items():
         print(f"  {k:>28}: {v:,.0f}/s")
     line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
+    if DEFAULT in med:
+        line += f", at the default {med[DEFAULT] / med['ceiling']:.2f}x"
     if "flowrun (setup)" in med:
         line += f", set-up/plain {med['flowrun (setup)'] / med['flowrun']:.2f}x"
     if "flowrun (compare)" in med:
@@ -300,6 +321,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--case", choices=["noop", "fail_once", "both", "exec"], default="both")
     ap.add_argument("--skip-huey", action="store_true")
+    ap.add_argument(
+        "--skip-default",
+        action="store_true",
+        help="run flowrun only at --concurrency, not also at the daemon's default",
+    )
     ap.add_argument(
         "--compare",
         metavar="ROOT",
@@ -341,16 +367,20 @@ def main() -> None:
         return
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:
-        rates: dict[str, list[float]] = {"flowrun": [], "default": [], "normal": []}
-        for _ in range(args.repeat):
+        rates: dict[str, list[float]] = {"flowrun": [], DEFAULT: [], "default": [], "normal": []}
+        for r in range(args.repeat):
             with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
-                fr = run_flowrun(args.n, args.concurrency, case, Path(tmp))
-                rates["flowrun"].append(fr["per_s"])
-                print(
-                    f"[{case}] flowrun: {fr['transitions']} transitions ({fr['attempts']} "
-                    f"attempts) in {fr['seconds']:.2f}s = {fr['per_s']:,.0f} transitions/s "
-                    f"(process wall {fr['wall']:.2f}s, concurrency {args.concurrency})"
-                )
+                for key, conc in sides(args, r):
+                    got = run_flowrun(args.n, conc, case, Path(tmp) / key.replace(" ", "-"))
+                    rates[key].append(got["per_s"])
+                    print(
+                        f"[{case}] {key}: {got['transitions']} transitions ({got['attempts']} "
+                        f"attempts) in {got['seconds']:.2f}s = {got['per_s']:,.0f} "
+                        f"transitions/s (process wall {got['wall']:.2f}s, concurrency "
+                        f"{conc or 'default'})"
+                    )
+                    if key == "flowrun":
+                        fr = got
                 if args.skip_huey:
                     continue
                 for sync in ("default", "normal"):
@@ -361,9 +391,14 @@ def main() -> None:
                         f"{hr['per_s']:,.0f} tasks/s; ratio flowrun/huey = "
                         f"{fr['per_s'] / hr['per_s']:.2f}x"
                     )
-        if args.repeat > 1:
+        if args.repeat > 1 or rates[DEFAULT]:
             med = {k: statistics.median(v) for k, v in rates.items() if v}
             line = f"[{case}] median of {args.repeat}: flowrun {med['flowrun']:,.0f} transitions/s"
+            if DEFAULT in med:
+                line += (
+                    f" (at the default {med[DEFAULT]:,.0f}/s, "
+                    f"{med[DEFAULT] / med['flowrun']:.2f}x of --concurrency {args.concurrency})"
+                )
             for sync in ("default", "normal"):
                 if sync in med:
                     line += (

@@ -55,11 +55,38 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+#: SQLite's primary result code for a write to a read-only database (``SQLITE_READONLY``).
+SQLITE_READONLY = 8
+#: PostgreSQL's SQLSTATE for a write in a read-only transaction (a standby, or
+#: ``default_transaction_read_only``).
+PG_READ_ONLY = "25006"
+
+
+def read_only_database(exc: BaseException) -> bool:
+    """True when ``exc`` (a driver error, or SQLAlchemy's wrapping ``exc.orig``) says the
+    database cannot be written at all: a read-only SQLite file, folder or mount, or a
+    read-only PostgreSQL server. That is the set-up's fault, not a passing failure: trying
+    again does not help."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_READONLY:
+        return True
+    if getattr(orig, "sqlstate", None) == PG_READ_ONLY:
+        return True
+    return "readonly database" in str(orig)
+
+
 def database_failure(exc: BaseException) -> str:
     """One line for a database error that interrupted a command or a console action:
-    the driver's first line (``exc.orig`` for SQLAlchemy errors), a full disk named."""
+    the driver's first line (``exc.orig`` for SQLAlchemy errors), a full disk or a
+    read-only database (:func:`read_only_database`) named."""
     lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     text = lines[0][:200] if lines else type(exc).__name__
+    if read_only_database(exc):
+        return (
+            f"the database is read-only: {text} (flowrun writes the database, and on SQLite "
+            "its -wal and -shm files and their folder: check the permissions and the mount)"
+        )
     if "disk is full" in text or "No space left" in text or "disk I/O error" in text:
         return f"database write failed: {text} (free some disk space and try again)"
     return f"database error: {text} (nothing was changed; try again)"

@@ -1,4 +1,5 @@
-"""Shared fixtures: ``pg_url``, a fresh PostgreSQL database per test.
+"""Shared fixtures: ``pg_url``, a fresh PostgreSQL database per test, and ``pgbouncer_url``,
+the same database through a real PgBouncer in transaction pooling mode.
 
 The server is ``FLOWRUN_TEST_PG`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``,
 an admin connection used only to create and drop databases). When it cannot be reached the
@@ -105,3 +106,25 @@ def spawn_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     else:
         monkeypatch.setattr(native, "ext", None)
     return request.param
+
+
+@pytest.fixture
+def pgbouncer_url(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``pg_url``'s database reached through a real PgBouncer in transaction pooling mode
+    (``tests.support.pgbouncer.Bouncer``: its own ini on a free port, ``auth_type =
+    trust``), stopped afterwards.
+
+    Skips when the ``pgbouncer`` binary is not installed (``apt-get install pgbouncer``),
+    or fails with ``FLOWRUN_PG_REQUIRED=1`` (as CI does), as the PostgreSQL fixtures do.
+    """
+    from tests.support.pgbouncer import Bouncer, pgbouncer_binary
+
+    binary = pgbouncer_binary()
+    if binary is None:
+        _unreachable("pgbouncer is not installed (apt-get install pgbouncer)")
+    bouncer = Bouncer(binary, tmp_path_factory.mktemp("pgbouncer"), ADMIN_URL)
+    bouncer.start()
+    try:
+        yield bouncer.url(pg_url)
+    finally:
+        bouncer.stop()

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from runner.errors import ConfigError, FlowErrors, UserError
+from runner.literal import literal
 
 if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
     from runner.engine.config import WorkerConfig
@@ -27,6 +29,34 @@ _CREATES = (
     "nothing has run here yet; `flowrun start FLOW` or `flowrun --daemon` creates it, "
     "--db/FLOWRUN_DB chooses another"
 )
+
+
+#: The systemd credential (``LoadCredential=flowrun-db:FILE``) holding the database URL.
+DB_CREDENTIAL = "flowrun-db"
+
+
+def credential_db(environ: Mapping[str, str]) -> str | None:
+    """The database URL in ``$CREDENTIALS_DIRECTORY/flowrun-db`` (systemd's
+    ``LoadCredential=``), surrounding whitespace stripped; ``None`` when the variable is
+    unset or the file does not exist. Used only when neither ``--db`` nor ``FLOWRUN_DB``
+    is given.
+
+    Raises:
+        ConfigError: the file cannot be read or is empty (exit 2).
+    """
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    path = Path(folder) / DB_CREDENTIAL
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the database URL: {exc}") from None
+    if not url:
+        raise ConfigError(f"{path}: empty; it should hold the database URL")
+    return url
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -55,7 +85,8 @@ class Ctx:
         lease: seconds a claim lasts without renewal (``--lease``).
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
-    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int),
+    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int, or
+    ``None``: ``runner.engine.config.default_concurrency``),
     ``prefetch`` (int or ``None``),
     ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
     (``"text"``/``"json"``) and ``grace`` (seconds).
@@ -66,6 +97,15 @@ class Ctx:
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
         self.worker_options: dict[str, Any] = {}
+        #: ``retention`` (a ``runner.retention.Retention``), ``event_retention`` (seconds or
+        #: ``None``) and ``prune_every`` (seconds or ``None``): ``--retention`` & co.
+        self.retention: dict[str, Any] = {}
+        #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
+        #: ``runner.store.pooler``).
+        self.pooler = "auto"
+        #: PostgreSQL: the direct URL a daemon or the console's worker listens on
+        #: (``--listen-db``), or ``None``.
+        self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
         self._engine = None
@@ -87,7 +127,10 @@ class Ctx:
             if missing is not None:
                 raise UserError(f"no database at {missing} ({_CREATES})", 1)
             self._engine = make_engine(
-                self.db, pool=self.pool, application_name=self.application_name
+                self.db,
+                pool=self.pool,
+                application_name=self.application_name,
+                pooler=self.pooler,
             )
         return self._engine
 
@@ -176,10 +219,11 @@ def flow_to_start(c: Ctx, name: str) -> Any:
     broken = [p for p in reg.errors if Path(p).stem == name or Path(p).resolve() in known]
     if not broken:
         return reg.get(name)  # raises the "unknown flow" line
+
     for path in broken:
-        click.echo(f"flowrun: {path} has errors:", err=True)
+        click.echo(f"flowrun: {literal(path)} has errors:", err=True)
         for e in reg.errors[path]:
-            click.echo(f"  {e}", err=True)
+            click.echo(f"  {literal(e, lines=True)}", err=True)
     if stored is None:
         raise UserError(f"flow '{name}' has errors and no good version of it is stored", 2)
     from runner.ops.views import iso
@@ -204,7 +248,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     o = c.worker_options
     cfg = WorkerConfig(
         lease=c.lease,
-        concurrency=o["concurrency"],
         prefetch=o.get("prefetch"),
         grace=o["grace"],
         exit_when_idle=o["exit_when_idle"],
@@ -212,4 +255,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
     )
     if o["worker_id"]:
         cfg.worker_id = o["worker_id"]
+    if o["concurrency"] is not None:  # else the default, 16 per core
+        cfg.concurrency = o["concurrency"]
     return cfg

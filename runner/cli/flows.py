@@ -12,6 +12,7 @@ import click
 
 from runner.cli.context import Ctx, pass_ctx
 from runner.errors import ConfigError, FlowErrors
+from runner.literal import literal
 
 
 @click.command()
@@ -57,8 +58,9 @@ def check(c: Ctx, paths: tuple[Path, ...]):
                 errors += regs[0].check_alone(flow, *regs[1:])
         else:
             raise ConfigError(f"{p}: no such file or folder")
+
     for e in [*errors, *warnings]:
-        click.echo(str(e), err=True)
+        click.echo(literal(e, lines=True), err=True)
     if errors:
         raise SystemExit(2)
     click.echo(f"ok: {count} flow{'s' if count != 1 else ''} valid")
@@ -78,7 +80,8 @@ def graph(c: Ctx, flow: str, fmt: str):
         ConfigError: the flows folder does not exist.
         UserError: no loaded flow is called FLOW (exit 2).
     """
-    click.echo(c.registry().get(flow).graph(fmt))
+
+    click.echo(literal(c.registry().get(flow).graph(fmt), lines=True))
 
 
 @click.command()

@@ -21,8 +21,17 @@ import click
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import READ_ONLY, Ctx, pass_ctx, worker_config
-from runner.errors import ConfigError, FlowErrors, UserError, database_failure
+from runner.cli.context import READ_ONLY, Ctx, credential_db, pass_ctx, worker_config
+from runner.errors import (
+    ConfigError,
+    FlowErrors,
+    UserError,
+    database_failure,
+    read_only_database,
+)
+from runner.literal import literal
+from runner.retention import DEFAULT as DEFAULT_RETENTION
+from runner.retention import EVENT_WINDOW, Retention, parse_retention, parse_window
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -30,10 +39,12 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 
 EPILOG = """\b
 Exit codes: 0 ok (--daemon: clean stop or idle exit); 1 unknown id (or a refused
-command); 2 bad flows, config or usage; 70 a daemon part could not be kept alive;
-75 the database failed mid-command (full disk, lost connection): nothing was changed;
+command); 2 bad flows, config or usage, or a read-only database; 70 a daemon part
+could not be kept alive; 75 the database failed mid-command (full disk, lost
+connection): nothing was changed;
 130/143 a daemon aborted by a second SIGINT/SIGTERM.
-Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE).
+Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWRUN_LEASE,
+FLOWRUN_RETENTION, ...).
 """
 
 
@@ -51,7 +62,9 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     envvar="FLOWRUN_DB",
     default=DEFAULT_URL,
     show_default=True,
-    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db.",
+    help="Database URL: sqlite:///path or postgresql+psycopg://user@host/db. Neither this "
+    "nor FLOWRUN_DB given: the file $CREDENTIALS_DIRECTORY/flowrun-db (systemd "
+    "LoadCredential=) when present, else the default.",
 )
 @click.option(
     "--lease",
@@ -65,10 +78,10 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
+    default=None,
     envvar="FLOWRUN_CONCURRENCY",
-    help="Attempts run at once by this worker.",
+    help="Attempts run at once by this worker (default: 16 per core this process may run "
+    "on, at most 256).",
 )
 @click.option(
     "--prefetch",
@@ -129,6 +142,51 @@ Every option also reads its FLOWRUN_* variable (FLOWRUN_FLOWS, FLOWRUN_DB, FLOWR
     "adds one listening connection.",
 )
 @click.option(
+    "--retention",
+    envvar="FLOWRUN_RETENTION",
+    default=DEFAULT_RETENTION.text(),
+    show_default=True,
+    callback=lambda _ctx, _param, value: _retention(value),
+    help="How long terminal instances are kept where a flow file sets no retention: one "
+    "window for all (30d, 12h, forever) or STATUS=WINDOW pairs (completed, failed, killed).",
+)
+@click.option(
+    "--event-retention",
+    envvar="FLOWRUN_EVENT_RETENTION",
+    default="30d",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _window(value),
+    help="How long a handled sensor event is kept once no instance it started is left "
+    "(a duration or forever).",
+)
+@click.option(
+    "--prune-every",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    envvar="FLOWRUN_PRUNE_EVERY",
+    help="--daemon: seconds between the pruner's rounds (0: no pruner in this daemon).",
+)
+@click.option(
+    "--db-pooler",
+    type=click.Choice(["auto", "transaction", "none"]),
+    default="auto",
+    show_default=True,
+    envvar="FLOWRUN_DB_POOLER",
+    help="PostgreSQL: is --db reached through a transaction-pooling pooler (PgBouncer's "
+    "pool_mode = transaction)? Then nothing is prepared on the server and LISTEN needs "
+    "--listen-db. auto: found out on connecting; none: direct or session pooling. A "
+    "pooler= parameter of the URL wins.",
+)
+@click.option(
+    "--listen-db",
+    metavar="URL",
+    envvar="FLOWRUN_LISTEN_DB",
+    help="--daemon and the console's worker on PostgreSQL: LISTEN for wake-ups on this "
+    "direct URL of the same database (default: --db's; behind a transaction-pooling "
+    "pooler, without it, the worker polls).",
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -154,13 +212,21 @@ def main_group(
     idle_poll=None,
     pool_size=2,
     prefetch=None,
+    retention=DEFAULT_RETENTION,
+    event_retention=EVENT_WINDOW,
+    prune_every=300.0,
+    db_pooler="auto",
+    listen_db=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
     Without a command: `flowrun` opens the console (with an embedded worker);
     `flowrun --daemon` runs the headless worker.
     """
+    if ctx.get_parameter_source("db") is click.core.ParameterSource.DEFAULT:
+        db = credential_db(os.environ) or db
     ctx.obj = Ctx(flows, db, lease, pool=pool_size)
+    ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
     ctx.obj.worker_options = dict(
@@ -173,10 +239,33 @@ def main_group(
         idle_poll=idle_poll,
     )
     ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
+    ctx.obj.retention = dict(
+        retention=retention, event_retention=event_retention, prune_every=prune_every or None
+    )
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
         ctx.invoke(tui)
+
+
+def _retention(value: str | Retention) -> Retention:
+    """``--retention``'s callback: the parsed policy, or one usage error line."""
+    if isinstance(value, Retention):
+        return value
+    try:
+        return parse_retention(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--retention") from None
+
+
+def _window(value: str | float | None) -> float | None:
+    """``--event-retention``'s callback: seconds, ``None`` for forever."""
+    if value is None or isinstance(value, float):
+        return value
+    try:
+        return parse_window(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--event-retention") from None
 
 
 def run_daemon(c: Ctx) -> int:
@@ -234,6 +323,10 @@ def _run_daemon(c: Ctx) -> int:
             metrics=address,
             progress=c.worker_options["exit_when_idle"],
             log_attempts=so["log_attempts"],
+            prune_every=c.retention["prune_every"],
+            retention=c.retention["retention"],
+            event_retention=c.retention["event_retention"],
+            listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
@@ -288,12 +381,13 @@ def _add_novel_commands() -> None:
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
     from runner.cli import migrate as cli_migrate
+    from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
     from runner.cli import serve as cli_serve
     from runner.cli import sleep as cli_sleep
 
     novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
-    novel += cli_serve.COMMANDS
+    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group
@@ -320,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
 
     Returns the exit code (0 ok, 1 unknown id or refused command, 2 bad flows, config or
-    usage, 75 the database failed mid-command, e.g. a full disk, 130 interrupted); raises
-    nothing for user mistakes or database failures.
+    usage, an argument that is not UTF-8 text, or a read-only database, 75 the database
+    failed mid-command, e.g. a full disk, 130 interrupted); raises nothing for user
+    mistakes or database failures.
     """
     try:
         main_group.main(args=argv, prog_name="flowrun", standalone_mode=False)
@@ -333,14 +428,19 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code if exc.exit_code else 2
     except FlowErrors as exc:
         for e in exc.errors:
-            click.echo(str(e), err=True)
+            click.echo(literal(e, lines=True), err=True)
         return 2
     except (ConfigError, UserError) as exc:
-        click.echo(f"flowrun: {exc}", err=True)
+        click.echo(f"flowrun: {literal(exc, lines=True)}", err=True)
         return exc.exit_code
+    except UnicodeEncodeError as exc:  # an argument with bytes that are not UTF-8
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
+        byte = "".join(f"0x{ord(ch) - 0xDC00:02x}" for ch in bad if 0xDC80 <= ord(ch) <= 0xDCFF)
+        click.echo(f"flowrun: an argument is not UTF-8 text (byte {byte or '?'})", err=True)
+        return 2
     except _database_errors() as exc:  # failed mid-command: its transaction rolled back
-        click.echo(f"flowrun: {database_failure(exc)}", err=True)
-        return EXIT_DATABASE
+        click.echo(f"flowrun: {literal(database_failure(exc), lines=True)}", err=True)
+        return 2 if read_only_database(exc) else EXIT_DATABASE  # read-only: a set-up fault
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

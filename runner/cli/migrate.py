@@ -9,6 +9,7 @@ import json
 import click
 
 from runner.cli.context import Ctx, pass_ctx
+from runner.literal import literal
 
 
 @click.command()
@@ -65,12 +66,12 @@ def migrate(c: Ctx, ids, flow, to, pairs, dry_run, wait, as_json):
         click.echo(json.dumps([r.__dict__ for r in results], indent=2))
     else:
         if not results:
-            click.echo(f"no instance of flow {flow} to migrate to {target}")
+            click.echo(f"no instance of flow {literal(flow)} to migrate to {literal(target)}")
         for r in results:
             if r.ok:
-                click.echo(("would migrate " if dry_run else "") + r.message)
+                click.echo(("would migrate " if dry_run else "") + literal(r.message))
             else:
-                click.echo(f"flowrun: {r.message}", err=True)
+                click.echo(f"flowrun: {literal(r.message)}", err=True)
     if any(not r.ok and not r.message.endswith("already on version " + target) for r in results):
         raise SystemExit(1)
 

@@ -19,6 +19,7 @@ from runner import lifecycle
 from runner.cli.context import Ctx, flow_to_start, pass_ctx
 from runner.cli.data import parse_data
 from runner.errors import UserError
+from runner.literal import literal
 
 if TYPE_CHECKING:  # the database side is imported in the command bodies (fast --help)
     from runner.ops.commands import CommandResult
@@ -90,8 +91,9 @@ def ls_cmd(c: Ctx, flow, status, as_json, limit, search=None):
         click.echo(json_lines_array([instance_json(r) for r in rows]))
         return
     from runner.cli.render import instance_table
+    from runner.ops.queries import waiting_events
 
-    instance_table(rows)
+    instance_table(rows, waits=waiting_events(c.reader, rows) if rows else {})
 
 
 @click.command()
@@ -135,7 +137,7 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
             id_list += select_ids(conn, flow=flow, status=lifecycle.sources(command))
         if not id_list:
             done = {"pause": "paused", "resume": "resumed", "kill": "killed", "retry": "retried"}
-            click.echo(f"no instance of flow {flow!r} can be {done[command]}")
+            click.echo(f"no instance of flow '{literal(flow)}' can be {done[command]}")
             return
     report(submit(c.engine, id_list, command, event=event, source="cli"))
 
@@ -143,12 +145,13 @@ def _command(c: Ctx, command: str, ids: tuple[int, ...], flow: str | None, event
 def report(results: list[CommandResult]) -> None:
     """Print one line per command result (refusals on stderr); ``SystemExit(1)`` when any
     instance refused the command or was unknown."""
+
     code = 0
     for r in results:
         if r.ok:
-            click.echo(r.message)
+            click.echo(literal(r.message))
         else:
-            click.echo(f"flowrun: {r.message}", err=True)
+            click.echo(f"flowrun: {literal(r.message)}", err=True)
             code = 1
     if code:
         raise SystemExit(code)
@@ -192,10 +195,10 @@ def send(c: Ctx, instance_id: int, event: str):
     results = submit(c.engine, [instance_id], "send", event=event, source="cli")
     r = results[0]
     if r.ok:
-        click.echo(r.message)
+        click.echo(literal(r.message))
         return
     # the refusal already names the events the state accepts ("(allowed: ...)")
-    click.echo(f"flowrun: {r.message}", err=True)
+    click.echo(f"flowrun: {literal(r.message)}", err=True)
     raise SystemExit(1 if r.message.startswith("no instance") else 2)
 
 

@@ -1,27 +1,36 @@
-"""Human output of the CLI (``--json`` is the machine output): rich tables, no colour codes
-when stdout is not a terminal."""
+"""Human output of the CLI (``--json`` is the machine output): tables, no colour codes when
+stdout is not a terminal.
+
+Every stored or user text goes through ``runner.literal.literal`` before it is printed,
+and rich prints with markup and emoji codes off: ``[bold]`` in a log line is shown as
+``[bold]``, an escape sequence in a file name as ``\\x1b``."""
 
 from __future__ import annotations
 
 import functools
 import json
 import shutil
+import textwrap
 import time
 from datetime import datetime
 
 import click
 
 from runner.error_line import error_line
+from runner.literal import literal, one_line
+from runner.ops.views import INSTANCE_KEYS
 from runner.tui import fmt
 
 
 @functools.lru_cache(maxsize=1)
 def _rich():
-    """``(console, Table)``: rich, imported on first use (``ls`` needs none of it)."""
+    """``(console, Table)``: rich, imported on first use (``ls`` needs none of it). The
+    console reads no markup and no ``:emoji:`` codes in what it prints: every string is
+    shown as it is (styles are given as ``style=``, never as markup)."""
     from rich.console import Console
     from rich.table import Table
 
-    return Console(highlight=False, soft_wrap=False), Table
+    return Console(highlight=False, soft_wrap=False, markup=False, emoji=False), Table
 
 
 def _ago(iso_ts: str | None, *, future: bool = False) -> str:
@@ -42,6 +51,11 @@ def _ago(iso_ts: str | None, *, future: bool = False) -> str:
     return sign + text
 
 
+def terminal_width(width: int | None = None) -> int:
+    """``width``, or the terminal's width in cells (``COLUMNS`` when set, 80 when piped)."""
+    return width if width is not None else shutil.get_terminal_size((80, 24)).columns
+
+
 def json_lines_array(items: list) -> str:
     """A JSON array with one item per line: valid JSON, readable, and written by the
     ``json`` module's C encoder (``indent`` falls back to its pure-Python encoder, which
@@ -53,24 +67,29 @@ def json_lines_array(items: list) -> str:
 
 #: The instance table's columns: (header, key, least width it shrinks to or ``None`` when
 #: it never shrinks, rank in which it is dropped when even shrunk they do not fit, or
-#: ``None`` when it always shows). ``id`` and ``status`` always show.
+#: ``None`` when it always shows). ``id`` and ``status`` always show; by their value to an
+#: operator the label and the last error go last, the counters and the lock first.
 INSTANCE_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("id", "id", None, None),
-    ("flow", "flow", 8, 8),
-    ("label", "label", 8, 6),
-    ("state", "state", 8, 7),
+    ("flow", "flow", 8, 4),
+    ("label", "label", None, 8),
+    ("state", "state", 8, 6),
     ("status", "status", None, None),
-    ("att", "attempts", None, 3),
-    ("err", "errors", None, 4),
-    ("rst", "restarts", None, 2),
+    ("att", "attempts", None, 2),
+    ("err", "errors", None, 3),
+    ("rst", "restarts", None, 1),
     ("due in", "due", None, 5),
-    ("lock", "lock", 8, 1),
-    ("last error", "last_error", 12, 0),
+    ("lock", "lock", 8, 0),
+    ("last error", "last_error", 20, 7),
 )
-#: The order in which columns shrink (down to their least width) before any is dropped.
-SHRINK_ORDER = ("last_error", "lock", "label", "flow", "state")
+#: The order in which the columns left shrink (down to their least width) when they do
+#: not fit at their natural width. A label (at most ``LABEL_WIDTH`` cells) is never cut:
+#: two labels cut to the same prefix tell nothing apart.
+SHRINK_ORDER = ("lock", "flow", "last_error", "state")
 #: The widest a ``last error`` cell gets.
 LAST_ERROR_WIDTH = 60
+#: The most of an event's ``what`` (its line, its file) ``events`` shows.
+EVENT_WHAT_WIDTH = 200
 #: The widest a ``label`` cell gets.
 LABEL_WIDTH = 30
 
@@ -129,58 +148,79 @@ def fit_columns(
     return out
 
 
-def instance_table(rows: list[dict], *, width: int | None = None) -> None:
+def waiting(events: tuple[str, ...] | list[str]) -> str:
+    """What an instance waiting for an ``on:`` event is due on: ``on release|discard``
+    (``on event`` when its state accepts none)."""
+    return "on " + ("|".join(literal(e) for e in events) or "event")
+
+
+def instance_table(
+    rows: list[dict], *, width: int | None = None, waits: dict[int, tuple[str, ...]] | None = None
+) -> None:
     """Print instances (``runner.ops.queries.read_instances`` rows with ``TABLE_KEYS``,
     times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
     errors, restarts, due, lock, last error, fitted to ``width`` cells (default: the
     terminal's, or ``COLUMNS``, or 80 when piped). ``id`` and ``status`` always show; the
-    other columns shrink, then drop.
+    other columns shrink, then drop (the lock and the counters first, the label last).
+    ``waits`` (``runner.ops.queries.waiting_events``) names the events an instance in an
+    external state waits for: its due cell says ``on release|discard``. Stored text is
+    shown literally (``runner.literal``).
 
     Plain text built here (a rich ``Table`` took 16 s for 10,000 rows); the header is
     bold on a terminal.
     """
-    if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+    width = terminal_width(width)
     now = time.time()
+    waits = waits or {}
     cells = []
     for r in rows:
-        err = r.get("last_error")
+        running = r.get("running_attempt") is not None
+        due = fmt.due_in(r["due_at"], now, r["status"], running=running)
+        if due == "event" and r["id"] in waits:
+            due = waiting(waits[r["id"]])
         cells.append(
             {
                 "id": str(r["id"]),
-                "flow": r["flow"],
-                "label": _clip(r.get("label") or "", LABEL_WIDTH),
-                "state": r["state"],
+                "flow": literal(r["flow"]),
+                "label": _clip(literal(r.get("label")), LABEL_WIDTH),
+                "state": literal(r["state"]),
                 "status": r["status"],
                 "attempts": str(r["attempts"]),
                 "errors": str(r["errors"]),
                 "restarts": str(r["restarts"]),
-                "due": fmt.due_in(
-                    r["due_at"],
-                    now,
-                    r["status"],
-                    running=r.get("running_attempt") is not None,
-                )
-                or "-",
-                "lock": fmt.lock(r["locked_by"], r["locked_until"], now) or "-",
-                "last_error": error_line(err, LAST_ERROR_WIDTH),
+                "due": due or "-",
+                "lock": literal(fmt.lock(r["locked_by"], r["locked_until"], now)) or "-",
+                "last_error": literal(error_line(r.get("last_error"), LAST_ERROR_WIDTH)),
             }
         )
     table = INSTANCE_COLUMNS
     if not any(c["label"] for c in cells):  # a label column only where some flow has one
         table = tuple(col for col in table if col[1] != "label")
+    lines = plain_table(table, cells, width, SHRINK_ORDER)
+    lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
+    click.echo("\n".join(lines))
+
+
+def plain_table(
+    table: tuple[tuple[str, str, int | None, int | None], ...],
+    cells: list[dict[str, str]],
+    width: int,
+    shrink_order: tuple[str, ...],
+) -> list[str]:
+    """The lines of a plain-text table (header bold on a terminal) fitted to ``width``
+    cells by :func:`fit_columns`: ``table`` is ``INSTANCE_COLUMNS``-shaped, ``cells`` one
+    dict per row (key → text already made literal)."""
     natural = {
         key: max([_cells(head)] + [_cells(c[key]) for c in cells]) for head, key, _m, _r in table
     }
-    shown = fit_columns(table, natural, width, SHRINK_ORDER)
+    shown = fit_columns(table, natural, width, shrink_order)
     columns = []
     for head, key, _m, _r in table:
         if key in shown:
             columns.append(_pad_column([head] + [c[key] for c in cells], shown[key]))
     lines = ["  ".join(parts).rstrip() for parts in zip(*columns, strict=True)]
     lines[0] = click.style(lines[0], bold=True)
-    lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
-    click.echo("\n".join(lines))
+    return lines
 
 
 def _pad_column(values: list[str], width: int) -> list[str]:
@@ -194,105 +234,182 @@ def _pad_column(values: list[str], width: int) -> list[str]:
     return out
 
 
+#: ``show``'s attempts table (``INSTANCE_COLUMNS``-shaped): the number and the outcome
+#: always show; a start time is never cut (``2026-11-27T…`` says nothing), it drops.
+ATTEMPT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("#", "attempt", None, None),
+    ("state", "state", 8, 4),
+    ("worker", "worker", 8, 1),
+    ("started", "started", None, 3),
+    ("secs", "secs", None, 2),
+    ("outcome", "outcome", None, None),
+    ("to", "to", 8, 0),
+    ("error", "error", 16, 5),
+)
+#: The order in which the attempts table's columns shrink.
+ATTEMPT_SHRINK = ("worker", "to", "state", "error")
+
+#: The fields ``show`` prints first, one a line: an instance's (data comes later), with
+#: its flow version after its label.
+DETAIL_KEYS = (*INSTANCE_KEYS[:3], "version", *(k for k in INSTANCE_KEYS[3:] if k != "data"))
+
+
+def _fields(Table):
+    """A two-column grid: keys bold and right-aligned, values folded under each other."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(justify="right", style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    return grid
+
+
+def _field(grid, key: str, value: object, *, lines: bool = False) -> None:
+    """Add ``key`` and ``value`` shown literally (``-`` for ``None``) to ``grid``."""
+    grid.add_row(key, "-" if value is None else literal(value, lines=lines))
+
+
 def instance_detail(item: dict) -> None:
-    """Print one instance, its error budget, data, checkpoints and attempt history."""
-    _out, Table = _rich()
-    for key in (
-        "id",
-        "flow",
-        "label",
-        "version",
-        "state",
-        "status",
-        "attempts",
-        "errors",
-        "restarts",
-        "due_at",
-        "locked_by",
-        "locked_until",
-        "created_at",
-        "updated_at",
-        "last_error",
-    ):
-        _out.print(f"[bold]{key:>13}[/bold]  {item.get(key) if item.get(key) is not None else '-'}")
+    """Print one instance (``runner.ops.detail.get_instance``): its fields, what it waits
+    for, its error budget, data, checkpoints, attempt history and commands. Stored text
+    (label, data, errors, commands' results) is shown literally."""
+    out, Table = _rich()
+    grid = _fields(Table)
+    for key in DETAIL_KEYS:
+        _field(grid, key, item.get(key))
+    if item.get("waits_for") is not None:
+        events = item["waits_for"]
+        sends = ", ".join(f"flowrun send {item['id']} {literal(e)}" for e in events)
+        _field(grid, "waits for", f"an event: {sends}" if events else "an event (none accepted)")
+    _field(grid, "last_error", item.get("last_error"), lines=True)
     b = item.get("budget")
     if b:
-        _out.print(
-            f"[bold]{'error budget':>13}[/bold]  {b['used']} used, {b['left']} left of {b['max']} "
-            f"in {b['window']:g}s (then {b['on_exhausted']}); "
-            f"restarts {b['restarts']}/{b['max_restarts']}"
+        _field(
+            grid,
+            "error budget",
+            f"{b['used']} used, {b['left']} left of {b['max']} in {b['window']:g}s "
+            f"(then {b['on_exhausted']}); restarts {b['restarts']}/{b['max_restarts']}",
         )
-    _out.print(f"[bold]{'data':>13}[/bold]  {json.dumps(item['data'])}")
-    t = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-    for col in ("#", "state", "worker", "started", "secs", "outcome", "to", "error"):
-        t.add_column(col, overflow="fold" if col == "error" else "ellipsis")
-    for a in item["history"]:
-        t.add_row(
-            str(a["attempt"]),
-            a["state"],
-            a["worker"],
-            a["started_at"] or "-",
-            f"{a['duration']:.3f}" if a["duration"] is not None else "running",
-            a["outcome"] or "-",
-            a["to_state"] or "",
-            a["error"] or "",  # the whole kept tail
-        )
-    _out.print(t)
+    _field(grid, "data", json.dumps(item["data"]))
+    out.print(grid)
+    if item.get("history_pruned_before"):
+        click.echo(f"attempts before {item['history_pruned_before']} pruned (retention)")
+    if item["history"]:
+        width = terminal_width()
+        cells = [
+            {
+                "attempt": str(a["attempt"]),
+                "state": literal(a["state"]),
+                "worker": literal(a["worker"]),
+                "started": a["started_at"] or "-",
+                "secs": f"{a['duration']:.3f}" if a["duration"] is not None else "running",
+                "outcome": a["outcome"] or "-",
+                "to": literal(a["to_state"]),
+                "error": literal(error_line(a["error"], 300)),
+            }
+            for a in item["history"]
+        ]
+        click.echo("attempts")
+        click.echo("\n".join(plain_table(ATTEMPT_COLUMNS, cells, width, ATTEMPT_SHRINK)))
+        for a in item["history"]:  # the whole kept tail of each attempt's error
+            if a["error"]:
+                click.echo(f"error of attempt {a['attempt']}:")
+                click.echo(textwrap.indent(literal(a["error"], lines=True), "  "))
     named = {a["state"]: (a.get("env"), a.get("secrets")) for a in item["history"]}
     for state, (env, secrets) in named.items():
         if env or secrets:  # names only: a secret's value is never shown
-            _out.print(
-                f"handler of {state} gets env: {', '.join(env) or '-'}; "
-                f"secrets: {', '.join(secrets) or '-'}",
-                markup=False,
+            click.echo(
+                f"handler of {literal(state)} gets env: {', '.join(env) or '-'}; "
+                f"secrets: {', '.join(secrets) or '-'}"
             )
     for cp in item.get("checkpoints", []):
-        _out.print(
-            f"checkpoint of attempt {cp['attempt']} in {cp['state']}: "
-            f"{json.dumps(cp['checkpoint'], sort_keys=True)}",
-            markup=False,
+        out.print(
+            f"checkpoint of attempt {cp['attempt']} in {literal(cp['state'])}: "
+            f"{json.dumps(cp['checkpoint'], sort_keys=True)}"
         )
     for cmd in item.get("commands", []):
-        _out.print(
-            f"command {cmd['command']} from {cmd['source']} at {cmd['at']}: "
-            f"{cmd['status']}: {cmd['result']}"
+        out.print(
+            f"command {literal(cmd['command'])} from {literal(cmd['source'])} at {cmd['at']}: "
+            f"{cmd['status']}: {literal(cmd['result'])}"
         )
 
 
-def events_table(rows: list[dict]) -> None:
-    """Print sensor events and what the rules did."""
-    _out, Table = _rich()
-    t = Table(box=None, header_style="bold")
-    for col in ("id", "sensor", "key", "created", "handled", "action"):
-        t.add_column(col, overflow="ellipsis")
-    for r in rows:
-        t.add_row(
-            str(r["id"]),
-            r["sensor"],
-            str(r["key"])[:50],
-            r["created_at"] or "-",
-            r["handled_at"] or "pending",
-            r.get("action") or "",
-        )
-    _out.print(t)
+#: The events table's columns (``INSTANCE_COLUMNS``-shaped): what happened never drops;
+#: the handling delay drops first.
+EVENT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("id", "id", None, None),
+    ("sensor", "sensor", 12, 2),
+    ("what", "what", 24, None),
+    ("created", "created", None, 1),
+    ("handled", "handled", None, 0),
+    ("action", "action", 16, 3),
+)
 
 
-def workers_table(rows: list[dict]) -> None:
+def _handled(created: str | None, handled: str | None) -> str:
+    """``pending``, or how long after it was stored the rules handled an event (``+12ms``)."""
+    if handled is None:
+        return "pending"
+    if created is None:
+        return handled
+    delay = datetime.fromisoformat(handled.replace("Z", "+00:00")) - datetime.fromisoformat(
+        created.replace("Z", "+00:00")
+    )
+    return "+" + fmt.span(delay.total_seconds())
+
+
+def events_table(rows: list[dict], *, width: int | None = None) -> None:
+    """Print sensor events (``runner.ops.queries.list_events``): id, sensor, what
+    happened (the line, the file; one line), when it was stored, how long after the rules
+    handled it (or ``pending``) and what they did, shown literally and fitted to
+    ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped): the
+    action and the sensor shrink, then the handling delay, the time, the sensor and the
+    action drop; the id and what happened always show."""
+    width = terminal_width(width)
+    cells = [
+        {
+            "id": str(r["id"]),
+            "sensor": literal(r["sensor"]),
+            "what": literal(r.get("what"))[:EVENT_WHAT_WIDTH],
+            "created": r["created_at"] or "-",
+            "handled": _handled(r["created_at"], r["handled_at"]),
+            "action": one_line(r.get("action")),
+        }
+        for r in rows
+    ]
+    lines = plain_table(EVENT_COLUMNS, cells, width, ("action", "sensor", "what"))
+    click.echo("\n".join(lines))
+
+
+#: The workers table's columns (``INSTANCE_COLUMNS``-shaped): the id, the heartbeat and
+#: the verdict always show; the start time drops first.
+WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("id", "id", 16, None),
+    ("host", "host", 8, 4),
+    ("pid", "pid", None, 3),
+    ("started", "started", None, 0),
+    ("heartbeat", "heartbeat", None, None),
+    ("running", "running", None, 2),
+    ("leases", "leases", None, 1),
+    ("state", "state", None, None),
+)
+
+
+def workers_table(rows: list[dict], *, width: int | None = None) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
-    attempts, valid leases and the liveness verdict (alive/late/dead/stopped)."""
-    _out, Table = _rich()
-    t = Table(box=None, header_style="bold")
-    for col in ("id", "host", "pid", "started", "heartbeat", "running", "leases", "state"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            r["id"],
-            r["host"],
-            str(r["pid"]),
-            r["started_at"],
-            _ago(r["heartbeat_at"]) + " ago",
-            str(r["running"]),
-            str(r["leases"]),
-            r["verdict"],
-        )
-    _out.print(t)
+    attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
+    ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and
+    hosts shown literally."""
+    width = terminal_width(width)
+    cells = [
+        {
+            "id": literal(r["id"]),
+            "host": literal(r["host"]),
+            "pid": str(r["pid"]),
+            "started": r["started_at"] or "-",
+            "heartbeat": _ago(r["heartbeat_at"]) + " ago",
+            "running": str(r["running"]),
+            "leases": str(r["leases"]),
+            "state": r["verdict"],
+        }
+        for r in rows
+    ]
+    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))

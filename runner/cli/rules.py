@@ -14,6 +14,7 @@ import click
 
 from runner.cli.context import Ctx, pass_ctx
 from runner.errors import UserError
+from runner.literal import literal
 
 
 def events_group(listing: click.Command) -> click.Group:
@@ -119,11 +120,11 @@ def replay(c: Ctx, event_ids, since, dry_run, force, as_json):
         click.echo("no event to replay")
     for r in results:
         mode = " (dry run: nothing written)" if dry_run else ""
-        click.echo(f"event {r.event_id} of {r.sensor}{mode}: {json.dumps(r.payload)}")
+        click.echo(f"event {r.event_id} of {literal(r.sensor)}{mode}: {json.dumps(r.payload)}")
         if r.note:
-            click.echo(f"  {r.note}")
+            click.echo(f"  {literal(r.note)}")
         for line in _verdict_lines(r.rules, replaying=True, force=force):
-            click.echo(line)
+            click.echo(literal(line))
 
 
 @click.group(name="rules")
@@ -175,6 +176,6 @@ def rules_test(c: Ctx, flow, sensor, event_json, line, path, as_json):
     else:
         click.echo(f"event of {flow}.{sensor}: {json.dumps(payload)}")
         for text in _verdict_lines(verdicts, replaying=False):
-            click.echo(text)
+            click.echo(literal(text))
     if any(v.error for v in verdicts):
         raise SystemExit(1)

@@ -7,10 +7,34 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+#: ``--concurrency`` by default: this many attempts at once per core ...
+PER_CORE = 16
+#: ... but never more than this.
+CONCURRENCY_MAX = 256
+
+
+def default_concurrency() -> int:
+    """The default ``--concurrency``: :data:`PER_CORE` attempts per core this process may
+    run on (its CPU affinity), at most :data:`CONCURRENCY_MAX` (32 on 2 cores).
+
+    Short ``exec`` handlers are bounded by how fast processes can be started, which grows
+    with the cores; a worker reaches that ceiling only with enough attempts in flight to
+    fill its batches (8 on 2 cores gave 0.67-0.79x of it, 32 0.98x). No-op and ``call``
+    handlers lose nothing with more slots, and I/O-bound ones (waiting on a network) gain.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return min(CONCURRENCY_MAX, PER_CORE * max(1, cores))
+
 
 @dataclass
 class WorkerConfig:
     """Options of one worker; every duration is in seconds.
+
+    ``concurrency`` is the most attempts run at once (default: :func:`default_concurrency`,
+    16 per core).
 
     ``poll`` is the idle wait between looks for due work (a local wake-up, e.g. a sensor
     creating an instance, cuts it short). With ``listen`` (set by the daemon on
@@ -35,7 +59,7 @@ class WorkerConfig:
 
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     lease: float = 60.0
-    concurrency: int = 8
+    concurrency: int = field(default_factory=default_concurrency)
     prefetch: int | None = None
     poll: float = 0.05
     fence_poll: float = 0.25

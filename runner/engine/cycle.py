@@ -36,6 +36,7 @@ from runner.error_line import error_line
 from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
+from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
@@ -96,6 +97,9 @@ class CycleResult:
     #: with ``request.plan``: the next due time and lease expiry (epoch s), None if none
     next_due: float | None = None
     next_expiry: float | None = None
+    #: ``time.monotonic()`` before the transaction began: the leases of ``claims`` and
+    #: ``chained`` end no earlier than ``lease`` seconds after it (``engine.fence``)
+    lease_from: float = 0.0
 
     @property
     def claimed_all(self) -> bool:
@@ -159,7 +163,7 @@ def decide_finished(
     """
     outcomes, cancels, chain = request.outcomes, request.cancels, request.chain
     free = request.free
-    at = time.time()
+    at = db_now(engine)
     for run, result in batch:
         if result.outcome == "cancelled":
             cancels.append((run.claim, result.error or "cancelled"))
@@ -309,6 +313,7 @@ def _transaction(
     ``optimistic`` skips reading the fences first (``commit.FenceMoved`` then means:
     rolled back, try again without)."""
     worker_id, lease = request.worker_id, request.lease
+    since = time.monotonic()
     with engine.begin() as conn:
         leases.by_index(conn)  # PostgreSQL: the cycle's statements plan by index only
         lost, chained = commit.commit_outcomes(
@@ -320,13 +325,15 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
-            recovered = leases.recover_lost(conn, lambda v, s: _max_restarts(conn, v, s))
+            recovered = leases.recover_lost(
+                conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
+            )
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)
-        result = CycleResult(claims, chained, recovered, lost, limit)
+        result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
         if request.plan and (request.recover or not (claims or chained)):
-            result.next_due, result.next_expiry = leases.next_times(conn, time.time())
+            result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
     return result
 
 
@@ -335,7 +342,7 @@ def _idle_probe(engine: Engine, plan: bool) -> CycleResult | None:
     due now (claim it), else an empty :class:`CycleResult`, which with ``plan`` says when
     work next appears by itself (``leases.next_times``), read in the same snapshot."""
     with reading(engine) as conn:
-        at = time.time()
+        at = db_now(conn)
         if leases.has_due(conn, at):
             return None
         result = CycleResult()

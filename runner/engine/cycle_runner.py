@@ -26,6 +26,7 @@ cycle for no more than the room the first leaves (:meth:`CycleRunner.claiming`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,20 +50,23 @@ OVERLAP_MIN = 32
 class Flight:
     """One cycle in flight: the ``future`` of its :class:`CycleResult`, its ``request``,
     the finished attempts it commits (``sent``) and the waiting claims it gives back
-    (``released``), both handed back if it fails, and the ``thread`` it runs on."""
+    (``released``), both handed back if it fails, the ``thread`` it runs on and when it
+    ``started`` (``time.monotonic()``)."""
 
     future: asyncio.Future
     request: CycleRequest
     sent: list = field(default_factory=list)
     released: list = field(default_factory=list)
     thread: DatabaseThread | None = None
+    started: float = 0.0
 
 
 class CycleRunner:
     """The database cycles of one worker over ``engine``, committing the attempts that
     ``attempts`` finished; blocking cycles go to ``db`` (and, with ``overlap``, on
     PostgreSQL with a pool that keeps two connections, ``store.db.pg_engine``, a second
-    cycle to a second database thread).
+    cycle to a second database thread, whose calls get ``timeout`` seconds like
+    ``db``'s, ``db_thread.DatabaseThread``).
 
     ``flights`` are the cycles in flight (:class:`Flight`, in the order they started; at
     most :attr:`most`; :attr:`overlapped` counts those started while another was in
@@ -78,6 +82,7 @@ class CycleRunner:
         db: DatabaseThread,
         *,
         overlap: bool = False,
+        timeout: float | None = None,
     ) -> None:
         self.engine = engine
         self.attempts = attempts
@@ -92,7 +97,7 @@ class CycleRunner:
         # SQLite engine's pool has no ``size()``, and one connection)
         size = getattr(engine.pool, "size", None)
         if overlap and self.no_wait is None and callable(size) and size() >= 2:
-            self._threads.append(DatabaseThread("flowrun-cycles"))
+            self._threads.append(DatabaseThread("flowrun-cycles", db.said, timeout=timeout))
         self._sent: list = []  # the finished attempts of the request being made
         self._released: list = []  # the waiting claims it gives back
 
@@ -134,7 +139,8 @@ class CycleRunner:
             fut = thread.submit(cycle.run_cycle, self.engine, request)
         fut.add_done_callback(self._ended)
         self.overlapped += bool(self.flights)
-        self.flights.append(Flight(fut, request, self._sent, self._released, thread))
+        flight = Flight(fut, request, self._sent, self._released, thread, time.monotonic())
+        self.flights.append(flight)
         self._sent, self._released = [], []
         return fut
 
@@ -145,6 +151,11 @@ class CycleRunner:
     def can_submit(self) -> bool:
         """True while fewer than :attr:`most` cycles are in flight."""
         return len(self.flights) < len(self._threads)
+
+    def stuck(self, now: float, limit: float) -> bool:
+        """True when a cycle in flight has waited more than ``limit`` seconds at ``now``
+        (``time.monotonic()``): the database does not answer."""
+        return any(now - f.started > limit for f in self.flights)
 
     def claiming(self) -> int:
         """How many instances the cycles in flight may still claim or chain (the sum of
@@ -167,12 +178,20 @@ class CycleRunner:
             self._give_back(flight.sent, flight.released)
             raise
 
-    async def settle(self) -> list[CycleResult]:
+    async def settle(self, timeout: float | None = None) -> list[CycleResult]:
         """Wait for the cycles in flight, if any; the results of those that succeeded
-        (a failed one's attempts are back for the next cycle)."""
+        (a failed one's attempts are back for the next cycle). After ``timeout`` seconds
+        (an abort: the network may be dead) the cycles still in flight are left behind."""
         results = []
+        end = None if timeout is None else time.monotonic() + timeout
         while self.flights:
-            await asyncio.wait([f.future for f in self.flights])
+            left = None if end is None else max(0.0, end - time.monotonic())
+            done, _ = await asyncio.wait([f.future for f in self.flights], timeout=left)
+            if not done:  # left behind: their errors, when they come, are expected
+                for flight in self.flights:
+                    flight.future.add_done_callback(_forget)
+                self.flights.clear()
+                break
             while self.done():
                 try:
                     results.append(self.collect())
@@ -197,6 +216,13 @@ class CycleRunner:
         self.attempts.put_back(sent)
         self.attempts.keep_waiting(released)
 
+    def hurry(self, at: float) -> None:
+        """From ``at`` (``time.monotonic()`` s) on, a call on any of the cycles' database
+        threads that waits on the network is broken off quickly (a stop:
+        ``db_thread.DatabaseThread.hurry``)."""
+        for thread in self._threads:
+            thread.hurry(at)
+
     def close(self) -> None:
         """Stop the checkpointer, the second database thread and dispose of the no-wait
         engine."""
@@ -206,3 +232,9 @@ class CycleRunner:
             thread.shutdown()
         if self.no_wait is not None:
             self.no_wait.dispose()
+
+
+def _forget(fut: asyncio.Future) -> None:
+    """Retrieve a left-behind cycle's outcome, so its error is not reported as unseen."""
+    if not fut.cancelled():
+        fut.exception()

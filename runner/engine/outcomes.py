@@ -102,7 +102,7 @@ def decide(
             values.update(status=lifecycle.check("runnable", "sleep"), due_at=until)
     elif outcome == "error":
         _spend_error(flow, values, policy, error, at, rand)
-    elif outcome == "timeout":
+    elif outcome in ("timeout", "lost"):  # lost: ended by the worker's self-fence
         values["restarts"] += 1
         values["state_restarts"] += 1
         values["last_error"] = error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -22,9 +23,11 @@ from typing import Any
 from sqlalchemy import Engine
 
 from runner.engine.attempt_run import load_event_payload, run_attempt
+from runner.engine.fence import SelfFence
 from runner.handlers import reaper
 from runner.handlers.attempt import AttemptResult, Cancel
 from runner.store import leases, rows
+from runner.store.clock import clock_of
 from runner.store.db import reading
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
@@ -33,12 +36,16 @@ log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its
 @dataclass
 class Running:
     """One attempt in progress: its claim, its task, its cancel flag, and ``durable`` (a
-    one-item list: the instance's data as last stored, replaced by each checkpoint)."""
+    one-item list: the instance's data as last stored, replaced by each checkpoint);
+    ``until`` its self-fencing deadline (``time.monotonic()`` seconds, ``fence``);
+    ``fenced`` once that deadline ended it."""
 
     claim: rows.Claim
     task: asyncio.Task
     cancel: Cancel
     durable: list
+    until: float = math.inf
+    fenced: bool = False
 
 
 class RunningAttempts:
@@ -54,7 +61,10 @@ class RunningAttempts:
     :attr:`quiet_above` says to wait). ``in_db(fn, *args)`` runs ``fn`` on the worker's
     database thread; sync ``call`` handlers run on a pool of ``max(4, concurrency)``
     threads; ``kill_grace`` is the seconds between SIGTERM and SIGKILL of an ``exec``
-    handler.
+    handler; ``lease`` the seconds a claim or renewal holds an instance: an attempt whose
+    lease was not renewed in time is ended before it runs out (:attr:`fence`, a
+    ``fence.SelfFence``). Times written to the database are on its clock
+    (``store.clock``).
     """
 
     def __init__(
@@ -65,8 +75,11 @@ class RunningAttempts:
         concurrency: int,
         kill_grace: float,
         in_db: Callable[..., Awaitable[Any]],
+        lease: float = 60.0,
     ) -> None:
         self.engine = engine
+        self.clock = clock_of(engine)
+        self.fence = SelfFence(lease, kill_grace, held=self._held_runs, lapse=self._lapse)
         self.worker_id = worker_id
         self.concurrency = concurrency
         self.kill_grace = kill_grace
@@ -89,12 +102,18 @@ class RunningAttempts:
         self.on_finished: Callable[[rows.Claim, AttemptResult], None] | None = None
         self._threads = ThreadPoolExecutor(max(4, concurrency), thread_name_prefix="flowrun-call")
 
-    def start(self, claims: list[rows.Claim]) -> None:
+    def start(self, claims: list[rows.Claim], since: float | None = None) -> None:
         """Start one attempt per claim (``rows.Claim``) as a task on the running loop,
-        as many as there are free slots; the rest wait (:attr:`waiting`)."""
-        waiting = self.waiting
-        for claim in claims:
-            waiting[claim.id] = Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
+        as many as there are free slots; the rest wait (:attr:`waiting`). ``since``
+        (``time.monotonic()`` seconds; default now) precedes the statement that claimed
+        them: their leases end ``lease`` seconds after it (the self-fencing deadline)."""
+        if claims:
+            waiting = self.waiting
+            since = time.monotonic() if since is None else since
+            until = self.fence.deadline(since)
+            for claim in claims:
+                waiting[claim.id] = Running(claim, None, Cancel(), [claim.data], until)  # type: ignore[arg-type]
+            self.fence.set((), since)
         if self.refill:
             self._refill()
 
@@ -108,12 +127,13 @@ class RunningAttempts:
         if not waiting or len(running) >= self.concurrency:
             return
         loop = asyncio.get_running_loop()
-        at = time.time()
+        at = self.clock.now()
         fresh = at - self.start_within
+        mono = time.monotonic()
         while waiting and len(running) < self.concurrency:
             iid = next(iter(waiting))
             run = waiting.pop(iid)
-            if run.claim.started_at < fresh:
+            if run.claim.started_at < fresh or run.until <= mono:
                 self.lapsed.append(run)
                 continue
             run.claim.started_at = at
@@ -128,13 +148,13 @@ class RunningAttempts:
         waiting = self.waiting
         if not waiting:
             return False
-        return next(iter(waiting.values())).claim.started_at < time.time() - self.start_within
+        return next(iter(waiting.values())).claim.started_at < self.clock.now() - self.start_within
 
     def give_back(self, *, everything: bool = False) -> list[Running]:
         """Take out the claims to give back (``commit.give_back``): the lapsed ones and
         the waiting ones made more than :attr:`start_within` seconds ago (with
         ``everything``: every waiting one)."""
-        too_old = time.time() - self.start_within
+        too_old = self.clock.now() - self.start_within
         out, self.lapsed = self.lapsed, []
         out += [r for r in self.waiting.values() if everything or r.claim.started_at < too_old]
         for run in out:
@@ -167,20 +187,40 @@ class RunningAttempts:
             held[iid] = r.claim.fence
         return held
 
-    def lease_check(self, *, renew: bool, lease: float) -> Callable[[], list[int]]:
+    def lease_check(
+        self, *, renew: bool, lease: float
+    ) -> Callable[[], tuple[dict[int, int], list[int], float | None]]:
         """A function for the database thread: renew the held attempts' leases (to
         ``lease`` seconds from now) when ``renew``, else only read whether each is still
-        held; it returns the ids of the instances taken away (for :meth:`taken_away`)."""
+        held. It returns ``(held, taken, since)`` for :meth:`lease_checked`: the
+        ``{instance id: fence}`` it checked, the ids of the instances taken away, and
+        (``renew``) the ``time.monotonic()`` before the renewal was sent, else ``None``."""
         held, engine, worker_id = self.held(), self.engine, self.worker_id
 
-        def check() -> list[int]:
+        def check() -> tuple[dict[int, int], list[int], float | None]:
             if renew:
+                since = time.monotonic()
                 with engine.begin() as conn:
-                    return leases.renew(conn, worker_id, held, lease)
+                    return held, leases.renew(conn, worker_id, held, lease), since
             with reading(engine) as conn:
-                return leases.taken_away(conn, worker_id, held)
+                return held, leases.taken_away(conn, worker_id, held), None
 
         return check
+
+    def lease_checked(self, checked: tuple[dict[int, int], list[int], float | None]) -> None:
+        """Apply what a :meth:`lease_check` function returned: cancel the attempts taken
+        away; the others, when renewed, get a later self-fencing deadline."""
+        held, taken, since = checked
+        self.taken_away(taken)
+        if since is None:
+            return
+        gone = set(taken)
+        renewed = []
+        for iid, fence in held.items():
+            run = self.running.get(iid) or self.waiting.get(iid)
+            if run is not None and iid not in gone and run.claim.fence == fence:
+                renewed.append(run)
+        self.fence.set(renewed, since)
 
     def taken_away(self, ids) -> None:
         """Cancel the attempts of instances ``ids`` (a command or another worker took them);
@@ -206,6 +246,35 @@ class RunningAttempts:
         for run in self.running.values():
             run.cancel.set(reason)
 
+    def _held_runs(self) -> list[Running]:
+        """Every attempt holding a lease: running, and claimed ahead (waiting)."""
+        return [*self.running.values(), *self.waiting.values()]
+
+    def _lapse(self, run: Running) -> None:
+        """``run``'s lease was not renewed in time (``fence``): a waiting claim never
+        starts (it is given back); a running attempt is ended now, to be recorded
+        ``lost``."""
+        iid = run.claim.id
+        if self.waiting.get(iid) is run:
+            del self.waiting[iid]
+            self.lapsed.append(run)
+            return
+        if run.task is None or run.cancel.is_set() or self.running.get(iid) is not run:
+            return
+        run.fenced = True
+        log.warning(
+            "instance %d: lease not renewed in time (database unreachable?); ending its "
+            "attempt %.1fs before the lease runs out",
+            iid,
+            self.fence.margin,
+            extra={"instance": iid, "flow": run.claim.flow, "state": run.claim.state},
+        )
+        run.cancel.set(
+            "lost: the worker could not renew its lease (database unreachable); the "
+            "handler was ended before the lease ran out",
+            grace=self.fence.grace,
+        )
+
     def abort(self) -> None:
         """SIGKILL every handler process group still running (and the descendants that
         left them) and cancel every task: the attempts are left for a worker to record as
@@ -216,7 +285,9 @@ class RunningAttempts:
             run.task.cancel()
 
     def close(self) -> None:
-        """Stop the sync handlers' thread pool (queued calls are dropped)."""
+        """Stop the sync handlers' thread pool (queued calls are dropped) and the
+        self-fencing timer."""
+        self.fence.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def _attempt(self, run: Running) -> None:
@@ -243,6 +314,10 @@ class RunningAttempts:
         except Exception as exc:  # noqa: BLE001 - recorded on the attempt, never lost
             error = f"flowrun: {type(exc).__name__}: {exc}"
             result = AttemptResult("error", run.durable[0], error=error)
+        if run.fenced and result.outcome == "cancelled":  # ended by the self-fence
+            result = AttemptResult(
+                "lost", run.durable[0], error=run.cancel.reason, checkpoint=result.checkpoint
+            )
         self._finished(run, result)
 
     def _finished(self, run: Running, result: AttemptResult, *, ran: bool = True) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 
 
 class WakeUp:
@@ -18,10 +19,12 @@ class WakeUp:
     ``event`` is set to wake the loop (attempts set it as they end: it is
     ``running.RunningAttempts.ended``); ``poked`` means "look for due work now";
     ``at`` is the earliest due time or lease expiry the worker was told of (monotonic
-    seconds; ``inf``: none).
+    seconds; ``inf``: none); ``clock()`` is the time those are given in (epoch seconds:
+    the database's clock, ``store.clock``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
         self.event: asyncio.Event | None = None
         self.poked = False
@@ -46,7 +49,7 @@ class WakeUp:
 
     def due(self, due_at: float | None) -> None:
         """Work is due at ``due_at`` (epoch seconds, UTC; ``None``: now); on the loop."""
-        delay = 0.0 if due_at is None else due_at - time.time()
+        delay = 0.0 if due_at is None else due_at - self.clock()
         if delay <= 0:
             self.poke()
         else:
@@ -55,7 +58,7 @@ class WakeUp:
 
     def plan(self, *times: float | None) -> None:
         """Wake no later than each of ``times`` (epoch seconds; ``None``: none)."""
-        now, mono = time.time(), time.monotonic()
+        now, mono = self.clock(), time.monotonic()
         for at in times:
             if at is not None:
                 self.at = min(self.at, mono + max(0.0, at - now) + 0.01)

@@ -5,7 +5,8 @@ Each turn of the loop is one transaction that commits every finished attempt (fe
 claims as many due instances as there are free slots (``--concurrency``), and on
 PostgreSQL a few more while attempts end quickly (claimed ahead, ``--prefetch``: they
 start the moment a slot frees, see ``ahead``); handlers run concurrently as asyncio
-tasks. While attempts run (or wait), their leases are renewed every third of the lease,
+tasks. While attempts run (or wait), their leases are renewed every third of the lease
+(one not renewed in time is ended before it runs out: ``fence``, self-fencing),
 and every ``fence_poll`` seconds the worker checks whether an operator command (pause,
 kill, send) or another worker took an instance away: that attempt is cancelled at once
 (process group terminated, coroutine cancelled) and recorded ``cancelled``.
@@ -45,15 +46,25 @@ from runner.engine.ahead import WAIT_MAX, ClaimAhead
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import OVERLAP_MIN, CycleRunner
-from runner.engine.db_thread import DatabaseThread
+from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
 from runner.store import heartbeat
-from runner.store.db import short_error
+from runner.store.clock import clock_of
+from runner.store.data_version import CommitBell, DataVersion, commit_bell, data_version
+from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.worker")
+
+#: Seconds between two looks for due work while an idle SQLite worker waits for its
+#: commit bell (a safety net: a commit rings the bell at once).
+BELL_FALLBACK = 1.0
+#: Seconds an abort (a second stop request) still waits for the cycles in flight; what
+#: the network holds longer is left behind (the attempts are recovered as lost once their
+#: leases expire).
+ABANDON_AFTER = 1.0
 
 
 class Worker:
@@ -75,23 +86,28 @@ class Worker:
         self.engine = engine
         self.config = cfg = config or WorkerConfig()
         self.idle_hint = idle_hint
-        self._db = DatabaseThread()
+        # a call waiting on the network longer than this is broken off (PostgreSQL)
+        timeout = None if dialect_of(engine).in_process else CALL_TIMEOUT
+        self._db = DatabaseThread(timeout=timeout)
         self.attempts = RunningAttempts(
             engine,
             cfg.worker_id,
             concurrency=cfg.concurrency,
             kill_grace=cfg.kill_grace,
             in_db=self._db.call,
+            lease=cfg.lease,
         )
         self.running = self.attempts.running  # by instance id (the same dict, never replaced)
         self.stats = WorkerStats()
-        self._wake = WakeUp()
+        self._wake = WakeUp(clock_of(engine).now)
         self._stopping = False
         self._abort = False
         self._down_at_stop = False  # stopping, and the database down when the grace ran out
         #: the database cycles (one in flight, two on PostgreSQL: ``cycle_runner``) and the
         #: finished attempts they commit
-        self.cycles = CycleRunner(engine, self.attempts, self._db, overlap=cfg.overlap)
+        self.cycles = CycleRunner(
+            engine, self.attempts, self._db, overlap=cfg.overlap, timeout=timeout
+        )
         self.cycles.on_done = self._wake.set
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
         # how many instances to hold claimed beyond the free slots; by default only where
@@ -102,8 +118,9 @@ class Worker:
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
-        self._grace_deadline: float | None = None
-        self._outage = OutageBackoff()
+        self._grace_deadline: float | None = None  # monotonic s, set by the stop request
+        self._stop_logged = False
+        self._outage = OutageBackoff(self._db.said)  # one outage log for the worker
         # the loop's chores, each due at once, then every interval (seconds)
         # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
         # loop sleeps until the next due time or lease expiry it knows (``_wake.at``)
@@ -120,6 +137,16 @@ class Worker:
         self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
         self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
         self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
+        # SQLite: the database's change counter, read before each idle look for due work;
+        # a look is skipped while it has not moved since the last look found nothing
+        # (``_unchanged``)
+        self._changes: DataVersion | None = None
+        self._quiet: int | None = None  # the counter when a look last found nothing due
+        self._probing: int | None = None  # the counter when the look in flight began
+        # Linux: rung by every commit to the file; while the looks are skipped the loop
+        # waits for it (or BELL_FALLBACK), not for the 50 ms poll
+        self._bell: CommitBell | None = None
+        self._bell_on = False  # the loop reads the bell now
 
     # -- control -----------------------------------------------------------------------
 
@@ -137,9 +164,17 @@ class Worker:
         if not self._stopping:
             self._stopping = True
             self.attempts.refill = False  # the claims not started are given back
+            now = time.monotonic()
+            self._grace_deadline = now + self.config.grace
+            # from the grace's last second on, a call stuck on a dead network is broken
+            # off or given up, so that the loop is free when the grace ends
+            self.cycles.hurry(max(now, self._grace_deadline - HURRY_TIMEOUT))
             self.wake()
             return "graceful"
         self._abort = True
+        # a call stuck on a dead network is broken off now, and one that cannot be (a
+        # connection attempt) is given up soon: the loop must not wait for either
+        self.cycles.hurry(time.monotonic())
         self.wake()
         return "abort"
 
@@ -152,6 +187,13 @@ class Worker:
     def stopping(self) -> bool:
         """True once a stop was requested."""
         return self._stopping
+
+    @property
+    def unreachable(self) -> bool:
+        """True while a database over the network (PostgreSQL) did not answer this
+        worker's last call, or was down when it stopped: what is left to do at a stop
+        should not wait for it. Always False on SQLite (no network to wait on)."""
+        return self._db.timeout is not None and (self._db.down or self._down_at_stop)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -198,6 +240,8 @@ class Worker:
         if self._wake.take(now):
             self._want_claim = True
         if self.cycles.can_submit() and self._start_cycle(now):
+            if self._renew.due(now) and (self.running or self.attempts.waiting):
+                await self._chores(now)  # a busy loop must still renew its leases
             return True
         await self._chores(now)
         if self.config.exit_when_idle and await self._idle_exit(now):
@@ -247,20 +291,35 @@ class Worker:
             native.path_in_use(),
         )
         self.cycles.start_wal()
+        if not self._notified and self.cycles.no_wait is not None:
+            self._changes = data_version(self.engine)
+            self._bell = commit_bell(self.engine) if self._changes is not None else None
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits, is finished or in flight; past
         the grace period (``config.grace`` s after the first call) the running attempts
         are cancelled."""
-        if self._grace_deadline is None:
-            self._grace_deadline = now + self.config.grace
+        if not self._stop_logged:
+            self._stop_logged = True
             log.info(
                 "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
             )
         if self.quiet():
             return True
-        if now > self._grace_deadline:
+        deadline = self._grace_deadline
+        assert deadline is not None
+        if now > deadline:
             self.attempts.cancel_all("worker shutting down (grace period over)")
+        # the database (over a network) does not answer in the grace's last second: what
+        # is left cannot be committed; leave, once no attempt runs
+        if (
+            self._db.timeout is not None
+            and now > deadline - HURRY_TIMEOUT
+            and (now > deadline or not self.running)
+            and (self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT))
+        ):
+            self._down_at_stop = True
+            return True
         return False
 
     async def _collect(self) -> None:
@@ -313,6 +372,11 @@ class Worker:
         ):
             return False
         probe = room > 0 and not self._want_claim and self._probe.due(now)
+        if probe and self._unchanged():
+            # nothing committed since nothing was due: look again when the bell rings
+            # (or at the next poll without one)
+            self._probe.next_at = now + (BELL_FALLBACK if self._bell_on else self._probe.interval)
+            probe = False
         recover = not self._stopping and self._recover.due(now)
         wanted = room > 0 and (self._want_claim or probe)
         if not (finished or release or recover or wanted):
@@ -340,13 +404,49 @@ class Worker:
             self._recover.restart(now)
         return True
 
+    def _unchanged(self) -> bool:
+        """SQLite: True when nothing was committed to the database (by anyone) since an
+        idle look last found nothing due: this look would find nothing either (a due time
+        that look planned wakes the loop to claim anyway: ``_wake.at``). Otherwise the
+        counter is noted for the look about to start (``_took`` arms the skip if it finds
+        nothing). False on PostgreSQL (notifications wake it) and when the counter cannot
+        be read."""
+        if self._changes is None:
+            return False
+        seen = self._changes.read()
+        if seen is not None and seen == self._quiet:
+            return True
+        self._quiet, self._probing = None, seen
+        return False
+
+    def _listen_for_commits(self, on: bool) -> None:
+        """Read the commit bell from the loop while the looks are skipped (``on``), not
+        while busy: its ring makes the next look due at once."""
+        bell, loop = self._bell, self._wake.loop
+        if bell is None or loop is None or on == self._bell_on:
+            return
+        if on:
+            loop.add_reader(bell.fd, self._rung)
+        else:
+            loop.remove_reader(bell.fd)
+        self._bell_on = on
+
+    def _rung(self) -> None:
+        """A commit (anyone's): look for due work at the next turn."""
+        if self._bell is not None:
+            self._bell.drain()
+        self._probe.next_at = 0.0
+        self._wake.set()
+
     async def _chores(self, now: float) -> None:
         """Check fences (and renew leases) of the running attempts and beat the
         heartbeat, each when its timer is due at ``now`` (monotonic seconds)."""
         held = self.running or self.attempts.waiting
         if held and (self._fence.due(now) or self._renew.due(now)):
             check = self.attempts.lease_check(renew=self._renew.check(now), lease=self.config.lease)
-            self.attempts.taken_away(await self._db.guard(check) or ())
+            checked = await self._db.guard(check)
+            if checked is not None:
+                self.attempts.lease_checked(checked)
             self._fence.restart(now)
         if self._beat.check(now):
             await self._db.guard(
@@ -412,16 +512,22 @@ class Worker:
         ``free`` slots (claims ahead included), giving back ``release`` (waiting
         ``running.Running`` claims)."""
         cfg = self.config
-        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, self._notified)
+        plan = self._notified or (probe and self._changes is not None)
+        request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
         return self.cycles.request(request, stopping=self._stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
-        if self._notified:
+        if self._notified or self._changes is not None:
             self._wake.plan(result.next_due, result.next_expiry)
-        self.attempts.start(result.chained + result.claims)
+        if self._probing is not None:  # the idle look found nothing: skip the next ones
+            if not (result.claims or result.chained):
+                self._quiet = self._probing
+            self._probing = None
+        self._listen_for_commits(self._quiet is not None)
+        self.attempts.start(result.chained + result.claims, result.lease_from)
 
     def _nothing_left(self) -> bool:
         hint = self.idle_hint
@@ -431,13 +537,22 @@ class Worker:
 
     async def _close(self) -> None:
         """Wait for the cycles still in flight (keeping the attempts of one that failed); then
-        abort, or commit what finished (retrying a few times); then sign off."""
-        for settled in await self.cycles.settle():
+        abort, or commit what finished (retrying a few times); then sign off. After an
+        abort or past the grace, a database that does not answer is not waited for."""
+        late = (
+            self._abort
+            or self._down_at_stop
+            or (self._grace_deadline is not None and time.monotonic() > self._grace_deadline)
+        )
+        gone = late and self.unreachable  # nothing more can be committed: leave now
+        for settled in await self.cycles.settle(0 if gone else ABANDON_AFTER if late else None):
             self.stats.add(settled)
-        if self._abort:
+        if self._abort or gone:
             self.attempts.abort()
             log.warning(
-                "aborted: %d attempts left for the next claim to recover", len(self.running)
+                "%s: %d attempts left for the next claim to recover",
+                "aborted" if self._abort else "stopped with the database unreachable",
+                len(self.running),
             )
         else:
             # the last outcomes; the database may be briefly away (once: it was down for
@@ -449,19 +564,24 @@ class Worker:
                     release = self.attempts.give_back(everything=True)
                     self.stats.add(await self.cycles.run_now(self._request(0, release=release)))
                 except DBAPIError as exc:
-                    log.warning("database unavailable at stop (%s); retrying", short_error(exc))
+                    self._db.said.failed(exc, "; retrying at stop")
                     await asyncio.sleep(1.0)
 
         try:
-            await self._db.guard(
-                heartbeat.stopped,
-                self.engine,
-                self.config.worker_id,
-                len(self.running),
-                not self._abort,
-            )
+            if not gone:
+                await self._db.guard(
+                    heartbeat.stopped,
+                    self.engine,
+                    self.config.worker_id,
+                    len(self.running),
+                    not self._abort,
+                )
         finally:
             self.cycles.close()
+            self._listen_for_commits(False)
+            for closing in (self._changes, self._bell):
+                if closing is not None:
+                    closing.close()
             self._db.shutdown()
             self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)

@@ -32,6 +32,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("defaults", spec.Defaults, "defaults"),
     ("error_budget", spec.ErrorBudgetSpec, "defaults.error_budget, states.S.error_budget"),
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
+    ("retention", spec.RetentionSpec, "retention"),
     ("state", spec.StateSpec, "states.S"),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
     ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),

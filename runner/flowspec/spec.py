@@ -35,6 +35,7 @@ from runner.flowspec.spec_types import (
     OptDuration,
     StateName,
     Strict,
+    Window,
 )
 
 
@@ -164,6 +165,33 @@ class StateSpec(Strict):
     )
 
 
+class RetentionSpec(Strict):
+    """How long this flow's terminal instances are kept, per status (a status not given
+    keeps the daemon's window, ``--retention``)."""
+
+    completed: Window | None = Field(
+        None, description="after completing: a duration or forever (daemon default 30d)"
+    )
+    failed: Window | None = Field(
+        None, description="after failing: a duration or forever (daemon default 90d)"
+    )
+    killed: Window | None = Field(
+        None, description="after a kill: a duration or forever (daemon default 30d)"
+    )
+
+    def overrides(self) -> dict[str, float | None]:
+        """``{status: seconds or None for forever}`` of the statuses given."""
+        return {
+            k: (None if v == "forever" else v)
+            for k, v in (
+                ("completed", self.completed),
+                ("failed", self.failed),
+                ("killed", self.killed),
+            )
+            if v is not None
+        }
+
+
 class FlowSpec(Strict):
     """One flow file. ``flow`` defaults to the file's stem (set by ``load_flow_text``)."""
 
@@ -189,6 +217,11 @@ class FlowSpec(Strict):
         default_factory=dict, description="sensor name -> sensor"
     )
     rules: list[RuleSpec] = Field(default_factory=list, description="what events do")
+    retention: RetentionSpec | None = Field(
+        None,
+        description="how long terminal instances are kept (a duration or 'forever' per "
+        "status); unset: the daemon's --retention",
+    )
 
     _positions: Any = PrivateAttr(default=None)
     _path: str = PrivateAttr(default="")

@@ -19,7 +19,8 @@ class FilesSpec(Strict):
 
     A file counts once per path and inode: touching or rewriting a file already handled
     starts nothing, unless ``modified: true`` (then each settled change of its size or
-    modification time is a new event).
+    modification time is a new event). A symlink that leads out of the folder is ignored
+    unless ``follow_symlinks: true``.
     """
 
     path: str = Field(description="folder to watch, relative to the flow file's folder")
@@ -29,6 +30,10 @@ class FilesSpec(Strict):
     force_polling: bool = Field(False, description="poll instead of OS file events")
     modified: bool = Field(
         False, description="a changed file (new size or mtime) counts again (default: once)"
+    )
+    follow_symlinks: bool = Field(
+        False,
+        description="a symlink leading out of the folder counts too (default: ignored)",
     )
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from runner.durations import parse_duration
+from runner.retention import parse_window
 from runner.templating import placeholders
 
 NAME_RE = r"^[a-z_][a-z0-9_]*$"
@@ -46,6 +47,25 @@ OptDuration = Annotated[
     WithJsonSchema({"anyOf": [*_DURATION_SCHEMA["anyOf"], {"type": "null"}]}),
 ]
 """Seconds or ``None`` (no limit)."""
+
+
+def _window(value: Any) -> float | str:
+    if isinstance(value, str) and value.strip().lower() == "forever":
+        return "forever"
+    return parse_window(value)
+
+
+Window = Annotated[
+    float | str,
+    BeforeValidator(_window),
+    WithJsonSchema(
+        {
+            "anyOf": [*_DURATION_SCHEMA["anyOf"], {"const": "forever"}],
+            "description": "how long to keep: a duration (30d, 12h) or 'forever'",
+        }
+    ),
+]
+"""A retention window: seconds, or ``"forever"``."""
 
 StateName = Annotated[str, Field(pattern=IDENT_RE)]
 Name = Annotated[str, Field(pattern=NAME_RE)]

@@ -28,7 +28,8 @@ class LeaseLost(Exception):
 class AttemptResult:
     """What one attempt produced.
 
-    ``outcome`` is moved, not_yet, sleep, error, timeout or cancelled; ``to_state`` the
+    ``outcome`` is moved, not_yet, sleep, error, timeout or cancelled (or, set by the
+    worker for an attempt its self-fence ended, lost); ``to_state`` the
     requested target (``moved`` only; not yet checked against the graph); ``data`` the
     instance data as the handler left it; ``checkpoint`` the last checkpoint written, if
     any; ``sleep_until`` (``sleep`` only) when the instance wakes, epoch seconds UTC.
@@ -184,20 +185,26 @@ class Watch:
 class Cancel:
     """A one-shot cancel signal for one attempt, carrying the reason (cheap: no task)."""
 
-    __slots__ = ("reason", "_callbacks")
+    __slots__ = ("reason", "grace", "_callbacks")
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        #: seconds an ``exec`` handler gets between SIGTERM and SIGKILL for this cancel
+        #: (``None``: the attempt's ``Limits.kill_grace``)
+        self.grace: float | None = None
         self._callbacks: list[Callable[[str], None]] = []
 
     def is_set(self) -> bool:
         """True once :meth:`set` was called."""
         return self.reason is not None
 
-    def set(self, reason: str = "cancelled") -> None:
-        """Cancel the attempt (idempotent; the first reason wins)."""
+    def set(self, reason: str = "cancelled", *, grace: float | None = None) -> None:
+        """Cancel the attempt (idempotent; the first reason wins). ``grace`` (seconds)
+        shortens an ``exec`` handler's time between SIGTERM and SIGKILL (a worker whose
+        lease runs out must be rid of its handlers in time)."""
         if self.reason is None:
             self.reason = reason
+            self.grace = grace
             for cb in self._callbacks:
                 cb(reason)
 

@@ -97,7 +97,8 @@ async def run_exec(
     io = _Supervised(child, data, watch, cancel, checkpoint, secrets)
     try:
         how, why = await supervise(io.exited, watch, cancel)
-        await _end_group(io, limits.kill_grace, leader_done=how == "done")
+        grace = limits.kill_grace if cancel.grace is None else min(cancel.grace, limits.kill_grace)
+        await _end_group(io, grace, leader_done=how == "done")
         io.drain()
         await io.checkpoints_stored()
     finally:

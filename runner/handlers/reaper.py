@@ -11,7 +11,10 @@ Every handler is started with :data:`TOKEN_ENV` naming its attempt
 (``<daemon pid>.<daemon start time>.<n>``); descendants inherit it. A thread looks at
 this process's children every :data:`EVERY` seconds: a child that is not a running
 handler and carries the token of an attempt that has ended gets SIGTERM, then SIGKILL
-after the grace; dead ones (zombies) are reaped. So an escapee is ended within a fraction
+after the grace; dead ones (zombies) are reaped. While no attempt runs and this process
+has no child, nothing can appear to end or reap (a handler's escaped descendants are
+re-parented to us before its exit status can be collected), so the thread sleeps until
+the next attempt starts (:func:`new_token`). So an escapee is ended within a fraction
 of a second of its attempt's end (once its parent is gone: the group kill sees to that).
 A descendant that clears its whole environment cannot be told apart and is only reaped.
 
@@ -38,6 +41,9 @@ TOKEN_ENV = "FLOWRUN_RUN"
 PR_SET_CHILD_SUBREAPER = 36
 #: Seconds between two looks at this process's children.
 EVERY = 0.1
+#: Seconds between two looks while no attempt runs and nothing is left to end or reap
+#: (a safety net: the next attempt wakes the thread at once).
+IDLE_EVERY = 10.0
 #: Seconds between SIGTERM and SIGKILL for an escaped descendant.
 GRACE = 2.0
 
@@ -49,6 +55,7 @@ _lock = threading.Lock()  # start/stop
 _users = 0
 _thread: threading.Thread | None = None
 _stop = threading.Event()
+_busy = threading.Event()  # set when an attempt starts: wakes an idle watch
 _spawn_locks: list[threading.Lock] = []
 _local = threading.local()
 _signalled: dict[int, float] = {}  # adopted pid -> when to SIGKILL it
@@ -72,6 +79,8 @@ def new_token() -> str:
     """A token for one attempt, marked running until :func:`ended`."""
     token = f"{_prefix}{next(_seq)}"
     _running.add(token)
+    if not _busy.is_set():
+        _busy.set()
     return token
 
 
@@ -137,6 +146,7 @@ def stop() -> None:
         if _users > 0 or _thread is None:
             return
         _stop.set()
+        _busy.set()
         _thread.join(5)
         _thread = None
         kill_all(signal.SIGKILL)
@@ -157,19 +167,31 @@ def kill_all(sig: int = signal.SIGKILL) -> None:
 
 
 def _watch() -> None:
-    while not _stop.wait(EVERY):
+    idle = False
+    while not _stop.is_set():
+        if idle:  # nothing to end or reap until an attempt starts
+            _busy.wait(IDLE_EVERY)
+        else:
+            _stop.wait(EVERY)
+        _busy.clear()
+        if _stop.is_set():
+            return
         try:
-            sweep()
+            idle = not sweep()
         except Exception:  # noqa: BLE001 - keep watching; never take the worker down
+            idle = False
             log.exception("reaper sweep failed")
 
 
-def sweep() -> None:
-    """One look at our children: end escapees of ended attempts, reap the dead."""
+def sweep() -> bool:
+    """One look at our children: end escapees of ended attempts, reap the dead. Returns
+    whether anything may need a look soon: an attempt runs, a handler's exit is not
+    collected yet, or this process has a child."""
     now = time.monotonic()
     own_sid = os.getsid(0)
     dead: list[int] = []
-    for pid, (state, sid) in _children().items():
+    children = _children()
+    for pid, (state, sid) in children.items():
         if pid in leaders:
             continue
         if state == "Z":
@@ -190,6 +212,7 @@ def sweep() -> None:
             pass
     if dead:
         _reap(dead)
+    return bool(_running or leaders or children or _signalled)
 
 
 def _reap(pids: list[int]) -> None:

@@ -17,7 +17,6 @@ The CLI, the console and rules all go through :func:`submit` / :func:`apply`.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from runner import lifecycle
 from runner.errors import IllegalMove, UserError
+from runner.store.clock import db_now
 from runner.store.db import reading
 from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
@@ -85,7 +85,7 @@ def apply(
         raise UserError("send needs an event name", 2)
     if command == "sleep" and until is None:
         raise UserError("sleep needs a wake time", 2)
-    at = time.time()
+    at = db_now(conn)  # the database's clock: a lease is judged as its holder set it
     results = []
     due: list[float] = []  # due times the commands made, for the listening daemons
     ids = list(dict.fromkeys(ids))  # each instance once, in the order given

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.ops.views import attempt_json, instance_json, iso
+from runner.ops.views import attempt_json, instance_json, iso, waits_for
 from runner.store.reader import (
     ATTEMPT_COLUMNS,
     COMMAND_COLUMNS,
@@ -118,7 +118,9 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     """One instance (``instance_json``) with ``history`` (its attempts, oldest first,
     the last ``history_limit``), ``checkpoints``, ``commands`` (oldest first) and
     ``budget`` (the error budget of its current state, ``None`` in a terminal state or
-    when its flow version no longer compiles); ``None`` when unknown. ``db`` is a
+    when its flow version no longer compiles) and ``waits_for`` (the ``on:`` events it
+    waits for, runnable in an external state with nothing due; else ``None``); ``None``
+    when unknown. ``db`` is a
     ``Reader`` or an ``Engine``: ``flowrun show --json``.
 
     Raises:
@@ -132,6 +134,8 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     out = instance_json(row)
     out["state_error_times"] = [iso(t) for t in row["state_errors"] or []]
     out["budget"] = _budget(reader, row)
+    out["history_pruned_before"] = iso(row["history_from"])
+    out["waits_for"] = _waits_for(reader, row)
     out["history"] = [attempt_json(a) for a in reversed(att)]
     setups = _setups(reader, row["version"])
     for item in out["history"]:  # the names its handler got, never a secret's value
@@ -188,6 +192,20 @@ def _setups(reader: Reader, version: str) -> dict[str, tuple[list[str], list[str
         for name, st in states.items()
         if st.kind in ("exec", "call")
     }
+
+
+def _waits_for(reader: Reader, row: Any) -> list[str] | None:
+    """The ``on:`` events the instance waits for in an external state
+    (``runner.ops.views.waits_for``); ``None`` when it waits for none or its flow version
+    no longer compiles."""
+    from runner.errors import UserError
+
+    try:
+        flow = stored_flow(reader, row["version"])
+    except UserError:
+        return None
+    events = waits_for(row, flow)
+    return None if events is None else list(events)
 
 
 def _budget(reader: Reader, row: Any) -> dict | None:

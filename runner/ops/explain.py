@@ -36,6 +36,7 @@ from runner.ops.explanation import (
     secs,
 )
 from runner.ops.forecast import forecast
+from runner.ops.views import iso, waits_for
 
 
 def explain(
@@ -103,12 +104,14 @@ def explain(
         else:
             _command(out, t, item, flow_of)
     refill(now)
+    if inst.get("history_from") is not None:
+        out.append(_pruned(inst["history_from"]))
     out.sort(key=lambda e: e.at or 0.0)  # stable: same-time entries keep their order
-    return Explanation(
-        instance=_summary(inst),
-        timeline=out,
-        forecast=forecast(inst, _safe_flow(flow_of, inst["version"]), now, t),
-    )
+    flow = _safe_flow(flow_of, inst["version"])
+    summary = _summary(inst)
+    events = waits_for(inst, flow)
+    summary["waits_for"] = None if events is None else list(events)
+    return Explanation(instance=summary, timeline=out, forecast=forecast(inst, flow, now, t))
 
 
 def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
@@ -149,9 +152,19 @@ def _first_state(rows: dict, flow_of, version: str) -> str:
     return flow.initial if flow is not None else rows["instance"]["state"]
 
 
+def _pruned(before: float) -> Entry:
+    """Where retention cut the history of a live instance (``instances.history_from``)."""
+    return Entry(
+        before,
+        "pruned",
+        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
+        {"before": before},
+    )
+
+
 def _summary(inst: dict) -> dict:
-    keys = ("id", "flow", "version", "state", "status", "due_at", "attempts", "errors")
-    return {k: inst[k] for k in (*keys, "restarts", "state_restarts", "running_attempt")}
+    keys = ("id", "flow", "label", "version", "state", "status", "due_at", "attempts", "errors")
+    return {k: inst.get(k) for k in (*keys, "restarts", "state_restarts", "running_attempt")}
 
 
 def _created(inst: dict, event: dict | None, state: str, version: str) -> Entry:

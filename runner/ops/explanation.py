@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.flowspec.policy import Backoff, Policy
+from runner.literal import literal
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Entry:
     Attributes:
         at: epoch seconds (UTC) the entry is about (``None`` for a forecast without a time).
         kind: ``created``, ``attempt``, ``wait``, ``budget``, ``restart``, ``command``,
-            ``rule``, ``version``, ``sleep``, ``running`` (timeline) or ``due``,
+            ``rule``, ``version``, ``sleep``, ``running``, ``pruned`` (timeline) or ``due``,
             ``next_error``, ``next_restart`` (forecast).
         text: the sentence an operator reads.
         data: the same facts as fields, for ``--json``.
@@ -76,8 +77,10 @@ def secs(value: float | None) -> str:
 
 
 def first_line(text: str | None, limit: int = 160) -> str:
-    """The first non-empty line of ``text``, cut to ``limit`` characters."""
-    for line in (text or "").splitlines():
+    """The first non-empty line of ``text`` (lines end at a newline only: a carriage
+    return or other control stays in the line, to be shown literally), cut to ``limit``
+    characters."""
+    for line in (text or "").split("\n"):
         if line.strip():
             line = line.strip()
             return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -136,11 +139,19 @@ def render_text(explanation: Explanation, now: float) -> str:
     """The text of ``explanation`` (an :class:`Explanation`) at ``now``
     (epoch seconds): what ``flowrun explain`` prints and the console shows. A header,
     the timeline (UTC clock time and seconds since the instance
-    was created), and what happens next."""
+    was created), and what happens next. Stored text in the entries (errors, labels,
+    commands' arguments, rule actions) is shown literally (``runner.literal``): one
+    line per entry, no control character."""
     inst = explanation.instance
+    label = f" ({literal(inst['label'])})" if inst.get("label") else ""
+    waits = inst.get("waits_for")
+    if waits is not None:  # runnable, but nothing is due until one of these events
+        label_events = " or ".join(literal(e) for e in waits) or "none accepted"
+        waits = f", waits for an event: {label_events}"
     lines = [
-        f"instance {inst['id']} of flow {inst['flow']}: state {inst['state']!r}, "
-        f"status {inst['status']} (flow version {inst['version']})",
+        f"instance {inst['id']}{label} of flow {literal(inst['flow'])}: state "
+        f"{literal(repr(inst['state']))}, status {inst['status']}{waits or ''} (flow version "
+        f"{literal(inst['version'])})",
         f"{inst['attempts']} attempts, {inst['errors']} errors, {inst['restarts']} restarts "
         "in its life",
         "",
@@ -156,9 +167,9 @@ def render_text(explanation: Explanation, now: float) -> str:
         stamp = at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
         offset = "+" + secs((e.at or start) - start)
         mark = "  ·" if e.kind in ("wait", "budget", "restart") else "  -"
-        lines.append(f"{mark} {stamp} {offset:>8}  {e.text}")
+        lines.append(f"{mark} {stamp} {offset:>8}  {literal(e.text)}")
     lines += ["", f"What happens next (now {datetime.fromtimestamp(now, UTC):%H:%M:%S} UTC):"]
     titles = {"due": "next", "next_error": "on error", "next_restart": "if stuck"}
     for e in explanation.forecast:
-        lines.append(f"  {titles.get(e.kind, e.kind):>8}: {e.text}")
+        lines.append(f"  {titles.get(e.kind, e.kind):>8}: {literal(e.text)}")
     return "\n".join(lines)

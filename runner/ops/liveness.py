@@ -15,6 +15,12 @@ under load. So a worker is declared **dead** only when BOTH hold:
    future): while it holds one, no other worker may take that work anyway, and the worker
    may still renew it.
 
+A worker of the reader's own host and boot whose process is provably gone (its pid
+absent or reused: ``runner.store.host.provably_dead``, from the identity its row records)
+is **dead** at once, whatever its heartbeat and leases say: any worker takes its leases
+over at once (``runner.store.leases.recover_lost``, the sensor leases). A worker on
+another host, or a row without that identity, is never judged that way.
+
 Verdicts: ``alive`` (fresh heartbeat), ``late`` (stale heartbeat but a valid lease: not
 yet dead; its leases expire at ``lease_until``), ``dead`` (stale and no valid lease: its
 work, if any, is recoverable by any worker), ``stopped`` (it said goodbye:
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.ops.views import iso
+from runner.store.host import provably_dead
 from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
 
 #: The heartbeat interval (seconds) of workers whose row does not record theirs (written
@@ -64,6 +71,7 @@ def judge(
     leases: int = 0,
     lease_until: float | None = None,
     heartbeat: float | None = None,
+    gone: bool = False,
 ) -> Liveness:
     """Decide whether a worker is alive.
 
@@ -75,6 +83,8 @@ def judge(
         lease_until: the latest ``locked_until`` among its leases, or ``None``.
         heartbeat: its heartbeat interval in seconds (``workers.heartbeat_every``);
             ``None`` (a row from before that column): :data:`HEARTBEAT`.
+        gone: its process is provably dead (``runner.store.host.provably_dead``): dead
+            now, unless it stopped cleanly.
     """
     if heartbeat is None or heartbeat <= 0:
         heartbeat = HEARTBEAT
@@ -84,6 +94,8 @@ def judge(
     until = lease_until if valid else None
     if stopped_at is not None:
         return Liveness("stopped", False, age, held, until)
+    if gone:
+        return Liveness("dead", False, age, 0, None)
     if age <= STALE_BEATS * heartbeat:
         return Liveness("alive", True, age, held, until)
     if valid:
@@ -100,8 +112,8 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
     ``heartbeat_age`` (seconds), ``leases`` (valid instance and sensor leases it holds),
     ``lease_until`` (when the last expires, or ``None``) and ``holding`` (the attempts it
     runs now). A worker is dead only when its heartbeat is stale AND it holds no valid
-    lease. ``flowrun workers`` (text and ``--json``) and the console's workers view all
-    read this.
+    lease, or when its process is provably gone (this host and boot). ``flowrun
+    workers`` (text and ``--json``) and the console's workers view all read this.
 
     Raises:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
@@ -138,6 +150,7 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
             leases=count,
             lease_until=until,
             heartbeat=r["heartbeat_every"],
+            gone=provably_dead(r["host"], r["boot_id"], r["pid"], r["pid_started"]),
         )
         r.update(
             alive=verdict.alive,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.lifecycle import STATUSES
-from runner.ops.views import JSON_KEYS, instance_json, iso
+from runner.ops.views import JSON_KEYS, event_what, instance_json, iso, waits_for
 from runner.store.reader import EVENT_COLUMNS, as_dicts, columns, reader_of
 
 SORTABLE = (
@@ -128,18 +128,73 @@ def list_events(db: Any, *, limit: int = 50) -> list[dict]:
     """The newest ``limit`` sensor events, newest first, as JSON-ready dicts: ``flowrun
     events`` (text and ``--json``); ``db`` a ``Reader`` or an ``Engine``.
 
-    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``created_at`` and
-    ``handled_at`` (ISO 8601 UTC, ``handled_at`` ``None`` while pending) and ``action``
-    (what the rules did, e.g. ``"started csv_ingest instance 42"``).
+    Each dict: ``id``, ``sensor``, ``key``, ``payload`` (dict), ``what`` (what happened,
+    from the payload: a tail sensor's line, a files sensor's path, a clock's tick; see
+    ``runner.ops.views.event_what``), ``created_at`` and ``handled_at`` (ISO 8601 UTC,
+    ``handled_at`` ``None`` while pending) and ``action`` (what the rules did, e.g.
+    ``"started csv_ingest instance 42"``, with ``" (pruned)"`` once that instance was
+    pruned: :func:`shown_action`). Text is as stored (not made literal).
 
     Raises:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     reader = reader_of(db)
-    sql = f"SELECT {columns(EVENT_COLUMNS)} FROM events ORDER BY id DESC LIMIT :limit"
+    sql = (
+        f"SELECT {columns(EVENT_COLUMNS)}, ({STARTED_LEFT}) FROM events"
+        " ORDER BY id DESC LIMIT :limit"
+    )
     with reader.snapshot() as run:
         rows = run(sql, {"limit": limit})
-    out = as_dicts(reader, EVENT_COLUMNS, rows)
+    out = as_dicts(reader, (*EVENT_COLUMNS, "instances_left"), rows)
     for r in out:
-        r.update(created_at=iso(r["created_at"]), handled_at=iso(r["handled_at"]))
+        r.update(
+            created_at=iso(r["created_at"]),
+            handled_at=iso(r["handled_at"]),
+            action=shown_action(r["action"], r.pop("instances_left")),
+        )
+        r["what"] = event_what(r["payload"])
     return out
+
+
+def waiting_events(db: Any, rows: list[dict]) -> dict[int, tuple[str, ...]]:
+    """For the ``rows`` (instance rows with ``id``, ``version``, ``state``, ``status``,
+    ``due_at``, ``running_attempt``) that wait for an ``on:`` event of an external state:
+    ``{id: the events it accepts}`` (``("release", "discard")``); ``db`` a ``Reader`` or an
+    ``Engine``. Each flow version is compiled once; a version that no longer compiles
+    names no events (its rows are left out).
+
+    Raises:
+        sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    from runner.errors import UserError
+    from runner.ops.detail import stored_flow
+
+    flows: dict[str, Any] = {}
+    out: dict[int, tuple[str, ...]] = {}
+    for r in rows:
+        if r["status"] != "runnable" or r["due_at"] is not None:
+            continue
+        version = r["version"]
+        if version not in flows:
+            try:
+                flows[version] = stored_flow(db, version)
+            except UserError:
+                flows[version] = None
+        events = waits_for(r, flows[version])
+        if events is not None:
+            out[r["id"]] = events
+    return out
+
+
+#: The instances an event started that are still stored (a correlated subquery of
+#: ``events``, through the partial index ``ix_instances_event``).
+STARTED_LEFT = "SELECT count(*) FROM instances WHERE instances.event_id = events.id"
+
+
+def shown_action(action: str | None, left: int) -> str | None:
+    """An event's ``action`` as shown: ``"started f instance 42"`` becomes ``"started f
+    instance 42 (pruned)"`` once no instance it started is stored, so no listing names an
+    instance that is not there."""
+    if action and action.startswith("started ") and not left:
+        return f"{action} (pruned)"
+    return action

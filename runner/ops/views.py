@@ -7,8 +7,12 @@ epoch seconds. Pure: no database.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 INSTANCE_KEYS = (
     "id",
@@ -37,11 +41,13 @@ JSON_KEYS = (
     "state_changed",
     "running_attempt",
 )
-#: The columns ``flowrun ls`` shows (its table needs no data and no error times).
+#: The columns ``flowrun ls`` shows (its table needs no data and no error times; the
+#: version names the events an instance in an external state waits for).
 TABLE_KEYS = (
     *(k for k in INSTANCE_KEYS if k not in ("data", "created_at", "updated_at")),
     "last_error",
     "running_attempt",
+    "version",
 )
 
 
@@ -84,3 +90,45 @@ def attempt_json(row: Any) -> dict:
         "error": row["error"],
         "checkpoint": row["checkpoint"],
     }
+
+
+def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
+    """The ``on:`` events (in the flow's order) an instance ``row`` (with ``state``,
+    ``status``, ``due_at``, ``running_attempt``) waits for, when it is runnable in an
+    external state of ``flow`` (its version) with nothing due: ``("release",
+    "discard")``; ``None`` otherwise (also when ``flow`` is ``None`` or lacks the state)."""
+    if flow is None or row["status"] != "runnable" or row["due_at"] is not None:
+        return None
+    if row.get("running_attempt") is not None:
+        return None
+    state = flow.states.get(row["state"])
+    if state is None or state.kind != "external":
+        return None
+    return tuple(state.on)
+
+
+def event_what(payload: Any) -> str:
+    """What happened, in one text, from a stored event's ``payload``: a tail sensor's
+    ``line``, a files sensor's file (``a.csv (12 bytes) in /srv/inbox``), a clock sensor's
+    ``tick`` at ``scheduled`` (and how many ticks it missed); any other payload as compact
+    JSON. As stored: the caller shows it literally."""
+    if not isinstance(payload, dict):
+        return json.dumps(payload)
+    if isinstance(payload.get("line"), str):
+        return payload["line"]
+    if isinstance(payload.get("path"), str):  # the file's name first: it survives a cut
+        path, name, size = payload["path"], payload.get("name"), payload.get("size")
+        text = name if isinstance(name, str) and name else path
+        text += f" ({size} bytes)" if isinstance(size, int) else ""
+        if text.startswith(path):
+            return text
+        folder = path[: -len(name)].rstrip("/") if path.endswith(name) else path
+        return f"{text} in {folder}"
+    if "tick" in payload:
+        text = f"tick {payload['tick']}"
+        if payload.get("scheduled"):
+            text += f" scheduled {payload['scheduled']}"
+        if payload.get("missed"):
+            text += f", {payload['missed']} missed"
+        return text
+    return json.dumps(payload, sort_keys=True)

@@ -17,7 +17,9 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore, reading
+from runner.store.dead import dead_holders
 from runner.store.notify import notify_event
 from runner.store.tables import events, sensors
 
@@ -74,35 +76,40 @@ def load_cursor(engine: Engine, sensor: str) -> dict[str, Any]:
 def claim_leases(engine: Engine, names: Iterable[str], worker_id: str, lease: float) -> set[str]:
     """Claim or renew the leases of ``names`` for ``worker_id``; return the names held now.
 
-    A lease is taken when free (``locked_until`` NULL or past) or already ours; it then
-    runs until ``now + lease`` (seconds). Missing ``sensors`` rows are created. A renewal
+    A lease is taken when free (``locked_until`` NULL or past), already ours, or held by
+    a worker of this host whose process is provably dead (``runner.store.dead``: taken
+    over at once, not when it expires); it then runs until ``now + lease`` (seconds).
+    Missing ``sensors`` rows are created. A renewal
     of leases already held is one ``UPDATE ... RETURNING``; only the names it did not
     return (a new sensor, or one another daemon holds) are inserted and tried again.
     """
     names = sorted(set(names))
     if not names:
         return set()
-    at = time.time()
+    at = db_now(engine)  # the database's clock: leases shared by hosts
     with engine.begin() as conn:
-        held = _take(conn, names, worker_id, at, lease)
+        held = _take(conn, names, [worker_id], at, lease)
         missing = [n for n in names if n not in held]
         if missing:
             for name in missing:
                 insert_ignore(conn, sensors, {"name": name, "cursor": {}, "updated_at": at})
-            held |= _take(conn, missing, worker_id, at, lease)
+            owners = [worker_id, *dead_holders(conn, sensors, worker_id)]
+            held |= _take(conn, missing, owners, at, lease)
         return held
 
 
-def _take(conn, names: list[str], worker_id: str, at: float, lease: float) -> set[str]:
-    """The leases of ``names`` that are free or ``worker_id``'s, taken until ``at + lease``
-    (inside the caller's transaction); returns their names."""
+def _take(conn, names: list[str], owners: list[str], at: float, lease: float) -> set[str]:
+    """The leases of ``names`` that are free or held by one of ``owners``, taken for
+    ``owners[0]`` until ``at + lease`` (inside the caller's transaction); returns their
+    names."""
+    worker_id = owners[0]
     return set(
         conn.execute(
             update(sensors)
             .where(
                 sensors.c.name.in_(names),
                 or_(
-                    sensors.c.locked_by == worker_id,
+                    sensors.c.locked_by.in_(owners),
                     sensors.c.locked_until.is_(None),
                     sensors.c.locked_until < at,
                 ),

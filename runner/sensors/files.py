@@ -17,12 +17,17 @@ A file deleted and dropped again under the same name counts again: it has a new 
 or, when the file system hands the old inode back (ext4 does), the sensor saw the
 deletion and keys the new file ``"<relative path>:<inode>:<mtime_ns at first sight>"``.
 Only a deletion and re-creation with the same inode while no daemon ran goes unseen.
+A symlink whose target (every link on the way resolved) lies outside the folder counts
+only with ``follow_symlinks: true``: otherwise it is ignored, with one INFO line per path,
+so a link dropped into the folder cannot feed the flow a file from elsewhere. A symlink to a
+file inside the folder counts like the file.
 Payload: ``{"path": absolute path, "name": file name, "size": bytes}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 import time
@@ -34,7 +39,10 @@ from typing import Any
 
 from watchfiles import Change
 
+from runner.literal import literal
 from runner.sensors.base import FileChange, Sensor
+
+log = logging.getLogger("flowrun.sensors")
 
 #: Full rescans of the folder, in seconds (a safety net for overflowed watch queues).
 RESCAN = 30.0
@@ -62,6 +70,9 @@ class FilesSensor(Sensor):
         self.recursive: bool = bool(cfg.recursive)
         self.settle: float = float(cfg.settle)
         self.modified: bool = bool(cfg.modified)
+        self.follow: bool = bool(cfg.follow_symlinks)
+        self._root = os.path.realpath(self.folder)
+        self._outside: set[str] = set()  # symlinks out of the folder already logged
         self.rescan = rescan
         self._candidates: dict[str, _Candidate] = {}
         self._ready: set[str] = set()  # renamed into place: count at once
@@ -94,6 +105,32 @@ class FilesSensor(Sensor):
             return False
         return fnmatchcase(rel.replace(os.sep, "/") if "/" in self.glob else name, self.glob)
 
+    def leads_out(self, path: str) -> bool:
+        """True when absolute ``path`` (inside the folder) reaches a file outside it
+        through a symlink and ``follow_symlinks`` is off; logs it once per path. A path that
+        cannot be read counts as leading out (it is not a file to act on either)."""
+        if self.follow:
+            return False
+        if os.sep not in os.path.relpath(path, self.folder):  # directly in the folder
+            try:
+                if not stat.S_ISLNK(os.lstat(path).st_mode):
+                    return False
+            except OSError:
+                return True
+        real = os.path.realpath(path)
+        if real.startswith(self._root.rstrip(os.sep) + os.sep):
+            return False
+        if path not in self._outside:
+            self._outside.add(path)
+            log.info(
+                "sensor %s: ignoring %r, a symlink out of its folder to %r "
+                "(follow_symlinks: true counts it)",
+                self.name,
+                os.path.relpath(path, self.folder),
+                real,
+            )
+        return True
+
     def on_changes(self, changes: Sequence[FileChange]) -> None:
         # A batch that deletes a non-matching sibling and adds a matching file is a
         # rename into place (watchfiles reports a rename as deleted + added).
@@ -118,6 +155,7 @@ class FilesSensor(Sensor):
 
     async def run(self, stop: asyncio.Event) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._root = os.path.realpath(self.folder)  # the folder may be a symlink itself
         next_scan = 0.0
         while not stop.is_set():
             if self._scan_due or time.monotonic() >= next_scan:
@@ -148,7 +186,26 @@ class FilesSensor(Sensor):
         for key, payload in rows:
             self._stored[payload["path"]] = key
 
+    def not_utf8(self, path: str) -> bool:
+        """True when ``path``'s name is not UTF-8 (bytes kept as lone surrogates): no
+        database stores it, so the file is not acted on; logs it once per path, with the
+        undecodable bytes shown as ``\\xNN``."""
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            if path not in self._outside:
+                self._outside.add(path)
+                log.warning(
+                    "sensor %s: ignoring %s: its name is not UTF-8 (rename it to act on it)",
+                    self.name,
+                    literal(os.path.relpath(path, self.folder)),
+                )
+            return True
+        return False
+
     def _event(self, path: str, st: os.stat_result) -> tuple[str, dict[str, Any]] | None:
+        if self.not_utf8(path) or self.leads_out(path):
+            return None
         rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
         if path in self._gone:  # re-created after a deletion this process saw
             self._gone.discard(path)
@@ -222,7 +279,7 @@ class FilesSensor(Sensor):
                 return []
         found = []
         for path in paths:
-            if self.matches(path):
+            if self.matches(path) and not self.leads_out(path):
                 try:
                     st = os.stat(path)
                 except OSError:

@@ -27,6 +27,7 @@ from runner.sensors.keep import Keep, keep_retrying
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
+from runner.store.data_version import data_version
 from runner.store.db import short_error
 
 if TYPE_CHECKING:
@@ -245,12 +246,26 @@ class SensorHub:
 
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
-        restarts it)."""
-        while not stop.is_set():
-            seen, acted = await asyncio.to_thread(self.rules.handle_pending)
-            if acted and self.on_work is not None:
-                self.on_work()
-            if seen >= self.rules.batch:
-                continue
-            await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
-            self._rules_kick.clear()
+        restarts it).
+
+        Between looks it waits for a kick (a sensor of this daemon stored an event) or
+        ``poll`` seconds (events stored by other daemons). On SQLite a look after a
+        ``poll`` is skipped while nobody committed anything since the last look
+        (``runner.store.data_version``): it would find what that one found."""
+        changes = data_version(self.engine)
+        try:
+            while not stop.is_set():
+                before = changes.read() if changes is not None else None
+                seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                if acted and self.on_work is not None:
+                    self.on_work()
+                if seen >= self.rules.batch:
+                    continue
+                while not (self._rules_kick.is_set() or stop.is_set()):
+                    await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
+                    if before is None or changes is None or changes.read() != before:
+                        break
+                self._rules_kick.clear()
+        finally:
+            if changes is not None:
+                changes.close()

@@ -1,7 +1,9 @@
 """The sensor hub's file watcher and flow hot reload.
 
-One ``watchfiles.awatch`` per daemon covers the flows folder and every folder a sensor
-needs (files folders, the folders of tailed logs); it is restarted when that set changes.
+One watcher per daemon covers the flows folder and every folder a sensor needs (files
+folders, the folders of tailed logs); it is restarted when that set changes. On Linux it
+is inotify read by the event loop (``runner.sensors.inotify``: nothing runs while nothing
+changes); elsewhere, or when polling is asked for, ``watchfiles.awatch``.
 A change in the flows folder reloads that flow file (``FlowRegistry.reload``: a bad edit
 is reported and the good version kept), records its new version and restarts its
 sensors; a change in a sensor's folder goes to that sensor.
@@ -19,9 +21,10 @@ from sqlalchemy import Engine
 from watchfiles import awatch
 
 from runner.flowspec.registry import SUFFIXES
+from runner.sensors import inotify
 from runner.sensors.base import FileChange, first_of, log
 from runner.sensors.files import FilesSensor
-from runner.store import create
+from runner.store import create, inotify_sys
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -90,15 +93,21 @@ class FlowWatch:
         self.folders = self._wanted()
         quit_watch = asyncio.Event()
         relayed = asyncio.ensure_future(relay(quit_watch, stop, self.restart))
-        changes = awatch(
-            *self.folders,
-            watch_filter=None,
-            debounce=self.hub.debounce,
-            step=self.hub.step,
-            stop_event=quit_watch,
-            force_polling=self._polling(),
-            recursive=True,
-        )
+        polling = self._polling()
+        if not polling and inotify_sys.available():  # no thread, no wake-up while idle
+            changes = inotify.changes(
+                self.folders, debounce=self.hub.debounce, step=self.hub.step, stop=quit_watch
+            )
+        else:
+            changes = awatch(
+                *self.folders,
+                watch_filter=None,
+                debounce=self.hub.debounce,
+                step=self.hub.step,
+                stop_event=quit_watch,
+                force_polling=polling,
+                recursive=True,
+            )
         nxt = asyncio.ensure_future(anext(changes))
         try:
             # The watcher exists once the generator ran its first step; only then may

@@ -32,8 +32,9 @@ def _log_to_file(path: Path) -> None:
 class EmbeddedWorker:
     """``serve`` (worker + sensors) in a background thread; ``stop()`` stops it gracefully."""
 
-    def __init__(self, engine: Any, registry: Any, config: Any):
+    def __init__(self, engine: Any, registry: Any, config: Any, listen_url: str | None = None):
         self.engine, self.registry, self.config = engine, registry, config
+        self.listen_url = listen_url  # ``--listen-db`` (PostgreSQL)
         self.worker: Any = None
         self.error: BaseException | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -45,7 +46,7 @@ class EmbeddedWorker:
         self._ready.wait(10)
 
     def _main(self) -> None:
-        from runner.service.daemon import serve
+        from runner.service.daemon import ServiceOptions, serve
 
         async def go() -> None:
             self.loop = asyncio.get_running_loop()
@@ -54,7 +55,12 @@ class EmbeddedWorker:
                 lambda f: (setattr(self, "worker", f.result()), self._ready.set())
             )
             await serve(
-                self.engine, self.registry, self.config, install_signals=False, worker_ready=fut
+                self.engine,
+                self.registry,
+                self.config,
+                install_signals=False,
+                worker_ready=fut,
+                options=ServiceOptions(listen_url=self.listen_url),
             )
 
         try:
@@ -132,7 +138,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
         if not attach:
             raise
     if not attach:
-        embedded = EmbeddedWorker(engine, registry, config)
+        embedded = EmbeddedWorker(engine, registry, config, c.listen_db)
         embedded.start()
     stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
     app = FlowrunApp(

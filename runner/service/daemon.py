@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -27,23 +28,30 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine.config import WorkerConfig
+from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
 from runner.flowspec.setup_checks import privilege_errors, setup_warnings
+from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.supervisor import Supervisor
 from runner.store import versions
 from runner.store.create import record_version
-from runner.store.db import short_error
+from runner.store.db import interrupt, redact, short_error
 from runner.store.dialect import dialect_of
-from runner.store.notify import DueListener
+from runner.store.notify import DueListener, listen_db_url
+from runner.store.pooler import pooler_of
 
 if TYPE_CHECKING:
     from runner.sensors.hub import SensorHub
 
 log = logging.getLogger("flowrun.daemon")
+
+#: Threads for the parts' blocking calls (``asyncio.to_thread``), as many as
+#: ``ThreadPoolExecutor``'s default on this kind of machine.
+IO_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
@@ -100,6 +108,14 @@ class ServiceOptions:
         status_every: seconds between status lines (counts by status, attempts/s).
         log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
         notifier: the systemd notifier (``None``: from the environment).
+        prune_every: seconds between the pruner's rounds (``runner.service.pruner``;
+            ``None``: no pruner, the default of an embedded worker).
+        retention: the pruner's policy for flows without their own (``--retention``).
+        event_retention: seconds handled events are kept (``None``: forever).
+        listen_url: PostgreSQL: the URL whose connection ``LISTEN``s (``--listen-db``: a
+            direct connection to the same database when the engine's goes through a
+            transaction-pooling pooler); ``None``: the engine's own URL, or no ``LISTEN``
+            at all (polling, with a WARNING) behind such a pooler.
     """
 
     metrics: tuple[str, int] | None = None
@@ -108,6 +124,10 @@ class ServiceOptions:
     status_every: float = 60.0
     log_attempts: bool = False
     notifier: Notifier | None = None
+    prune_every: float | None = None
+    retention: Retention = DEFAULT
+    event_retention: float | None = EVENT_WINDOW
+    listen_url: str | None = None
 
 
 @dataclass
@@ -164,6 +184,43 @@ async def _until(*aws: Awaitable[Any], timeout: float | None = None) -> None:
                 made.cancel()
 
 
+def _listen_url(engine: Engine, given: str | None, config: WorkerConfig) -> str | None:
+    """The URL the daemon ``LISTEN``s on: ``given`` (``--listen-db``), else the engine's own
+    unless it goes through a transaction-pooling pooler (then ``None``: the worker polls,
+    said in one WARNING); ``None`` on SQLite.
+
+    Raises:
+        ConfigError: ``given`` with a database that has no ``NOTIFY`` (SQLite), or a
+            ``given`` URL that is not PostgreSQL.
+    """
+    notify = dialect_of(engine).notify
+    if given is not None:
+        if not notify:
+            raise ConfigError("--listen-db: only for a PostgreSQL --db (SQLite has no LISTEN)")
+        url = listen_db_url(given)
+        if pooler_of(engine) == "transaction":
+            log.info(
+                "database %s is reached through a transaction pooling pooler: statements are "
+                "not prepared on the server; LISTEN on %s (--listen-db)",
+                redact(engine.url.render_as_string(hide_password=False)),
+                redact(url),
+            )
+        return url
+    if not notify:
+        return None
+    if pooler_of(engine) == "transaction":
+        every = f"every {config.poll:g}s"
+        log.warning(
+            "database %s is reached through a transaction pooling pooler: LISTEN cannot "
+            "work through it, so this worker is polling for due work %s; give --listen-db "
+            "(FLOWRUN_LISTEN_DB) a direct URL of the same database to be woken at once",
+            redact(engine.url.render_as_string(hide_password=False)),
+            every,
+        )
+        return None
+    return engine.url.render_as_string(hide_password=False)
+
+
 async def serve(
     engine: Engine,
     registry: FlowRegistry | None,
@@ -182,7 +239,8 @@ async def serve(
     worker).
 
     Raises:
-        ConfigError: the metrics address cannot be bound.
+        ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
+            not a PostgreSQL URL or given with a SQLite engine.
     """
     opts = options or ServiceOptions()
     with_hub = sensors and registry is not None
@@ -214,7 +272,9 @@ async def serve(
         elif not idle.is_set() and worker.quiet():
             idle.set()
 
-    listen = dialect_of(engine).notify  # wake-ups through LISTEN/NOTIFY (PostgreSQL)
+    # wake-ups through LISTEN/NOTIFY (PostgreSQL), unless only a transaction pooler is known
+    listen_url = _listen_url(engine, opts.listen_url, config)
+    listen = listen_url is not None
     config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
     worker = Worker(engine, config, idle_hint=busy)
 
@@ -223,10 +283,9 @@ async def serve(
             hub.kick()
 
     listener = None
-    if listen:
-        url = engine.url.render_as_string(hide_password=False)
+    if listen_url is not None:
         listener = DueListener(
-            url,
+            listen_url,
             worker.notify_due,
             kick_hub if with_hub else None,
             application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon`` names
@@ -282,12 +341,23 @@ async def serve(
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
+        # the parts' blocking calls (``asyncio.to_thread``) on daemon threads: one stuck
+        # on a dead network never keeps the process from exiting
+        loop.set_default_executor(DaemonThreads("flowrun-io", IO_THREADS))
     # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
     # thousands of objects) lives as long as the process: move it out of the collector's
     # sight, so the collections the hot loop's short-lived objects trigger stay cheap
     # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
     gc.freeze()
     gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
+    base = None  # the progress line's baseline: what was final before the first claim
+    if opts.progress and config.exit_when_idle:
+        from runner.service.progress import baseline
+
+        try:
+            base = await baseline(engine)
+        except DBAPIError:  # counted when the progress line starts (and it says so)
+            log.warning("progress: cannot count the instances yet; counting later")
     worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
     side: list[asyncio.Future] = []
 
@@ -373,17 +443,45 @@ async def serve(
         async def progress() -> None:
             from runner.service.progress import progress_loop
 
-            await progress_loop(engine, stop, tty=opts.tty)
+            await progress_loop(engine, stop, tty=opts.tty, base=base)
 
         parts.append(("progress", after_first_cycle(progress)))
+    if opts.prune_every is not None and registry is not None:
+        pruners: list[Any] = []  # made once, after the first cycle (its imports too)
+
+        async def prune() -> None:
+            if not pruners:
+                from runner.service.pruner import Pruner
+
+                pruners.append(
+                    Pruner(
+                        engine,
+                        registry,
+                        config.worker_id,
+                        config.lease,
+                        default=opts.retention,
+                        events=opts.event_retention,
+                        every=opts.prune_every,
+                    )
+                )
+                if collector is not None:
+                    collector.pruner = pruners[0]
+            await pruners[0].run(stop)
+
+        parts.append(("pruner", after_first_cycle(prune)))
     for name, run in parts:
         side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
     try:
         await worker_task
     finally:
         stop.set()
+        # the database does not answer: break off the parts' statements waiting for it,
+        # and give them a moment only (their leases expire; events wait for the next start)
+        cut_off = bool(aborted_by) or worker.unreachable
+        if cut_off:
+            interrupt()
         if side:
-            done, pending = await asyncio.wait(side, timeout=10)
+            done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
             for task in pending:
                 task.cancel()
             for task in done:

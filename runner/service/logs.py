@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from runner.error_line import error_line
+from runner.literal import literal
 
 #: Structured fields a log call may pass in ``extra=`` (kept as JSON keys).
 FIELDS = (
@@ -69,7 +70,9 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``HH:MM:SS LEVEL logger: message`` and the structured fields as ``key=value``."""
+    """``HH:MM:SS LEVEL logger: message`` and the structured fields as ``key=value``; the
+    message and fields made literal (``runner.literal``: a worker id, a file name or a
+    handler's error line cannot send escape sequences to the terminal reading the log)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
@@ -79,7 +82,7 @@ class TextFormatter(logging.Formatter):
         fields = _fields(record)
         if fields and record.name == "flowrun.attempts":
             text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
-        return text
+        return literal(text, lines=True)
 
 
 def setup_logging(fmt: str = "text", level: str | int = logging.INFO, attempts: bool = False):

@@ -26,7 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, event, func, select
 
+from runner.retention import KINDS
 from runner.store.db import reading
+from runner.store.space import database_bytes
 from runner.store.tables import attempts, events, instances
 
 log = logging.getLogger("flowrun.metrics")
@@ -145,6 +147,8 @@ class DaemonCollector(Collector):
         self._instances: list[tuple[str, str, int]] = []
         self._latency = [0.0] * (len(LATENCY_BUCKETS) + 2)
         self._latency_after = 0  # last attempts.id observed
+        self._bytes = 0
+        self.pruner: Any = None  # the daemon's ``runner.service.pruner.Pruner``, if any
         # a pool event, not an engine one: engine events would put a dispatch check on
         # every statement of the worker's hot path
         event.listen(engine.pool, "invalidate", self._on_invalidate)
@@ -182,6 +186,7 @@ class DaemonCollector(Collector):
                         .order_by(attempts.c.id)
                         .limit(10_000)
                     ).all()
+                self._bytes = database_bytes(self.engine)
             except Exception as exc:  # noqa: BLE001 - a scrape during an outage shows old figures
                 log.debug("metrics: database read failed: %s", exc)
                 return
@@ -233,6 +238,17 @@ class DaemonCollector(Collector):
             "Database connections found broken and dropped (outages).",
             value=self.db_errors["disconnect"],
         )
+        yield GaugeMetricFamily(
+            "flowrun_database_bytes", "Size of the database (SQLite: without its WAL).", self._bytes
+        )
+        if self.pruner is not None:
+            fam = CounterMetricFamily(
+                "flowrun_pruned_rows", "Rows deleted by this daemon's pruner.", labels=["kind"]
+            )
+            pruned = self.pruner.pruned.copy()
+            for kind in KINDS:
+                fam.add_metric([kind], pruned.get(kind, 0))
+            yield fam
         if self.hub is not None:
             fam = CounterMetricFamily(
                 "flowrun_sensor_events", "Events stored by sensors here.", labels=["sensor"]

@@ -7,7 +7,10 @@
 
 "Done" counts instances that reached a final status (completed, failed, killed) since the
 daemon started; "total" adds the instances that are not final yet. Both come from one
-grouped count (``queries.count_by_status``, over an index) per refresh, on a thread.
+grouped count (``queries.count_by_status``, over an index) per refresh, on a thread. The
+baseline (what was final already) is counted before the worker's first claim
+(:func:`baseline`): attempts that end in its first cycles, before the progress line
+starts, count as done.
 """
 
 from __future__ import annotations
@@ -96,13 +99,26 @@ async def _counts(engine: Engine) -> dict[str, int]:
     return await asyncio.to_thread(count_by_status, engine)
 
 
+async def baseline(engine: Engine) -> dict[str, int]:
+    """The instance counts by status before the worker's first claim (on a thread), for
+    :func:`progress_loop`. Raises SQLAlchemy's ``DBAPIError`` when the database fails."""
+    return await _counts(engine)
+
+
 async def progress_loop(
-    engine: Engine, stop: asyncio.Event, *, tty: bool | None = None, every: float = 5.0
+    engine: Engine,
+    stop: asyncio.Event,
+    *,
+    tty: bool | None = None,
+    every: float = 5.0,
+    base: dict[str, int] | None = None,
 ) -> None:
     """Show progress until ``stop``: a rich bar on a terminal (stderr), else a log line
-    every ``every`` seconds. A database error propagates (the supervisor retries)."""
+    every ``every`` seconds. ``base`` is :func:`baseline`'s counts, taken before the
+    worker's first claim (``None``: counted now). A database error propagates (the
+    supervisor retries)."""
     tty = sys.stderr.isatty() if tty is None else tty
-    prog = Progress(await _counts(engine), time.monotonic())
+    prog = Progress(base if base is not None else await _counts(engine), time.monotonic())
     if not tty:
         while not stop.is_set():
             try:

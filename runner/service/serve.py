@@ -1,57 +1,42 @@
 """``flowrun serve``: the operator console in a browser, through ``textual-serve``.
 
-Each browser session runs ``flowrun tui`` (``--attach``/``--readonly`` as given) in its
-own process, driven over a websocket by textual-serve's page. Loopback by default; any
-other address needs a token (``--token`` or ``FLOWRUN_SERVE_TOKEN``): the page is opened
-as ``/?token=T``, which sets an HttpOnly, SameSite=Strict cookie the websocket then
-presents; a request with neither gets ``401``.
+Each browser session runs ``flowrun tui`` (``--attach`` unless ``embedded_worker``;
+``--readonly`` as given) in its own process, driven over a websocket by textual-serve's
+page. Every request passes :class:`runner.service.serve_guard.Guard` (Host, Origin,
+token); at most ``max_sessions`` consoles run at once, and a session the browser has
+sent nothing on for ``idle_timeout`` seconds is closed. The database URL reaches each
+console through its environment (``FLOWRUN_DB``), never its command line, which every
+user of the machine can read.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
+import asyncio
+import os
 import shlex
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
+from textual_serve.app_service import AppService
 from textual_serve.server import Server
 
+from runner.durations import format_duration
 from runner.errors import UserError
-
-#: The cookie that carries the token from the page to its websocket.
-COOKIE = "flowrun_token"
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_binding(host: str, token: str | None) -> None:
-    """Refuse to serve a non-loopback ``host`` without a token: ``UserError(..., 2)``."""
-    if not is_loopback(host) and not token:
-        raise UserError(
-            f"serve: binding {host} (not loopback) needs a token: --token T or FLOWRUN_SERVE_TOKEN",
-            2,
-        )
+from runner.service.serve_guard import Guard, checked_token, is_loopback
 
 
 def console_command(
-    flows: Path, db: str, lease: float, *, attach: bool, readonly: bool, pool: int = 2
+    flows: Path, lease: float, *, attach: bool, readonly: bool, pool: int = 2
 ) -> str:
     """The shell command textual-serve runs per browser session: this interpreter's
-    ``flowrun tui`` with the same flows folder, database, lease (seconds) and PostgreSQL
-    pool size (``--pool-size``: connections per console)."""
+    ``flowrun tui`` with the same flows folder, lease (seconds) and PostgreSQL pool size
+    (``--pool-size``: connections per console). The database URL is not in it: each
+    console reads ``FLOWRUN_DB`` from the environment :func:`serve` gives it."""
     argv = [sys.executable, "-m", "runner.cli", "--flows", str(Path(flows).absolute())]
-    argv += ["--db", db, "--lease", f"{lease:g}", "--pool-size", str(pool), "tui"]
+    argv += ["--lease", f"{lease:g}", "--pool-size", str(pool), "tui"]
     if attach:
         argv.append("--attach")
     if readonly:
@@ -59,51 +44,168 @@ def console_command(
     return shlex.join(argv)
 
 
+class _Messages:
+    """The browser session's websocket as textual-serve's message loop reads it: an
+    iteration that ends, closing the websocket, after ``idle`` seconds without a message
+    from the browser (``None``: never); the heartbeat's pongs are no message."""
+
+    def __init__(self, websocket: web.WebSocketResponse, idle: float | None) -> None:
+        self.websocket, self.idle, self.timed_out = websocket, idle, False
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> Any:
+        # a deadline of our own: receive(timeout=) starts over at each heartbeat pong
+        try:
+            async with asyncio.timeout(self.idle):
+                message = await self.websocket.receive()
+        except TimeoutError:
+            self.timed_out = True
+            await self.websocket.close(code=WSCloseCode.GOING_AWAY, message=b"idle")
+            raise StopAsyncIteration from None
+        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+            raise StopAsyncIteration
+        return message
+
+    async def send_json(self, data: Any) -> None:
+        """Answer the browser (textual-serve's ``pong``)."""
+        await self.websocket.send_json(data)
+
+
 class ConsoleServer(Server):
-    """textual-serve's ``Server`` with a token check and URLs taken from each request.
+    """textual-serve's ``Server`` behind a :class:`Guard`, with a bounded number of
+    sessions, idle sessions closed, optional TLS and URLs taken from each request.
 
     Args:
         command: the console's shell command (:func:`console_command`).
         host, port: where to listen.
-        token: the secret the page must present, or ``None`` (loopback only).
+        guard: the Host, Origin and token checks.
+        max_sessions: the most browser sessions (console processes) at once.
+        idle_timeout: seconds without a message from the browser before a session is
+            closed (``None``: never).
+        ssl_context: serve HTTPS and WSS with it, or ``None`` for plain HTTP.
+        generated: whether the token was generated (the start line prints it then).
     """
 
-    def __init__(self, command: str, host: str, port: int, token: str | None) -> None:
+    def __init__(
+        self,
+        command: str,
+        host: str,
+        port: int,
+        guard: Guard,
+        *,
+        max_sessions: int = 4,
+        idle_timeout: float | None = 1800.0,
+        ssl_context: ssl.SSLContext | None = None,
+        generated: bool = False,
+    ) -> None:
         super().__init__(command, host=host, port=port, title="flowrun")
-        self.token = token
+        self.guard, self.max_sessions, self.idle_timeout = guard, max_sessions, idle_timeout
+        self.ssl_context, self.generated = ssl_context, generated
+        self.sessions = 0
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
-        app.middlewares.append(self._auth)
+        app.middlewares.append(self.guard.middleware)
         return app
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.token is None or request.path.startswith("/static/"):
-            return await handler(request)
-        given = request.query.get("token") or request.cookies.get(COOKIE) or ""
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            raise web.HTTPUnauthorized(
-                text="flowrun serve: a token is required (open /?token=YOUR_TOKEN)\n"
-            )
-        response = await handler(request)
-        if request.path == "/" and request.query.get("token"):
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
-        return response
 
     async def handle_index(self, request: web.Request) -> Any:
         """The page, with its websocket and static URLs on the host the browser used."""
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
+    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+        """One browser session: ``400`` for a request that is no websocket handshake,
+        ``503`` when ``max_sessions`` run already; else textual-serve's session."""
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            raise web.HTTPBadRequest(text="flowrun serve: /ws takes a websocket handshake\n")
+        if self.sessions >= self.max_sessions:
+            raise web.HTTPServiceUnavailable(
+                text=f"flowrun serve: {self.max_sessions} sessions are open already "
+                "(--max-sessions); close one and reload\n"
+            )
+        self.sessions += 1
+        try:
+            return await super().handle_websocket(request)
+        finally:
+            self.sessions -= 1
+
+    async def _process_messages(
+        self, websocket: web.WebSocketResponse, app_service: AppService
+    ) -> None:
+        messages = _Messages(websocket, self.idle_timeout)
+        try:
+            await super()._process_messages(messages, app_service)  # type: ignore[arg-type]
+        except (ValueError, LookupError, TypeError, AssertionError):
+            print("flowrun: serve: a session sent a malformed message; closed", file=sys.stderr)
+            await websocket.close(code=WSCloseCode.UNSUPPORTED_DATA)
+        if messages.timed_out:
+            idle = format_duration(self.idle_timeout or 0)
+            print(f"flowrun: serve: closed a session idle for {idle}", file=sys.stderr)
+
+    def url(self) -> str:
+        """The address to open, with the token when it was generated."""
+        scheme = "https" if self.ssl_context else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        token = self.guard.token if self.generated else "YOUR_TOKEN"
+        return f"{scheme}://{host}:{self.port}/?token={token}"
+
     async def on_startup(self, app: web.Application) -> None:
-        """One line on stderr instead of textual-serve's banner."""
-        where = f"http://{self.host}:{self.port}/"
-        hint = "?token=YOUR_TOKEN" if self.token else ""
-        print(f"flowrun: serving the console on {where}{hint} (Ctrl+C stops)", file=sys.stderr)
+        """Nothing: textual-serve would print its banner (:meth:`announce` prints ours
+        once the address is bound)."""
+
+    def announce(self, *_args: Any) -> None:
+        """One line on stderr, the URL to open, once listening (and a warning for plain
+        HTTP off loopback)."""
+        print(f"flowrun: serving the console on {self.url()} (Ctrl+C stops)", file=sys.stderr)
+        if self.ssl_context is None and not is_loopback(self.host):
+            print(
+                "flowrun: serve: plain HTTP off loopback: the token crosses the network "
+                "readable; give --certfile/--keyfile or put a TLS proxy in front",
+                file=sys.stderr,
+            )
 
     def initialize_logging(self) -> None:
         """Leave logging to flowrun (textual-serve would install a rich handler)."""
+
+    def serve(self, debug: bool = False) -> None:
+        """Serve until SIGINT/SIGTERM (HTTPS when ``ssl_context`` is set).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        self.debug = debug
+        web.run_app(
+            self._make_app(),
+            host=self.host,
+            port=self.port,
+            ssl_context=self.ssl_context,
+            print=self.announce,
+            access_log=None,
+        )
+
+
+def tls_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLContext | None:
+    """The server's TLS context from a PEM certificate (chain) and its key (``keyfile``
+    ``None``: the key is in ``certfile``), or ``None`` without ``certfile``.
+
+    Raises:
+        UserError: a key without a certificate, or files that do not load (exit 2).
+    """
+    if certfile is None:
+        if keyfile is not None:
+            raise UserError("serve: --keyfile needs --certfile", 2)
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except OSError as exc:  # ssl.SSLError included
+        files = f"{certfile} / {keyfile}" if keyfile else str(certfile)
+        why = exc.strerror if not isinstance(exc, ssl.SSLError) else None
+        why = why or "not a PEM certificate (chain) and its matching private key"
+        raise UserError(f"serve: cannot load {files}: {why}", 2) from None
+    return context
 
 
 def serve(
@@ -113,21 +215,61 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8765,
-    attach: bool = False,
+    embedded_worker: bool = False,
     readonly: bool = False,
     token: str | None = None,
     pool: int = 2,
+    max_sessions: int = 4,
+    idle_timeout: float | None = 1800.0,
+    allow_hosts: tuple[str, ...] = (),
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    pooler: str = "auto",
+    listen_db: str | None = None,
 ) -> None:
-    """Serve the console until SIGINT/SIGTERM. ``pool`` is each browser session's
-    ``--pool-size`` (PostgreSQL connections per console).
+    """Serve the console until SIGINT/SIGTERM.
+
+    Args:
+        flows, db, lease: the global options (folder, database URL, lease in seconds).
+        host, port: where to listen.
+        embedded_worker: each session's console runs a worker (``flowrun tui`` without
+            ``--attach``).
+        readonly: the consoles refuse every command.
+        token: the secret (at least 16 characters); ``None``: one is generated and printed.
+        pool: each console's ``--pool-size`` (PostgreSQL connections per console).
+        max_sessions: the most browser sessions at once.
+        idle_timeout: seconds without input before a session is closed (``None``: never).
+        allow_hosts: further names the ``Host`` header may carry (a proxy's, a DNS name).
+        certfile, keyfile: PEM files to serve HTTPS with.
+        pooler, listen_db: ``--db-pooler`` and ``--listen-db``, passed to each console
+            through its environment (``FLOWRUN_DB_POOLER``, ``FLOWRUN_LISTEN_DB``).
 
     Raises:
-        UserError: a non-loopback ``host`` without ``token`` (exit 2), or the address
-            cannot be bound (exit 2).
+        UserError: a token shorter than 16 characters, TLS files that do not load, or
+            an address that cannot be bound (exit 2).
     """
-    check_binding(host, token)
-    command = console_command(flows, db, lease, attach=attach, readonly=readonly, pool=pool)
-    server = ConsoleServer(command, host, port, token)
+    token, generated = checked_token(token)
+    context = tls_context(certfile, keyfile)
+    attach = not embedded_worker
+    command = console_command(flows, lease, attach=attach, readonly=readonly, pool=pool)
+    guard = Guard(host, port, token, allow_hosts)
+    server = ConsoleServer(
+        command,
+        host,
+        port,
+        guard,
+        max_sessions=max_sessions,
+        idle_timeout=idle_timeout,
+        ssl_context=context,
+        generated=generated,
+    )
+    # what textual-serve's AppService copies into each console process's environment:
+    # the URL (password included) stays out of every `ps`; the token is of no use there
+    os.environ["FLOWRUN_DB"] = db
+    os.environ["FLOWRUN_DB_POOLER"] = pooler
+    if listen_db:
+        os.environ["FLOWRUN_LISTEN_DB"] = listen_db
+    os.environ.pop("FLOWRUN_SERVE_TOKEN", None)
     try:
         server.serve()
     except OSError as exc:

@@ -7,11 +7,11 @@ moved) can write nothing to the instance (see ``runner.store.leases`` for the pr
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from sqlalchemy import Connection, update
 
+from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Hot, Outcome, attempt_row, hot_for, next_claim
@@ -55,7 +55,7 @@ def commit_outcomes(
     outcomes = list(outcomes)
     if not outcomes:
         return [], []
-    at = time.time() if at is None else at
+    at = db_now(conn) if at is None else at
     hot = hot_for(conn)
     optimistic = optimistic and hot.dialect.serial_writes
     batch = None
@@ -172,7 +172,7 @@ def cancel_attempt(
     Writes nothing to the instance but the lock columns, and only while ``locked_by`` is
     still this worker and ``running_attempt`` is this attempt.
     """
-    at = time.time() if at is None else at
+    at = db_now(conn) if at is None else at
     hot_for(conn).close_attempts.executemany(
         conn, [attempt_row(claim, worker_id, at, outcome, error=reason)]
     )
@@ -199,7 +199,7 @@ def give_back(
     One whose fence moved meanwhile (a command, another worker) is closed as
     ``cancelled`` instead (:func:`cancel_attempt`), like an attempt cancelled at once.
     """
-    at = time.time() if at is None else at
+    at = db_now(conn) if at is None else at
     i = instances.c
     undone = 0
     for claim in claims:  # rare (a stop, a long wait): one statement each
@@ -249,7 +249,7 @@ def save_checkpoint(
             instances.c.locked_by == worker_id,
             instances.c.fence == claim.fence,
         )
-        .values(data=data, updated_at=time.time())
+        .values(data=data, updated_at=db_now(conn))
     )
     if res.rowcount != 1:
         return False

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert
 
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore
-from runner.store.leases import now
 from runner.store.notify import notify_due
 from runner.store.tables import flow_versions, instances
 from runner.templating import render_label
@@ -39,7 +39,7 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
             "flow": flow.name,
             "path": str(flow.path),
             "source": flow.source,
-            "loaded_at": now(),
+            "loaded_at": db_now(conn),
         },
     )
 
@@ -90,7 +90,7 @@ def create_instance(
     transaction, so a rule can create the instance and mark its event handled atomically.
     """
     record_version(conn, flow)
-    row = initial_row(flow, data, event_id=event_id, at=at if at is not None else now())
+    row = initial_row(flow, data, event_id=event_id, at=at if at is not None else db_now(conn))
     if row["due_at"] is not None:
         notify_due(conn, row["due_at"])
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
@@ -99,7 +99,7 @@ def create_instance(
 def create_instances(conn: Connection, flow: CompiledFlow, datas: Sequence[dict | None]) -> int:
     """Insert many instances of ``flow`` in one statement; returns how many."""
     record_version(conn, flow)
-    at = now()
+    at = db_now(conn)
     rows = [initial_row(flow, d, event_id=None, at=at) for d in datas]
     if rows:
         conn.execute(insert(instances), rows)

@@ -11,10 +11,13 @@ read lock to a write lock; its siblings on the same file are the worker's
 from __future__ import annotations
 
 import operator
+import os
 import re
+import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -27,8 +30,11 @@ from sqlalchemy.exc import (
 )
 
 from runner.errors import ConfigError
+from runner.store.clock import DbClock, track_server_clock
 from runner.store.dialect import dialect_of
 from runner.store.json_codec import loads_bytes
+from runner.store.pooler import install as install_pooler
+from runner.store.pooler import split_pooler
 from runner.store.wal import SAFETY_PAGES, enter_wal
 
 DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
@@ -41,6 +47,24 @@ DEFAULT_URL = "sqlite:///.flowrun/flowrun.db"
 DEFAULT_POOL = 2
 #: ``application_name`` of PostgreSQL connections when the caller gives none.
 APPLICATION = "flowrun"
+#: Seconds one of a worker's statements may take on PostgreSQL: the server cancels one
+#: running longer (``statement_timeout``, set for each cycle's transaction by
+#: ``runner.store.leases.by_index``), and the worker breaks off a call whose answer does
+#: not come (``runner.engine.db_thread``: a silent network) a little later.
+STATEMENT_TIMEOUT = 4.5
+#: libpq's TCP settings for every PostgreSQL connection flowrun opens (the URL's own win):
+#: a peer that stops answering (a black-holed network drops packets, nothing refuses
+#: them) is noticed within seconds instead of the kernel's two hours of keepalive idle
+#: and 15 minutes of retransmissions. ``tcp_user_timeout`` (ms): data sent and not
+#: acknowledged for that long closes the connection; keepalive probes after 5 s of
+#: silence, every second, 3 unanswered end it.
+TCP_SETTINGS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5000,
+}
 
 
 def redact(url: str) -> str:
@@ -87,6 +111,7 @@ def make_engine(
     readonly: bool = False,
     pool: int = DEFAULT_POOL,
     application_name: str = APPLICATION,
+    pooler: str = "auto",
 ) -> Engine:
     """Create an engine for ``url`` and (with ``create``) create or upgrade the schema.
 
@@ -99,11 +124,13 @@ def make_engine(
 
     PostgreSQL only: ``pool`` is the most connections the engine opens at once (see
     :func:`pg_engine`); ``application_name`` names them in ``pg_stat_activity`` unless the
-    URL sets one.
+    URL sets one; ``pooler`` (``auto``, ``transaction``, ``none``) says whether it is
+    reached through a transaction-pooling pooler, unless the URL's ``pooler=`` parameter
+    does (``runner.store.pooler``: then nothing is prepared on the server).
 
     For a SQLite file URL the parent folder is created (not with ``readonly``). Raises
-    ``ConfigError`` (one clear line, password redacted) for a malformed URL or an
-    unreachable database.
+    ``ConfigError`` (one clear line, password redacted) for a malformed URL, a folder
+    that cannot be created or an unreachable database.
     """
     url = normalize_url(url)
     try:
@@ -114,11 +141,15 @@ def make_engine(
         raise ConfigError(
             f"bad database URL {redact(url)!r}: write an '@' in the user name or password as %40"
         )
+    stripped, pooler = split_pooler(parsed, pooler)
+    if stripped is not parsed:  # the driver must not see ``pooler=``
+        parsed, url = stripped, stripped.render_as_string(hide_password=False)
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly)
         else:
             engine = pg_engine(url, readonly=readonly, pool=pool, application_name=application_name)
+            install_pooler(engine, pooler)
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {exc}") from None
     if create and not readonly:
@@ -171,9 +202,12 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
     Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
     """
     args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
+    query = make_url(url).query
+    if "psycopg" in url:
+        args.update({k: v for k, v in TCP_SETTINGS.items() if k not in query})
     if readonly:
         args["options"] = "-c default_transaction_read_only=on"
-    if "application_name" not in make_url(url).query:
+    if "application_name" not in query:
         args["application_name"] = application_name[:63]  # NAMEDATALEN - 1
     engine = create_engine(
         url,
@@ -186,12 +220,26 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
         json_deserializer=loads_bytes,
     )
 
+    clock = track_server_clock(engine, f"PostgreSQL at {engine.url.host or 'its socket'}")
+    clock_sql = f"SELECT {dialect_of(engine).server_clock}"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        read_server_clock(dbapi_conn, clock_sql, clock)
+
     @event.listens_for(engine, "checkin")
-    def _on_checkin(_dbapi_conn, record):  # pragma: no cover - trivial
+    def _on_checkin(dbapi_conn, record):  # pragma: no cover - trivial
+        _out.pop(id(dbapi_conn), None)
         record.info["flowrun_used"] = time.monotonic()
+
+    @event.listens_for(engine, "invalidate")
+    @event.listens_for(engine, "close")
+    def _on_gone(dbapi_conn, *_args):  # pragma: no cover - trivial
+        _out.pop(id(dbapi_conn), None)
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, _proxy):
+        _out[id(dbapi_conn)] = (threading.get_ident(), dbapi_conn)
         # A pooled connection may have been dropped by the server meanwhile (a restart,
         # ``idle_session_timeout``, a firewall): ping it, so the pool replaces it instead of
         # failing the caller's first statement. Not SQLAlchemy's ``pool_pre_ping``: that
@@ -216,6 +264,62 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
             raise DisconnectionError(short_error(exc)) from exc
 
     return engine
+
+
+def read_server_clock(dbapi_conn: Any, sql: str, clock: DbClock) -> None:
+    """Read the server's clock on a new psycopg connection ``dbapi_conn`` (``sql``: the
+    ``SELECT`` of ``Dialect.server_clock``) into ``clock``: one round trip, in autocommit,
+    so no transaction is left open."""
+    was = dbapi_conn.autocommit
+    dbapi_conn.autocommit = True
+    try:
+        cursor = dbapi_conn.cursor()
+        try:
+            sent = time.time()
+            cursor.execute(sql)
+            server = cursor.fetchone()[0]
+            received = time.time()
+        finally:
+            cursor.close()
+    finally:
+        dbapi_conn.autocommit = was
+    clock.observe(float(server), sent, received)
+
+
+#: PostgreSQL connections checked out now: ``{id(dbapi connection): (thread id, it)}``
+_out: dict[int, tuple[int, Any]] = {}
+
+
+def interrupt(thread: int | None = None) -> int:
+    """Break off every statement waiting on the network: shut down the socket of each
+    PostgreSQL connection checked out now by thread ``thread`` (``threading.get_ident()``),
+    or by any thread (``None``); returns how many.
+
+    The thread blocked in that connection's socket read gets an error at once
+    (``OperationalError``, a lost connection: the pool discards it), whatever the network
+    does: a frozen peer that acknowledges but never answers defeats TCP keepalives and
+    ``tcp_user_timeout``. Used for the worker's statement timeout
+    (``runner.engine.db_thread``) and at a stop. Safe from any thread; a connection
+    closed meanwhile is skipped.
+    """
+    n = 0
+    for owner, conn in list(_out.values()):
+        if thread is not None and owner != thread:
+            continue
+        try:
+            if conn.closed:
+                continue
+            fd = conn.pgconn.socket
+        except Exception:  # noqa: BLE001 - closed or lost meanwhile: nothing to break
+            continue
+        try:
+            # shutdown() acts on the socket, not the descriptor: the copy is closed at once
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            continue
+    return n
 
 
 def short_error(exc: BaseException) -> str:
@@ -243,7 +347,7 @@ def no_wait_engine(engine: Engine) -> Engine | None:
     Its commits leave WAL checkpoints to a :class:`runner.store.wal.WalCheckpointer` (their
     automatic checkpoint is only a safety net, ``wal.SAFETY_PAGES``): the caller runs one.
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return None  # PostgreSQL, or a second engine would open a different, empty database
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False),
@@ -264,14 +368,14 @@ def read_engine(engine: Engine) -> Engine:
     itself. The caller owns a sibling (``dispose()`` it when done); raises nothing
     (connections open lazily).
     """
-    if not _file_sibling_ok(engine):
+    if not file_sibling_ok(engine):
         return engine
     return _sqlite_engine(
         engine.url.render_as_string(hide_password=False), engine.url.database, readonly=True
     )
 
 
-def _file_sibling_ok(engine: Engine) -> bool:
+def file_sibling_ok(engine: Engine) -> bool:
     """True when a second engine on ``engine``'s URL reaches the same database: an
     in-process (SQLite) database in a file, not in memory."""
     if not dialect_of(engine).in_process:
@@ -295,7 +399,13 @@ def _sqlite_engine(
     readonly: bool = False,
 ) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:") and not readonly:
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(database).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"database {redact(url)}: cannot create its folder {folder}: {exc.strerror or exc}"
+            ) from None
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": timeout})
     busy_ms = int(timeout * 1000)
 
@@ -308,6 +418,12 @@ def _sqlite_engine(
             cur.execute("PRAGMA query_only=ON")
             cur.close()
             return
+        # a new (empty) file gets incremental auto-vacuum, which must be set before its
+        # first table: pruned pages can then be given back to the file system
+        # (``runner.store.space.vacuum_step``). Only then: on a file that has tables the
+        # pragma writes its header, taking the write lock at every connect
+        if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         enter_wal(cur, timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={busy_ms}")

@@ -3,7 +3,7 @@
 The code above the store never asks which database it talks to; it asks the engine's
 :class:`Dialect` (``dialect_of(engine)``) for a fact (``skip_locked``, ``serial_writes``,
 ``in_process``, ``rowid_scan``, ``batch_migrations``, ``advisory_locks``,
-``batch_statements``, ``notify``) or a function (``insert``,
+``batch_statements``, ``notify``, ``server_clock``) or a function (``insert``,
 ``ids_in``/``ids_value``, ``json_loader``/``json_adapter``). The idea
 is huey's ``BaseStorage``: one interface, one implementation per backend, chosen once.
 
@@ -53,6 +53,10 @@ class Dialect:
             SQLite runs one statement per row (``executemany``), a function call each.
         notify: daemons wake each other through ``LISTEN``/``NOTIFY``
             (``runner.store.notify``; PostgreSQL); on SQLite they poll the shared file.
+        server_clock: an SQL expression of the server's clock in epoch seconds, read to
+            judge leases and due times by the database's time (``runner.store.clock``;
+            PostgreSQL: many hosts share the rows); ``None`` on SQLite (one host: the
+            local clock).
         insert: the dialect's ``insert`` construct (with ``on_conflict_do_nothing`` /
             ``on_conflict_do_update``).
         ids_value: a list of ids → the parameter value of :meth:`ids_in`.
@@ -71,6 +75,7 @@ class Dialect:
     advisory_locks: bool
     batch_statements: bool
     notify: bool
+    server_clock: str | None
     insert: Callable[..., Any]
     ids_value: Callable[[list[int]], Any]
     json_loader: Callable[[], Callable[[Any], Any]]
@@ -125,6 +130,7 @@ SQLITE = Dialect(
     advisory_locks=False,
     batch_statements=False,
     notify=False,
+    server_clock=None,
     insert=_sqlite_insert,
     ids_value=lambda ids: json.dumps(list(ids)),
     json_loader=sqlite_json_loader,
@@ -141,6 +147,8 @@ POSTGRESQL = Dialect(
     advisory_locks=True,
     batch_statements=True,
     notify=True,
+    # the time the statement reads it (``now()`` is the transaction's start)
+    server_clock="extract(epoch FROM clock_timestamp())",
     insert=_pg_insert,
     ids_value=list,
     json_loader=_pg_json_loader,

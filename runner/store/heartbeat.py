@@ -1,16 +1,14 @@
-"""A worker's own row in ``workers``: registered at start, a heartbeat every few seconds,
-stopped at the end (``runner.ops.liveness`` judges these rows; the console and ``flowrun
-workers`` show them)."""
+"""A worker's own row in ``workers``: registered at start (with its process's identity,
+``runner.store.host``), a heartbeat every few seconds, stopped at the end
+(``runner.ops.liveness`` judges these rows; the console and ``flowrun workers`` show
+them)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import time
-
 from sqlalchemy import Engine, update
 
-from runner.store import leases
+from runner.store import host, leases
+from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.tables import workers
 
@@ -34,13 +32,17 @@ def heartbeat_interval(lease: float) -> float:
 
 
 def register(engine: Engine, worker_id: str, every: float | None = None) -> None:
-    """Create or refresh the row of ``worker_id`` (host, pid, started now, not stopped),
-    recording ``every``, its heartbeat interval in seconds (``runner.ops.liveness`` judges
-    the row by it; ``None`` leaves it unset)."""
-    at = time.time()
+    """Create or refresh the row of ``worker_id`` (host, boot id, pid and the process's
+    start time: ``runner.store.host.Identity``; started now, not stopped), recording
+    ``every``, its heartbeat interval in seconds (``runner.ops.liveness`` judges the row by
+    it; ``None`` leaves it unset)."""
+    at = db_now(engine)
+    me = host.current()
     row = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
+        "host": me.host,
+        "boot_id": me.boot,
+        "pid": me.pid,
+        "pid_started": me.started,
         "started_at": at,
         "heartbeat_at": at,
         "running": 0,
@@ -59,7 +61,7 @@ def beat(engine: Engine, worker_id: str, running: int) -> None:
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(heartbeat_at=time.time(), running=running)
+            .values(heartbeat_at=db_now(conn), running=running)
         )
 
 
@@ -72,5 +74,5 @@ def stopped(engine: Engine, worker_id: str, running: int, release: bool) -> None
         conn.execute(
             update(workers)
             .where(workers.c.id == worker_id)
-            .values(stopped_at=time.time(), running=running)
+            .values(stopped_at=db_now(conn), running=running)
         )

@@ -26,20 +26,25 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
+from runner.store.clock import db_now
+from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
 
 
 def now() -> float:
-    """Seconds since the epoch, UTC."""
+    """Seconds since the epoch, UTC, by this host's clock (the worker's statements use
+    the database's: ``runner.store.clock.db_now``)."""
     return time.time()
 
 
 def by_index(conn: Connection) -> None:
     """PostgreSQL: plan the rest of the caller's transaction (a worker's cycle) with index
-    scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip);
-    nothing on SQLite.
+    scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip),
+    with a ``statement_timeout`` (``db.STATEMENT_TIMEOUT``), and read the server's clock
+    in the same statement (``runner.store.clock``: leases are judged by the database's
+    time); nothing on SQLite.
 
     The cycle's statements each touch a few rows, found by an index: the claim reads the
     oldest due rows in ``(status, due_at)`` order and stops after ``n``, the commit looks
@@ -51,9 +56,12 @@ def by_index(conn: Connection) -> None:
     the batch for each commit (17-47 ms for 256 rows, against 2-5 ms). A statement
     with no index to use (a count over OR-ed conditions) still runs, by a sequential scan.
     """
-    steer = hot_for(conn).by_index
+    hot = hot_for(conn)
+    steer = hot.by_index
     if steer is not None:
-        steer.fetch(conn, {})
+        sent = time.time()
+        rows = steer.fetch(conn, {})
+        hot.clock.observe(float(rows[0][-1]), sent, time.time())
 
 
 def has_due(conn: Connection, at: float) -> bool:
@@ -76,15 +84,15 @@ def claim_batch(
         worker_id: this worker's id, written to ``locked_by``.
         lease: seconds the claim lasts without renewal.
         limit: the most instances to claim.
-        at: the current time (epoch seconds); defaults to now.
+        at: the current time (epoch seconds); defaults to now on the database's clock.
 
     Returns the claims to run, oldest due first. No attempt row is written here: the
     instance row records the running attempt (``running_attempt``, ``locked_by``,
     ``state_attempted``) until its row is written at the end. An instance whose attempt a
     dead worker left running is not claimed until :func:`recover_lost` has recorded it.
     """
-    at = now() if at is None else at
     hot = hot_for(conn)
+    at = hot.clock.now() if at is None else at
     rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
@@ -123,22 +131,30 @@ class Lost:
 
 
 def recover_lost(
-    conn: Connection, max_restarts_of: Callable[[str, str], int], at: float | None = None
+    conn: Connection,
+    max_restarts_of: Callable[[str, str], int],
+    at: float | None = None,
+    *,
+    me: str = "",
 ) -> list[Lost]:
-    """Record every attempt whose worker stopped renewing its lease as ``lost``.
+    """Record every attempt whose worker stopped renewing its lease, or whose worker is
+    provably dead, as ``lost``.
 
     Such an instance still names its attempt in ``running_attempt`` while its lease
-    (``locked_until``) has expired: its worker died (or was stopped) mid-attempt. The
-    attempt row is written with outcome ``lost``, the instance counts one restart (its
-    state's too) and is unlocked, so the next claim restarts it from the data as last
-    checkpointed (majordomo's restart of lost work); past the state's ``max_restarts``
-    (``max_restarts_of(version, state)``) it becomes ``failed`` instead.
+    (``locked_until``) has expired: its worker died (or was stopped) mid-attempt. A
+    worker of this host and boot whose process is gone (``runner.store.dead``; ``me`` is
+    the caller's worker id, never judged) loses its attempts at once, lease or not, and
+    its claims not started yet are unlocked. The attempt row is written with outcome
+    ``lost``, the instance counts one restart (its state's too) and is unlocked, so the
+    next claim restarts it from the data as last checkpointed (majordomo's restart of
+    lost work); past the state's ``max_restarts`` (``max_restarts_of(version, state)``)
+    it becomes ``failed`` instead.
 
     Runs in the caller's transaction; on PostgreSQL the rows are locked ``SKIP LOCKED``,
     so two daemons never record the same attempt twice. Paused and killed instances are
     left to the operator commands (``runner.ops.commands``), which close their attempts.
     """
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     i = instances.c
     q = select(
         i.id,
@@ -156,17 +172,26 @@ def recover_lost(
         # locked now, a few per worker) on SQLite too; the status is checked below, since
         # naming it in the query makes SQLite scan ix_instances_claim instead
         i.locked_by > "",
-        i.locked_until < at,
         i.running_attempt.is_not(None),
     )
+    dead = dead_holders(conn, instances, me)
+    expired = i.locked_until < at
+    q = q.where(or_(expired, i.locked_by.in_(dead)) if dead else expired)
     if dialect_of(conn).skip_locked:
         q = q.with_for_update(skip_locked=True)
+    if dead:  # the claims a dead worker had not started yet: free at once
+        conn.execute(
+            update(instances)
+            .where(i.locked_by.in_(dead), i.running_attempt.is_(None))
+            .values(locked_by=None, locked_until=None, fence=i.fence + 1)
+        )
     found: list[Lost] = []
     rows = []
     for r in conn.execute(q).mappings().all():
         if r["status"] not in CLAIMABLE:
             continue
-        error = f"lost: worker {r['locked_by']} stopped renewing its lease mid-attempt"
+        why = "died" if r["locked_by"] in dead else "stopped renewing its lease"
+        error = f"lost: worker {r['locked_by']} {why} mid-attempt"
         rows.append(running_attempt_row(r, at, "lost", error))
         allowed = max_restarts_of(r["version"], r["state"])
         values: dict = {
@@ -206,7 +231,7 @@ def renew(
     """
     if not held:
         return []
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     ids = list(held)
     conn.execute(
         update(instances)
@@ -245,7 +270,7 @@ def busy_count(conn: Connection, at: float | None = None) -> int:
     (its worker died: ``recover_lost`` restarts it, so ``--exit-when-idle`` must not exit
     between the expiry and that recovery). An orphan of a dead worker on a paused
     instance is not work: it is closed when the instance is resumed or killed."""
-    at = now() if at is None else at
+    at = db_now(conn) if at is None else at
     i = instances.c
     q = select(func.count()).where(
         or_(

@@ -23,10 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 
 from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
+from runner.errors import ConfigError
+from runner.store.db import TCP_SETTINGS, normalize_url, redact
 from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.notify")
@@ -38,6 +43,9 @@ EVENTS_CHANNEL = "flowrun_events"
 
 #: How often (seconds) a listener waiting for notifications looks whether to stop.
 STOP_CHECK = 0.25
+#: Seconds between two "cannot connect" lines of one outage (the failures between are
+#: counted, not logged).
+QUIET = 30.0
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
@@ -73,6 +81,23 @@ def parse_payload(payload: str) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def listen_db_url(url: str) -> str:
+    """``--listen-db``'s URL checked and in SQLAlchemy's psycopg form (``postgresql://``
+    and ``postgres://`` accepted; a ``pooler=`` parameter dropped).
+
+    Raises:
+        ConfigError: a URL that does not parse or is not PostgreSQL (one line, password
+            redacted).
+    """
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"--listen-db {redact(url)!r}: {exc}") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigError(f"--listen-db {redact(url)!r}: expected a postgresql:// URL")
+    return parsed.difference_update_query(["pooler"]).render_as_string(hide_password=False)
+
+
 def libpq_url(sqlalchemy_url: str) -> str:
     """``postgresql+psycopg://…`` (SQLAlchemy) → ``postgresql://…`` (libpq/psycopg)."""
     scheme, sep, rest = sqlalchemy_url.partition("://")
@@ -92,8 +117,9 @@ class DueListener:
         retry_max: the longest wait between reconnection attempts, in seconds.
         application_name: its name in ``pg_stat_activity`` (unless the URL sets one).
 
-    ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are one
-    log line each and are retried with backoff (0.5 s doubling to ``retry_max``).
+    ``await listener.run(stop)`` listens until ``stop`` is set; connection failures are
+    retried with backoff (0.5 s doubling to ``retry_max``) and logged in one line, repeats
+    at most every :data:`QUIET` seconds.
     """
 
     def __init__(
@@ -112,28 +138,43 @@ class DueListener:
         self.retry_max = retry_max
         self.connected = asyncio.Event()
         self.received = 0
+        self.checked = False  # whether it looked for a pooler in between (once)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Listen until ``stop`` is set. Never raises for a database fault."""
         import psycopg
 
         failures = 0
+        said = 0.0  # time.monotonic() of the last "cannot connect" line
         while not stop.is_set():
             try:
                 named = "application_name" in self.url
+                tcp = {k: v for k, v in TCP_SETTINGS.items() if k not in self.url}
                 conn = await psycopg.AsyncConnection.connect(
                     self.url,
                     autocommit=True,
                     connect_timeout=5,
+                    **tcp,  # a silent network is noticed within seconds
                     **({} if named else {"application_name": self.application_name}),
                 )
             except psycopg.Error as exc:
                 failures += 1
                 delay = min(self.retry_max, 0.5 * 2 ** (failures - 1))
-                log.warning("listener: cannot connect (%s); retrying in %.1fs", _first(exc), delay)
+                now = time.monotonic()
+                if failures == 1 or now - said >= QUIET:  # repeats: at most every QUIET s
+                    said = now
+                    log.warning(
+                        "listener: cannot connect (%s); retrying in %.1fs (%d failures)",
+                        _first(exc),
+                        delay,
+                        failures,
+                    )
                 await _wait(stop, delay)
                 continue
             try:
+                if not self.checked:
+                    self.checked = True
+                    await self._check_direct(conn)
                 await conn.execute(f"LISTEN {CHANNEL}")
                 if self.on_event is not None:
                     await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
@@ -154,6 +195,17 @@ class DueListener:
                     await conn.close()
                 except Exception:  # noqa: BLE001 - a dead connection may fail to close
                     pass
+
+    async def _check_direct(self, conn) -> None:
+        # through a transaction pooler a LISTEN hears nothing once its transaction ends: the
+        # server's backend pid differs from the one the pooler announced at login
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        if row is not None and int(row[0]) != conn.info.backend_pid:
+            log.warning(
+                "listener: its connection goes through a pooler; through a transaction "
+                "pooling one notifications are lost (give --listen-db a direct URL)"
+            )
 
     async def _drain(self, conn, stop: asyncio.Event) -> None:
         # ``notifies(timeout=…)`` returns after the timeout with nothing sent to the server,

@@ -63,6 +63,7 @@ INSTANCE_COLUMNS = (
     "updated_at",
     "event_id",
     "label",
+    "history_from",
 )
 ATTEMPT_COLUMNS = (
     "id",
@@ -98,6 +99,8 @@ WORKER_COLUMNS = (
     "running",
     "stopped_at",
     "heartbeat_every",
+    "boot_id",
+    "pid_started",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset({"data", "state_errors", "checkpoint", "args", "payload", "cursor"})

@@ -33,7 +33,8 @@ from sqlalchemy import (
     update,
 )
 
-from runner.store.db import Prepared
+from runner.store.clock import clock_of
+from runner.store.db import STATEMENT_TIMEOUT, Prepared
 from runner.store.dialect import dialect_of
 from runner.store.tables import JSONType, attempts, instances
 
@@ -246,14 +247,21 @@ class Hot:
         )
         #: record finished attempts, one row each (params: see :func:`attempt_row`)
         self.close_attempts = Prepared(engine, close_attempts(engine))
-        #: PostgreSQL: the rest of the transaction plans index scans only (no params)
+        #: the database's clock as this process reads it (``runner.store.clock``)
+        self.clock = clock_of(engine)
+        #: PostgreSQL: the rest of the transaction plans index scans only and cancels
+        #: a statement past ``db.STATEMENT_TIMEOUT``, and the server's clock is read in
+        #: the same round trip (no params; the clock is the last column)
         self.by_index = None
         if d.skip_locked:
+            ms = str(int(STATEMENT_TIMEOUT * 1000))
             self.by_index = Prepared(
                 engine,
                 select(
                     func.set_config("enable_seqscan", "off", True),
                     func.set_config("enable_bitmapscan", "off", True),
+                    func.set_config("statement_timeout", ms, True),
+                    literal_column(d.server_clock or "NULL"),
                 ),
             )
 

@@ -16,7 +16,7 @@ claim query (source: Takahē ``stator/models.py``: lock columns + one index).
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, Column, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Dialect, Index, Text, UniqueConstraint, text
 from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
 
@@ -69,6 +69,10 @@ class Instance(SQLModel, table=True):
         Index("ix_instances_claim", "status", "due_at"),
         Index("ix_instances_flow_status", "flow", "status"),
         Index("ix_instances_locked_by", "locked_by"),
+        # partial (only the instances an event started); the migration (0006) makes it
+        # partial on PostgreSQL too, where naming ``postgresql_where`` here would load
+        # SQLAlchemy's PostgreSQL dialect in every SQLite process
+        Index("ix_instances_event", "event_id", sqlite_where=text("event_id IS NOT NULL")),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -97,6 +101,9 @@ class Instance(SQLModel, table=True):
     event_id: int | None = Field(default=None, description="sensor event that started it")
     label: str | None = Field(
         default=None, max_length=200, description="the flow's label template over the data"
+    )
+    history_from: float | None = Field(
+        default=None, description="attempts that ended before this were pruned (live instance)"
     )
 
 
@@ -211,6 +218,16 @@ class WorkerRow(SQLModel, table=True):
     stopped_at: float | None = Field(default=None)
     heartbeat_every: float | None = Field(
         default=None, description="seconds between its heartbeats (NULL: written before 0004)"
+    )
+    boot_id: str | None = Field(
+        default=None,
+        max_length=120,
+        description="its kernel's boot id and pid namespace (runner.store.host; NULL: unknown)",
+    )
+    pid_started: int | None = Field(
+        default=None,
+        sa_type=BigInteger,
+        description="its process's start time, clock ticks since boot (NULL: unknown)",
     )
 
 

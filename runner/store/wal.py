@@ -30,6 +30,10 @@ log = logging.getLogger("flowrun.wal")
 #: SQLite's default of 1,000, so only a checkpointer that fell behind leaves the work to
 #: a commit again.
 SAFETY_PAGES = 20_000
+#: The longest wait (seconds) between two looks of an idle checkpointer: while nobody
+#: commits, the wait doubles from ``every`` up to this (far below what fills
+#: :data:`SAFETY_PAGES` after a quiet spell).
+IDLE_WAIT = 1.0
 
 
 def enter_wal(cursor: sqlite3.Cursor, timeout: float) -> None:
@@ -66,13 +70,17 @@ class WalCheckpointer:
 
     ``start()`` once, ``stop()`` when done (joins the thread; idempotent). Errors (a
     locked or missing file) are logged at debug level and retried at the next tick:
-    nothing depends on one checkpoint.
+    nothing depends on one checkpoint. A look finding nothing committed since the last
+    checkpoint (``PRAGMA data_version`` unchanged) checkpoints nothing, and the next
+    look waits twice as long, up to :data:`IDLE_WAIT`: an idle daemon's checkpointer
+    wakes about once a second, not ten times.
     """
 
     def __init__(self, path: str, every: float = 0.1) -> None:
         self.path = path
         self.every = every
         self.checkpoints = 0  # completed checkpoint calls (for tests and diagnostics)
+        self.looks = 0  # completed looks, a checkpoint or not (for tests and diagnostics)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flowrun-wal", daemon=True)
 
@@ -95,12 +103,24 @@ class WalCheckpointer:
         except sqlite3.Error as exc:
             log.debug("no WAL checkpoints for %s: %s", self.path, exc)
             return
+        seen, wait = None, self.every
         try:
-            while not self._stop.wait(self.every):
+            while not self._stop.wait(wait):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version == seen:  # nothing committed since the last checkpoint
+                        wait = min(wait * 2, max(IDLE_WAIT, self.every))
+                        continue
+                    wait = self.every
+                    busy, log_pages, copied = conn.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)"
+                    ).fetchone()
+                    # a checkpoint a reader held up is tried again at the next look
+                    seen = version if not busy and copied == log_pages else None
                     self.checkpoints += 1
                 except sqlite3.Error as exc:
                     log.debug("WAL checkpoint of %s failed: %s", self.path, exc)
+                finally:
+                    self.looks += 1
         finally:
             conn.close()

@@ -27,7 +27,7 @@ from sqlalchemy import Engine, event, func, select
 
 from runner.ops.detail import read_instance
 from runner.ops.liveness import read_workers
-from runner.ops.queries import count_by_status
+from runner.ops.queries import count_by_status, shown_action
 from runner.store.db import read_engine
 from runner.store.tables import (
     attempts,
@@ -279,9 +279,18 @@ class ConsoleData:
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest ``limit`` sensor events (rows, newest first) with what the rules did."""
+        left = (
+            select(func.count())
+            .where(instances.c.event_id == events.c.id)
+            .scalar_subquery()
+            .label("instances_left")
+        )
         with self.reader.connect() as conn:
-            stmt = select(events).order_by(events.c.id.desc()).limit(limit)
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            stmt = select(events, left).order_by(events.c.id.desc()).limit(limit)
+            rows = [dict(r) for r in conn.execute(stmt).mappings()]
+        for r in rows:  # no action naming an instance that was pruned
+            r["action"] = shown_action(r["action"], r.pop("instances_left"))
+        return rows
 
     def sensors(self) -> list[dict[str, Any]]:
         """Every sensor's lease and cursor."""

@@ -7,7 +7,8 @@ anything typed): it is shown literally.
 * never passed raw to the terminal: control characters (C0, DEL, C1: ANSI and OSC
   sequences start with one), bidirectional overrides and other invisible format
   characters, line and paragraph separators, and lone surrogates (undecodable bytes kept
-  by ``surrogateescape``) are shown as Python-style escapes (``\\x1b``, ``\\u202e``);
+  by ``surrogateescape``) are shown as Python-style escapes (``\\x1b``, ``\\u202e``) by
+  ``runner.literal.literal``, the rule's one home, which the CLI uses too;
 * bounded: :func:`visible` clips to ``limit`` characters (each line, for multi-line text)
   and says how many were left out, so a 100 kB log line costs a screen line or a few,
   not a 100 kB layout.
@@ -17,40 +18,12 @@ Pure functions of their arguments; they raise nothing for any ``str``/``bytes``/
 
 from __future__ import annotations
 
-import re
-
 from rich.text import Text
 
-#: Characters never written to the terminal as they are: C0 controls, DEL and C1
-#: controls, soft hyphen, Arabic letter mark, Mongolian vowel separator, zero-width and
-#: direction marks, line/paragraph separators, embeddings/overrides/isolates, invisible
-#: operators, BOM, interlinear annotation, lone surrogates and tag characters.
-_HIDDEN = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
-)
-
-#: The same but line feeds (multi-line text: JSON, explain).
-_HIDDEN_BUT_NEWLINE = re.compile(_HIDDEN.pattern.replace("\x00-\x1f", "\x00-\x09\x0b-\x1f"))
-
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+from runner.literal import literal
 
 #: Default longest text shown, in characters (before escaping).
 LIMIT = 2000
-
-
-def _escape(match: re.Match[str]) -> str:
-    ch = match.group()
-    if ch in _NAMED:
-        return _NAMED[ch]
-    code = ord(ch)
-    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
-        return f"\\x{code - 0xDC00:02x}"
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
 
 
 def as_str(value: object) -> str:
@@ -78,8 +51,8 @@ def visible(value: object, limit: int | None = LIMIT, *, multiline: bool = False
     raw = as_str(value)
     if multiline:
         lines = raw.split("\n")
-        return "\n".join(_HIDDEN_BUT_NEWLINE.sub(_escape, clip(line, limit)) for line in lines)
-    return _HIDDEN.sub(_escape, clip(raw, limit))
+        return "\n".join(literal(clip(line, limit), lines=True) for line in lines)
+    return literal(clip(raw, limit))
 
 
 def one_line(value: object, limit: int = 200) -> str:

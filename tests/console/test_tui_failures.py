@@ -146,7 +146,12 @@ async def test_a_failing_view_leaves_the_embedded_worker_working(
                 return create_instance(conn, registry.get("job"), {})
 
         async with app.run_test(size=(140, 30)) as pilot:
-            await completes(start())
+            iid = start()
+            await completes(iid)
+            deadline = time.monotonic() + 30  # the list shows it (a refresh) before Enter
+            while iid not in [r.id for r in app.screen.table.page.rows]:
+                assert time.monotonic() < deadline, "the instance never showed in the list"
+                await pilot.pause(0.1)
             monkeypatch.setattr(console_data, "read_instance", boom)
             await pilot.press("enter")
             deadline = time.monotonic() + 30

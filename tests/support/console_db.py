@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, insert, update
 
 from runner.flowspec.compiler import load_flow
 from runner.store.db import make_engine
@@ -272,6 +272,8 @@ def build_db(folder: Path) -> tuple[Engine, Path, Path]:
                 },
             ],
         )
+        # a rule's start records the event on the instance (else the listing says pruned)
+        conn.execute(update(instances).where(instances.c.id == 1).values(event_id=1))
         conn.execute(
             insert(sensors),
             [

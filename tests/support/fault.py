@@ -123,6 +123,17 @@ def poll(pred: Callable[[], Any], timeout: float = 60.0, every: float = 0.1, wha
         time.sleep(every)
 
 
+def wait_completed(engine: Engine, n: int, timeout: float, what: str = "") -> None:
+    """Poll (every 0.5 s) until at least ``n`` instances are ``completed``; fail after
+    ``timeout`` seconds, naming ``what``."""
+    poll(
+        lambda: sql(engine, "SELECT count(*) FROM instances WHERE status = 'completed'")[0][0] >= n,
+        timeout=timeout,
+        every=0.5,
+        what=what or f"{n} instances completed",
+    )
+
+
 async def until(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
     """On a running loop: await until ``pred()`` is truthy (polled every 20 ms); fail
     after ``timeout`` seconds, naming ``what``."""

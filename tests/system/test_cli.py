@@ -194,5 +194,12 @@ def test_graph_schema_events_workers(env: dict) -> None:
     flowrun(env, "--daemon", "--exit-when-idle", "--worker-id", "w-test")
     workers = json.loads(flowrun(env, "workers", "--json").stdout)
     assert [w["id"] for w in workers] == ["w-test"] and workers[0]["stopped_at"]
+    for columns in ("80", "40"):  # fitted: the id and the verdict whole, times never cut
+        out = flowrun({**env, "COLUMNS": columns}, "workers").stdout.splitlines()
+        assert out[0].split()[0] == "id" and out[0].split()[-1] == "state", out
+        assert out[1].split()[0] == "w-test" and out[1].split()[-1] == "stopped", out
+        assert all(len(line) <= int(columns) for line in out), out
+        assert "…" not in "\n".join(out), out
+    assert workers[0]["started_at"] in flowrun({**env, "COLUMNS": "100"}, "workers").stdout
     assert json.loads(flowrun(env, "events", "--json").stdout) == []
     assert "Usage" in flowrun(env, "--help").stdout

@@ -115,7 +115,9 @@ def test_ls_keeps_id_and_status_at_80_columns_and_says_when_due(env: dict) -> No
     wide = _table(flowrun({**env, "COLUMNS": "250"}, "ls").stdout)
     assert "exit code 1: " in wide[ids["failed"]], "a wide terminal shows the error"
     due = {k: wide[i].split()[7] for k, i in ids.items()}  # id flow state status a e r due
-    assert due == {"parked": "event", "failed": "-", "paused": "-", "waiting": "now"}, due
+    assert due == {"parked": "on", "failed": "-", "paused": "-", "waiting": "now"}, due
+    # an instance in an external state says which events it waits for
+    assert " on approve|reject " in wide[ids["parked"]], wide[ids["parked"]]
 
 
 def test_ls_limit_prints_the_newest_in_id_order(env: dict) -> None:
@@ -131,7 +133,15 @@ def test_show_prints_checkpoints_and_budget_only_where_one_is_spent(env: dict) -
     parked = flowrun(env, "show", str(ids["parked"])).stdout
     assert "checkpoint" in parked and '"downloaded_rows": 1234' in parked, parked
     assert "error budget" in parked, "a state that may still run shows its budget"
+    iid = ids["parked"]
+    assert f"waits for  an event: flowrun send {iid} approve, flowrun send {iid} reject" in parked
     shown = json.loads(flowrun(env, "show", str(ids["parked"]), "--json").stdout)
+    assert shown["waits_for"] == ["approve", "reject"]
+    explained = flowrun(env, "explain", str(iid)).stdout
+    assert "waits for an event: approve or reject" in explained.splitlines()[0], explained
+    for k in ("paused", "waiting", "failed"):  # none of them waits for an event
+        assert json.loads(flowrun(env, "show", str(ids[k]), "--json").stdout)["waits_for"] is None
+        assert "waits for" not in flowrun(env, "show", str(ids[k])).stdout
     assert shown["checkpoints"] == [
         {"attempt": 1, "state": "download_bank_statements", "checkpoint": {"downloaded_rows": 1234}}
     ]
@@ -148,3 +158,59 @@ def test_send_refusal_lists_the_allowed_events_once(env: dict) -> None:
     assert err.count("approve") == 1 and err.count("reject") == 1, err
     assert len(err.strip().splitlines()) == 1, err
     flowrun(env, "send", "4242", "approve", code=1)
+
+
+LABELLED = """\
+flow: intake
+label: "{data.path}"
+initial: check
+data: {why: ""}
+defaults:
+  try_interval: 1s
+  error_budget: {max_errors: 1, window: 1h, on_exhausted: failed}
+states:
+  check:
+    exec: [python, -c, "import sys; sys.exit(sys.argv[1] or None)", "{data.why}"]
+    next: quarantine
+  quarantine:
+    external: true
+    on: {release: check, discard: done}
+  done: {terminal: true}
+"""
+
+
+def test_ls_and_show_at_80_columns_keep_labels_errors_and_times(env: dict) -> None:
+    """At 80 columns ``ls`` keeps each label whole and the last error; ``show`` keeps
+    each attempt's start time whole."""
+    (Path(env["FLOWRUN_FLOWS"]) / "intake.yaml").write_text(LABELLED)
+    ids = [
+        int(flowrun(env, "start", "intake", f"path=/srv/inbox/seattle-2026-11-2{d}.csv").stdout)
+        for d in (7, 8)
+    ]
+    why = "the upstream server refused the file: checksum mismatch"
+    failed = int(flowrun(env, "start", "intake", "path=/srv/inbox/x.csv", f"why={why}").stdout)
+    flowrun(env, "--daemon", "--exit-when-idle")
+    e80 = {**env, "COLUMNS": "80"}
+    out = flowrun(e80, "ls").stdout
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    header = out.splitlines()[0]
+    assert header.startswith("id ") and "label" in header and "last error" in header, header
+    table = _table(out)
+    assert "inbox/seattle-2026-11-27.csv" in table[ids[0]], out
+    assert "inbox/seattle-2026-11-28.csv" in table[ids[1]], out
+    assert "exit code 1: the upstre" in table[failed] and "failed" in table[failed].split(), out
+    assert "runnable" in table[ids[0]].split()
+    # waiting in quarantine: due on one of its events, never cut
+    wide = _table(flowrun({**env, "COLUMNS": "100"}, "ls").stdout)
+    assert all(" on release|discard" in wide[iid] for iid in ids), wide
+    for iid in (failed, *ids):
+        shown = json.loads(flowrun(env, "show", str(iid), "--json").stdout)
+        text = flowrun(e80, "show", str(iid)).stdout
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        for attempt in shown["history"]:
+            assert attempt["started_at"] in text, text
+    # narrower still, each attempt keeps its number and outcome (rich dropped them)
+    text = flowrun({**env, "COLUMNS": "40"}, "show", str(failed)).stdout.splitlines()
+    head = text.index("attempts") + 1
+    assert text[head].split()[:2] == ["#", "state"] and "outcome" in text[head], text
+    assert text[head + 1].split()[:3] == ["1", "check", "error"], text

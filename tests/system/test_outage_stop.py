@@ -79,6 +79,10 @@ def stop_daemon(fr: Flowrun, proxy: TcpProxy, claimed_by, during: bool) -> None:
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(90) == 0, daemon.log()
         assert "Traceback" not in daemon.log(), daemon.log()
+        # while it stops, its heartbeat, renewals and fence checks fail several times a
+        # second: the outage was said already, repeats are folded (at most every 30 s)
+        stopping = daemon.log().rsplit("SIGTERM: stopping", 1)[1]
+        assert stopping.count("database unavailable") <= 1, daemon.log()
     finally:
         daemon.stop()
         proxy.restore()

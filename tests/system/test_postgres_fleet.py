@@ -22,7 +22,7 @@ from runner.flowspec.compiler import load_flow
 from runner.store.create import create_instances
 from runner.store.db import make_engine
 from tests.conftest import ADMIN_URL
-from tests.support.fault import Flowrun, poll, sql, write_flow
+from tests.support.fault import Flowrun, poll, sql, wait_completed, write_flow
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -96,15 +96,7 @@ def test_32_daemons_share_one_server_within_their_connection_bound(tmp_path: Pat
         )
         with engine.begin() as conn:
             create_instances(conn, load_flow(path), [{"i": i} for i in range(INSTANCES)])
-        poll(
-            lambda: (
-                sql(engine, "SELECT count(*) FROM instances WHERE status = 'completed'")[0][0]
-                >= INSTANCES
-            ),
-            timeout=120,
-            every=0.5,
-            what=f"{INSTANCES} instances completed",
-        )
+        wait_completed(engine, INSTANCES, timeout=120)
         for d in daemons:
             d.signal(signal.SIGINT)
         for d in daemons:

@@ -4,6 +4,7 @@ with real files and tail sensors on a real SQLite file (issue 17, item 3)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -171,3 +172,36 @@ def test_rules_test_writes_nothing(live) -> None:
     res = fr("rules", "test", "nosuchflow", "--sensor", "x", "--event", "{}")
     assert res.returncode == 2
     assert _counts(fr) == before
+
+
+def test_events_text_says_what_happened(live) -> None:
+    """``flowrun events`` shows each event's line or file (literally), not just its key."""
+    fr, _ = live
+    line = "INFO [cache] code=502 evicted [/var/lib/app] entries"
+    with (fr.flows / "app.log").open("a") as f:
+        f.write(line + "\n")
+    (fr.flows / "inbox" / "what.csv").write_text("x\n1\n")
+
+    def both() -> list[dict]:
+        found = [e for e in _events(fr) if e["what"] == line or "what.csv" in e["what"]]
+        return found if len(found) == 2 else []
+
+    events = {e["sensor"]: e for e in poll(both, 60, what="both events stored")}
+    assert events["ingest.log"]["payload"]["line"] == line
+    path = events["ingest.inbox"]["payload"]["path"]
+    assert events["ingest.inbox"]["what"] == f"what.csv (4 bytes) in {fr.flows / 'inbox'}"
+    assert path == str(fr.flows / "inbox" / "what.csv")
+    for columns, shown in (("200", line), ("80", line[:30])):
+        res = subprocess.run(
+            fr.argv("events", "--limit", "2"),
+            env={**fr.env, "COLUMNS": columns},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res
+        out = res.stdout.splitlines()
+        assert out[0].split()[:3] == ["id", "sensor", "what"], out
+        rows = {ln.split()[0]: ln for ln in out[1:]}
+        assert shown in rows[str(events["ingest.log"]["id"])], res.stdout
+        assert "what.csv (4 bytes)" in rows[str(events["ingest.inbox"]["id"])], res.stdout

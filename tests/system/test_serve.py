@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.fault import Flowrun, engine_at, poll, row, write_flow
+from tests.support.serving import FLOW, TOKEN, serving, status
 
 pytestmark = pytest.mark.timeout(300)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-TOKEN = "t0ken-for-the-test"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 #: Records every websocket frame the page receives in ``window.__out``.
@@ -52,77 +47,25 @@ window.WebSocket.prototype = Native.prototype;
 Object.assign(window.WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
 """
 
-FLOW = """\
-initial: wait
-states:
-  wait: {external: true, on: {go: done}}
-  done: {terminal: true}
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Flowrun, str]]:
-    """Two instances of a flow that waits for an event, and `flowrun serve --attach`."""
+    """Two instances of a flow that waits for an event, and `flowrun serve` (its sessions'
+    consoles attach: no worker)."""
     fr = Flowrun(tmp_path)
     write_flow(fr.flows, "web", FLOW)
     for _ in range(2):
         assert fr("start", "web").returncode == 0
-    port = _free_port()
-    log = (tmp_path / "serve.log").open("wb")
-    proc = subprocess.Popen(
-        fr.argv("serve", "--attach", "--port", str(port), "--token", TOKEN),
-        cwd=tmp_path,
-        env=fr.env,
-        stdout=log,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        poll(lambda: _status(base + "/") == 401, 60, what="serve listening")
-        yield fr, base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
+    with serving(fr) as server:
+        yield fr, server.base
 
 
 def test_requests_without_the_token_are_refused(served) -> None:
     _, base = served
-    assert _status(base + "/") == 401
-    assert _status(base + "/ws") == 401
-    assert _status(base + "/?token=wrong") == 401
-    assert _status(f"{base}/?token={TOKEN}") == 200
-
-
-def test_non_loopback_needs_a_token(tmp_path: Path) -> None:
-    fr = Flowrun(tmp_path)
-    write_flow(fr.flows, "web", FLOW)
-    res = fr("serve", "--host", "0.0.0.0", "--port", str(_free_port()))
-    assert res.returncode == 2
-    assert res.stderr.strip() == (
-        "flowrun: serve: binding 0.0.0.0 (not loopback) needs a token: --token T or "
-        "FLOWRUN_SERVE_TOKEN"
-    )
+    assert status(base + "/") == 401
+    assert status(base + "/ws") == 401
+    assert status(base + "/?token=wrong") == 401
+    assert status(f"{base}/?token={TOKEN}") == 200
 
 
 @pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="no chromium/chromedriver")

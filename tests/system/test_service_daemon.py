@@ -20,6 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runner.engine.config import default_concurrency
+from runner.flowspec.compiler import load_flow
+from runner.store.create import create_instances
+from runner.store.db import make_engine
 from tests.support.fault import flowrun_cmd, poll
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,6 +43,9 @@ rules:
     start: svc
     data: {name: "{event.name}"}
 """
+
+#: quick instances run by one daemon with a progress line (test_progress_total_...)
+INSTANCES_TO_RUN = 3000
 
 SLOW_FLOW = """\
 flow: slow
@@ -175,7 +182,7 @@ def test_metrics_scraped_over_http(live: Live) -> None:
     assert m[("flowrun_sensor_events_total", (("sensor", "svc.inbox"),))] == N
     assert m[("flowrun_rule_actions_total", (("sensor", "svc.inbox"),))] == N
     assert m[("flowrun_running_attempts", ())] == 0
-    assert m[("flowrun_free_slots", ())] == 8
+    assert m[("flowrun_free_slots", ())] == default_concurrency()  # all free
     assert m[("flowrun_event_start_latency_seconds_count", ())] == N
     assert m[("flowrun_database_disconnects_total", ())] == 0
     assert m[("flowrun_database_errors_total", (("part", "rules"),))] == 0
@@ -277,3 +284,24 @@ def test_exit_when_idle_without_a_terminal_prints_progress_lines(tmp_path: Path)
     lines = re.findall(r"progress: (\d+)/12 done, [\d.]+/s, ETA \S+", logfile.read_text())
     assert lines, logfile.read_text()  # 12 one-second jobs two at a time: at least one line
     assert int(lines[0]) < 12
+
+
+def test_progress_total_is_every_instance_to_run(tmp_path: Path) -> None:
+    """Quick attempts finish during the daemon's first cycles, before the progress line
+    starts: they count as done all the same (the total once ended at 49984 of 50,000).
+    Instances that were final before the daemon started count in neither figure."""
+    flows = _home(tmp_path)
+    (flows / "svc.yaml").write_text(FLOW.split("sensors:")[0])  # no sensor: quick work only
+    engine = make_engine(f"sqlite:///{tmp_path}/f.db")
+    flow = load_flow(flows / "svc.yaml")
+    with engine.begin() as conn:  # final before the daemon starts: not its progress
+        create_instances(conn, flow, [{"old": i} for i in range(30)])
+    proc, _ = _start(tmp_path, "--exit-when-idle", env=_env())
+    assert proc.wait(120) == 0
+    with engine.begin() as conn:
+        create_instances(conn, flow, [{"i": i} for i in range(INSTANCES_TO_RUN)])
+    engine.dispose()
+    proc, logfile = _start(tmp_path, "--exit-when-idle", env=_env())
+    assert proc.wait(120) == 0, logfile.read_text()
+    lines = re.findall(r"progress: (\d+)/(\d+) done", logfile.read_text())
+    assert lines[-1] == (str(INSTANCES_TO_RUN), str(INSTANCES_TO_RUN)), logfile.read_text()

@@ -15,15 +15,14 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from runner.store.db import make_engine
 from tests.support.fault import flowrun_cmd, poll
+from tests.support.metrics import scrape
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -74,14 +73,7 @@ def _ran(engine) -> dict[str, list[float]]:
 
 
 def _scrape(logfile: Path) -> dict:
-    url = re.search(r"metrics on (http://\S+)", logfile.read_text()).group(1)
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
+    return scrape(re.search(r"metrics on (http://\S+)", logfile.read_text()).group(1))
 
 
 def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -> None:
@@ -92,10 +84,7 @@ def test_sensors_and_rules_resume_after_an_outage(pg_url: str, tmp_path: Path) -
     (flows / "watch_handlers.py").write_text(HANDLERS)
     applog = flows / "logs" / "app.log"
     applog.write_text("")
-    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
-    host, _, port = host_port.partition(":")
-    proxy = TcpProxy((host, int(port or 5432)))
-    via_proxy = pg_url.replace(f"@{host_port}/", f"@127.0.0.1:{proxy.port}/")
+    proxy, via_proxy = TcpProxy.to_url(pg_url)
     engine = make_engine(pg_url)  # the test's own view, never cut
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
     logfile = tmp_path / "daemon.log"

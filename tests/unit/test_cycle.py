@@ -27,8 +27,9 @@ from runner.engine.cycle import (
     run_cycle,
     run_inline,
 )
+from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import Running
-from runner.engine.timers import LoopingTimer, OutageBackoff
+from runner.engine.timers import LoopingTimer, OutageBackoff, OutageLog
 from runner.engine.worker import Worker
 from runner.flowspec.compiled import CompiledFlow
 from runner.handlers.attempt import AttemptResult, Cancel
@@ -218,10 +219,49 @@ def test_a_cycle_on_an_unreachable_database_raises_and_backs_off(tmp_path, caplo
         backoff.ok()
     assert delays == [0.5, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0]  # capped: resume within 2 s
     lines = [r.getMessage() for r in caplog.records]
-    # the first failure is logged, repeats at most every OutageBackoff.QUIET seconds
+    # the first failure is logged, repeats at most every OutageLog.QUIET seconds
     assert len(lines) == 2 and lines[-1] == "database reachable again"
     assert "unable to open database file" in lines[0]
     assert not any(r.exc_info for r in caplog.records), "one line, no traceback"
+
+
+def test_one_outage_is_one_line_however_many_calls_fail(tmp_path, caplog, monkeypatch) -> None:
+    """The worker's guarded calls (heartbeat, renewals, fence checks: several a second
+    while it stops) and its backoff share one OutageLog: the first failure is a line,
+    the others are folded into the next line, at most every QUIET seconds."""
+    gone = make_engine(f"sqlite:///{tmp_path / 'db' / 'x.db'}", create=False)
+    (tmp_path / "db").rmdir()  # the database's folder is gone: it cannot be opened
+
+    def touch(engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    async def outage() -> None:
+        db = DatabaseThread()
+        backoff = OutageBackoff(db.said)
+        try:
+            for _ in range(12):  # as a stopping worker's chores, 4 a second for 3 s
+                assert await db.guard(touch, gone) is None
+            with pytest.raises(DBAPIError):
+                await db.call(touch, gone)
+            monkeypatch.setattr(OutageLog, "QUIET", 0.0)  # as if 30 s had passed
+            try:
+                await db.call(touch, gone)
+            except DBAPIError as exc:
+                backoff.fail(exc)
+            await db.guard(touch, make_engine(f"sqlite:///{tmp_path / 'x.db'}"))
+        finally:
+            db.shutdown()
+
+    with caplog.at_level(logging.WARNING, logger="flowrun.worker"):
+        asyncio.run(outage())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("database unavailable (") and "more failures" not in lines[0]
+    assert lines[1].endswith(
+        "; retrying every 0.5s (1 failures) (11 more failures since the last line)"
+    )
+    assert lines[2] == "database reachable again"
 
 
 def test_looping_timer() -> None:

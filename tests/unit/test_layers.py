@@ -27,7 +27,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The ground modules: no I/O, import no runner sub-package (only each other).
-GROUND = ("errors", "error_line", "durations", "templating", "lifecycle", "control")
+GROUND = (
+    "errors",
+    "error_line",
+    "durations",
+    "templating",
+    "lifecycle",
+    "control",
+    "retention",
+    "literal",
+)
 
 #: Layer order: a module may import its own layer and the layers ranked below it.
 RANK = {

@@ -168,3 +168,79 @@ async def test_modified_true_counts_each_change(tmp_path: Path) -> None:
         int(s) for (s,) in rows(engine, "SELECT json_extract(data, '$.size') FROM instances")
     )
     assert sizes == [3, 8]
+
+
+def names_started(engine) -> list[str]:
+    """The file names of the instances started, sorted."""
+    import json
+
+    return sorted(json.loads(p)["name"] for (p,) in rows(engine, "SELECT payload FROM events"))
+
+
+async def test_symlinks_out_of_the_folder_are_not_followed(tmp_path: Path, caplog) -> None:
+    """A symlink to a file outside the folder (there at start, dropped while running, or
+    reached through a second link) starts nothing; a symlink to a file inside does."""
+    flows, inbox = setup(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for the flow")
+    engine = engine_at(tmp_path)
+    drop(inbox, "inner.txt", "in")
+    (inbox / "out_at_start.txt").symlink_to(outside / "secret.txt")
+    (inbox / "to_inner.txt").symlink_to(inbox / "inner.txt")
+    caplog.set_level("INFO", logger="flowrun.sensors")
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        (inbox / "out_later.txt").symlink_to(outside / "secret.txt")
+        (inbox / ".hop").symlink_to(outside)  # a hidden link to the folder outside...
+        (inbox / "two_hops.txt").symlink_to(inbox / ".hop" / "secret.txt")  # ...and through it
+        drop(inbox, "after.txt", "dropped after the links")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 3)
+        await asyncio.sleep(0.5)  # the links settle too (and must not count)
+        await settled(hub)
+    ignored = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len([m for m in ignored if "'out_later.txt'" in m]) == 1, ignored  # once per path
+    assert any("'two_hops.txt'" in m and "follow_symlinks: true" in m for m in ignored), ignored
+    async with running_hub(engine, flows, "other") as hub:  # a rescan at start: still not
+        await settled(hub)
+    assert names_started(engine) == ["after.txt", "inner.txt", "to_inner.txt"]
+
+
+async def test_follow_symlinks_true_counts_a_link_out_of_the_folder(tmp_path: Path) -> None:
+    flows = tmp_path / "flows"
+    write_flow(
+        flows, "drop", FILES_FLOW.replace("settle: 100ms", "settle: 100ms, follow_symlinks: true")
+    )
+    inbox = flows / "inbox"
+    inbox.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "shared.txt").write_text("meant to be shared")
+    (inbox / "at_start.txt").symlink_to(outside / "shared.txt")
+    engine = engine_at(tmp_path)
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        (inbox / "later.txt").symlink_to(outside / "shared.txt")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 2)
+        await settled(hub)
+    assert names_started(engine) == ["at_start.txt", "later.txt"]
+
+
+async def test_a_name_that_is_not_utf8_is_one_warning_not_a_dead_sensor(
+    tmp_path: Path, caplog
+) -> None:
+    """A file whose name is not UTF-8 (no database stores it) is skipped with one WARNING
+    showing its bytes escaped; the sensor lives on and acts on the files after it."""
+    flows, inbox = setup(tmp_path)
+    engine = engine_at(tmp_path)
+    os.close(os.open(os.fsencode(inbox) + b"/caf\xe9 \x1b[2J.txt", os.O_CREAT | os.O_WRONLY))
+    caplog.set_level("INFO", logger="flowrun.sensors")
+    async with running_hub(engine, flows) as hub:
+        await settled(hub)
+        drop(inbox, "after.txt", "dropped after it")
+        await wait_until(lambda: scalar(engine, "SELECT count(*) FROM instances") == 1)
+        await settled(hub)
+    warned = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    assert "caf\\xe9 \\x1b[2J.txt" in warned[0].getMessage()
+    assert names_started(engine) == ["after.txt"]

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from runner.engine import cycle
 from runner.engine.cycle import WorkerStats
 from runner.handlers.attempt import AttemptResult
-from runner.service.logs import JsonFormatter
+from runner.service.logs import JsonFormatter, TextFormatter
 from runner.service.progress import Progress, closing_line, status_loop
 from runner.store import leases
 from tests.support.fault import engine_at, load, new_instance, sql, write_flow
@@ -112,3 +112,14 @@ async def test_status_line(tmp_path: Path, caplog) -> None:
         await asyncio.wait_for(task, 10)
     line = next(r.getMessage() for r in caplog.records if "status:" in r.getMessage())
     assert line.startswith("status: runnable 3; ") and line.endswith("attempts/s")
+
+
+def test_text_log_lines_show_outside_text_literally() -> None:
+    """A worker id, file name or error line with escape sequences or markup reaches the
+    terminal reading the log escaped; JSON lines keep the exact text."""
+    record = logging.LogRecord(
+        "flowrun.worker", logging.WARNING, __file__, 1, "worker %s started", ("w[b]x\x1b[2J",), None
+    )
+    line = TextFormatter().format(record)
+    assert line.endswith("worker w[b]x\\x1b[2J started") and "\x1b" not in line
+    assert json.loads(JsonFormatter().format(record))["msg"] == "worker w[b]x\x1b[2J started"

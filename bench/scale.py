@@ -1,0 +1,387 @@
+"""Big tables, same speed: flowrun with a large history in its database (not a test).
+
+Builds a database through flowrun's own code: ``--size`` sensor events stored by
+``record_events``, each starting an instance through the rule engine, every instance
+driven by a real ``flowrun --daemon --exit-when-idle`` through a flow of five no-op
+``call`` states (five attempts each) to ``completed``. So ``--size 1000000`` is the
+issue's 1,000,000 terminal instances, 5,000,000 attempts and 1,000,000 events.
+
+Then measures, on that database against the same on an empty one:
+
+- **no-op throughput**: ``--new`` new instances of a three-state no-op flow drained by
+  one daemon (transitions/s, as ``bench/throughput.py``);
+- **read side**: ``flowrun ls --limit 50``, ``show ID``, ``explain ID``, ``events
+  --limit 50`` (wall ms of the whole command, best of 3);
+- **prune under load**: ``flowrun prune --flow hist --older-than 1s`` deleting the history
+  while a daemon drains ``--new`` new instances: the daemon's transitions/s against its
+  rate on the empty database, the prune's wall time and rows, and the file size before
+  and after; then the events those instances left (``--event-retention 1s``), alone.
+
+- **RSS** (``--parked N``): a daemon's RSS with N instances waiting in an external
+  state and N sleeping, against the same daemon with none.
+
+    python bench/scale.py [--size 20000] [--new 20000] [--db sqlite|postgresql]
+                          [--pg-url URL] [--concurrency 64] [--keep DIR] [--parked N]
+
+Prints one JSON object. The console's paint and scroll times are ``bench/console.py``'s
+(point it at the database kept with ``--keep``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+HISTORY = """\
+flow: hist
+initial: s1
+states:
+  s1: {call: "scale_tasks:noop", next: s2}
+  s2: {call: "scale_tasks:noop", next: s3}
+  s3: {call: "scale_tasks:noop", next: s4}
+  s4: {call: "scale_tasks:noop", next: s5}
+  s5: {call: "scale_tasks:noop", next: done}
+  done: {terminal: true}
+sensors:
+  feed: {every: 1000d}
+rules:
+  - when: feed
+    start: hist
+    data: {from: feed}
+"""
+
+NOOP = """\
+flow: noop
+initial: s1
+states:
+  s1: {call: "scale_tasks:noop", next: s2}
+  s2: {call: "scale_tasks:noop", next: done}
+  done: {terminal: true}
+"""
+
+TASKS = """\
+import time
+
+
+async def noop(ctx):
+    return True
+
+
+def nap(ctx):
+    return ctx.sleep_until(time.time() + 7 * 86400)
+"""
+
+PARKED = """\
+flow: parked
+initial: wait
+states:
+  wait: {external: true, on: {go: done}}
+  done: {terminal: true}
+"""
+
+SLEEPER = """\
+flow: sleeper
+initial: s1
+states:
+  s1: {call: "scale_tasks:nap", next: done}
+  done: {terminal: true}
+"""
+
+
+def rss_idle(url: str, flows: Path, parked: int) -> dict:
+    """A daemon's RSS (KiB, 15 s after start) with ``parked`` instances waiting in an
+    external state and as many sleeping for a week (each put to sleep by its handler),
+    against the same daemon on the same database before them."""
+    import signal
+
+    from sqlalchemy import text
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    def sample() -> int:
+        env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+        argv = [sys.executable, "-m", "runner.cli", "--daemon", "--prune-every", "0"]
+        proc = subprocess.Popen(argv, env=env, cwd=flows.parent, stderr=subprocess.DEVNULL)
+        time.sleep(15)
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kib = int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS:")).split()[1])
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        return kib
+
+    (flows / "parked.yaml").write_text(PARKED)
+    (flows / "sleeper.yaml").write_text(SLEEPER)
+    none = sample()
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for name in ("parked", "sleeper"):
+            flow = load_flow(flows / f"{name}.yaml")
+            create_instances(conn, flow, [{"i": i} for i in range(parked)])
+    engine.dispose()
+    # each sleeper's handler runs once and sleeps (a week: the daemon is never idle)
+    engine = make_engine(url)
+    proc = _daemon(url, flows, 64)
+    while True:
+        time.sleep(2)
+        with engine.connect() as conn:
+            left = conn.execute(
+                text(
+                    "SELECT count(*) FROM instances WHERE flow = 'sleeper' AND status != 'sleeping'"
+                )
+            ).scalar_one()
+        if not left:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    engine.dispose()
+    return {
+        "parked": parked,
+        "rss_kib_none": none,
+        "rss_kib_parked": sample(),
+    }
+
+
+def _daemon(url: str, flows: Path, concurrency: int, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+    argv = [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle"]
+    argv += ["--concurrency", str(concurrency), "--prune-every", "0", *extra]
+    return subprocess.Popen(argv, env=env, cwd=flows.parent, stderr=subprocess.DEVNULL)
+
+
+def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
+    """``size`` events → instances (rule engine) → completed (a daemon); returns timings."""
+    from runner.flowspec.registry import FlowRegistry
+    from runner.sensors.events import record_events
+    from runner.sensors.rules import RuleEngine
+    from runner.service.daemon import load_registry
+    from runner.store.db import make_engine
+
+    engine = make_engine(url)
+    load_registry(engine, flows)
+    reg = FlowRegistry(flows)
+    reg.load_all()
+    t0 = time.perf_counter()
+    chunk = 2000
+    for lo in range(0, size, chunk):
+        rows = [(f"e{i}", {"n": str(i)}) for i in range(lo, min(size, lo + chunk))]
+        record_events(engine, "hist.feed", rows)
+    rules = RuleEngine(engine, reg, batch=1000)
+    while rules.handle_pending()[0]:
+        pass
+    made = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _daemon(url, flows, concurrency).wait()
+    ran = time.perf_counter() - t0
+    engine.dispose()
+    return {"events_and_instances_s": round(made, 1), "history_drained_s": round(ran, 1)}
+
+
+def drain(url: str, flows: Path, n: int, concurrency: int, during=None) -> dict:
+    """Start ``n`` noop instances and drain them with one daemon (``during``: a command
+    line run meanwhile); transitions/s from the attempt rows."""
+    from sqlalchemy import func, select
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+    from runner.store.tables import attempts, instances
+
+    engine = make_engine(url)
+    flow = load_flow(flows / "noop.yaml")
+    with engine.connect() as conn:
+        after = conn.execute(select(func.coalesce(func.max(instances.c.id), 0))).scalar_one()
+    with engine.begin() as conn:
+        create_instances(conn, flow, [{"i": i} for i in range(n)])
+    side = None
+    proc = _daemon(url, flows, concurrency)
+    if during is not None:
+        time.sleep(0.5)
+        t_side = time.perf_counter()
+        side = subprocess.run(during, capture_output=True, text=True, cwd=flows.parent)
+        side_s = time.perf_counter() - t_side
+    proc.wait()
+    with engine.connect() as conn:
+        first, last, moved = conn.execute(
+            select(
+                func.min(attempts.c.started_at),
+                func.max(attempts.c.finished_at),
+                func.count(),
+            ).where(attempts.c.instance_id > after, attempts.c.outcome == "moved")
+        ).one()
+    engine.dispose()
+    out = {"transitions": moved, "per_s": round(moved / (last - first), 1)}
+    if side is not None:
+        out["side"] = {"s": round(side_s, 1), "rc": side.returncode, "out": side.stdout.strip()}
+    return out
+
+
+def cli_ms(url: str, flows: Path, *args: str) -> float:
+    """Best of 3 wall times of ``flowrun ARGS`` in ms (a whole process each)."""
+    env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}
+    best = 1e9
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "runner.cli", *args], env=env, check=True, capture_output=True
+        )
+        best = min(best, (time.perf_counter() - t0) * 1000)
+    return round(best, 1)
+
+
+def reads(url: str, flows: Path) -> dict:
+    from sqlalchemy import func, select
+
+    from runner.store.db import make_engine
+    from runner.store.tables import instances
+
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        iid = conn.execute(select(func.min(instances.c.id))).scalar_one()
+    engine.dispose()
+    if iid is None:
+        return {}
+    return {
+        "ls_limit_50_ms": cli_ms(url, flows, "ls", "--limit", "50"),
+        "show_ms": cli_ms(url, flows, "show", str(iid)),
+        "explain_ms": cli_ms(url, flows, "explain", str(iid)),
+        "events_limit_50_ms": cli_ms(url, flows, "events", "--limit", "50"),
+    }
+
+
+def size_of(url: str) -> int:
+    from runner.store.db import make_engine
+    from runner.store.space import database_bytes
+
+    engine = make_engine(url)
+    try:
+        return database_bytes(engine)
+    finally:
+        engine.dispose()
+
+
+def counts(url: str) -> dict:
+    from sqlalchemy import text
+
+    from runner.store.db import make_engine
+
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        out = {
+            t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("instances", "attempts", "events")
+        }
+    engine.dispose()
+    return out
+
+
+#: PostgreSQL databases this run made (dropped at the end unless ``--keep``).
+MADE: list[str] = []
+
+
+def _admin(admin_url: str, sql: str) -> None:
+    import psycopg
+
+    conninfo = admin_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def pg_database(admin_url: str) -> str:
+    name = f"flowrun_scale_{uuid.uuid4().hex[:8]}"
+    _admin(admin_url, f'CREATE DATABASE "{name}"')
+    MADE.append(name)
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", type=int, default=20_000, help="terminal instances of history")
+    ap.add_argument("--new", type=int, default=20_000, help="new instances per drain")
+    ap.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--keep", type=Path, help="build in this folder and keep it")
+    ap.add_argument(
+        "--parked", type=int, default=0, help="also: daemon RSS with N waiting + N sleeping"
+    )
+    a = ap.parse_args()
+    try:
+        run(a)
+    finally:
+        if not a.keep:
+            for name in MADE:
+                _admin(a.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run(a: argparse.Namespace) -> None:
+    """Every measurement of ``main``'s arguments; prints the report."""
+    work = a.keep or Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
+    report: dict = {"size": a.size, "new": a.new, "db": a.db}
+    for label in ("empty", "big"):
+        home = work / label
+        flows = home / "flows"
+        flows.mkdir(parents=True, exist_ok=True)
+        (flows / "hist.yaml").write_text(HISTORY)
+        (flows / "noop.yaml").write_text(NOOP)
+        (flows / "scale_tasks.py").write_text(TASKS)
+        if a.db == "sqlite":
+            url = f"sqlite:///{home / 'flowrun.db'}"
+        else:
+            url = pg_database(a.pg_url)
+        part: dict = {}
+        if label == "big":
+            part["build"] = build(url, flows, a.size, a.concurrency)
+            part["rows"] = counts(url)
+            part["bytes_before"] = size_of(url)
+            part["reads"] = reads(url, flows)
+        part["noop"] = drain(url, flows, a.new, a.concurrency)
+        if label == "big":
+            prune = [sys.executable, "-m", "runner.cli", "--db", url, "--flows", str(flows)]
+            prune += ["prune", "--flow", "hist", "--older-than", "1s", "--json"]
+            part["noop_during_prune"] = drain(url, flows, a.new, a.concurrency, during=prune)
+            part["rows_after_prune"] = counts(url)
+            t0 = time.perf_counter()
+            events = [*prune[:-6], "--event-retention", "1s", "prune", "--json"]
+            done = subprocess.run(events, capture_output=True, text=True, check=True)
+            part["events_prune"] = {
+                "s": round(time.perf_counter() - t0, 1),
+                "out": json.loads(done.stdout)["events"],
+            }
+            part["bytes_after"] = size_of(url)
+        report[label] = part
+        print(json.dumps({label: part}), file=sys.stderr, flush=True)
+    if a.parked:
+        home = work / "parked"
+        flows = home / "flows"
+        flows.mkdir(parents=True, exist_ok=True)
+        (flows / "scale_tasks.py").write_text(TASKS)
+        url = f"sqlite:///{home / 'flowrun.db'}" if a.db == "sqlite" else pg_database(a.pg_url)
+        r = rss_idle(url, flows, a.parked)
+        r["bytes_per_instance"] = round(
+            (r["rss_kib_parked"] - r["rss_kib_none"]) * 1024 / (2 * a.parked), 1
+        )
+        report["rss"] = r
+    empty, big = report["empty"]["noop"]["per_s"], report["big"]["noop"]["per_s"]
+    during = report["big"]["noop_during_prune"]["per_s"]
+    report["ratios"] = {
+        "noop_big_vs_empty": round(big / empty, 3),
+        "noop_during_prune_vs_empty": round(during / empty, 3),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

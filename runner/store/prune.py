@@ -1,0 +1,277 @@
+"""The SQL of retention: read the candidates, delete them in short transactions.
+
+Each function does one bounded step (a read of at most ``limit`` rows, or one short
+write transaction) so the caller (``runner.ops.prune``) can pace them; the rules
+deciding what goes are ``runner.retention``. Every delete re-checks its conditions in
+its own ``WHERE`` (a row that changed since it was read stays), and on PostgreSQL takes
+its rows ``FOR UPDATE SKIP LOCKED``: a row another transaction holds is skipped, and two
+pruners never delete (or count) a row twice. With ``dry_run`` the same steps count
+instead of deleting, in read transactions.
+
+An instance goes with the rows that belong to it (:data:`CHILDREN`: its attempts, with
+their checkpoints and kept stderr tails, and its command rows; a table of captured logs
+keyed by ``instance_id`` is one more entry there).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from sqlalchemy import Engine, case, delete, exists, func, select, update
+
+from runner.retention import TERMINAL
+from runner.store.db import reading
+from runner.store.dialect import dialect_of
+from runner.store.tables import attempts, commands, events, flow_versions, instances, workers
+
+#: The tables whose rows belong to an instance: ``(kind, table)``; each has an
+#: ``instance_id`` column with an index leading with it.
+CHILDREN = (("attempts", attempts), ("commands", commands))
+
+
+def _deletable(status: str, cutoff: float) -> tuple:
+    """What makes a terminal instance deletable now: its status and age, unlocked."""
+    assert status in TERMINAL, status
+    return (
+        instances.c.status == status,
+        instances.c.updated_at < cutoff,
+        instances.c.locked_by.is_(None),
+        instances.c.running_attempt.is_(None),
+    )
+
+
+def candidates(
+    engine: Engine, flow: str, status: str, cutoff: float, after: int, limit: int
+) -> list[tuple[int, int | None, str]]:
+    """The next ``limit`` instances of ``flow`` in ``status`` last changed before
+    ``cutoff`` (epoch seconds) and unlocked, with ``id > after``, by id: ``(id, event_id,
+    version)`` each (one read; SQLite walks ``ix_instances_flow_status`` in rowid order)."""
+    stmt = (
+        select(instances.c.id, instances.c.event_id, instances.c.version)
+        .where(instances.c.flow == flow, instances.c.id > after, *_deletable(status, cutoff))
+        .order_by(instances.c.id)
+        .limit(limit)
+    )
+    with reading(engine) as conn:
+        return [tuple(r) for r in conn.execute(stmt)]
+
+
+def delete_instances(
+    engine: Engine, ids: list[int], status: str, cutoff: float, *, dry_run: bool = False
+) -> Counter[str]:
+    """Delete the instances ``ids`` that are still deletable (see :func:`candidates`)
+    with their :data:`CHILDREN`, in ONE transaction; returns the rows counted per kind
+    (``instances``, ``attempts``, ``checkpoints``, ``logs``, ``commands``). With
+    ``dry_run`` nothing is deleted: the rows ``ids`` name are counted."""
+    out: Counter[str] = Counter()
+    if not ids:
+        return out
+    d = dialect_of(engine)
+    if dry_run:
+        with reading(engine) as conn:
+            return _count_children(conn, d, ids, out)
+    pick = select(instances.c.id).where(d.ids_in(instances.c.id), *_deletable(status, cutoff))
+    if d.skip_locked:
+        pick = pick.with_for_update(skip_locked=True)
+    with engine.begin() as conn:
+        gone = list(
+            conn.execute(
+                delete(instances)
+                .where(instances.c.id.in_(pick.scalar_subquery()))
+                .returning(instances.c.id),
+                {"ids": d.ids_value(ids)},
+            ).scalars()
+        )
+        if not gone:
+            return out
+        out["instances"] = len(gone)
+        value = {"ids": d.ids_value(gone)}
+        # the attempts that carried a checkpoint or a stderr tail: one read of the rows
+        # about to go (SQLite 3.40's DELETE ... RETURNING gave wrong values for columns
+        # outside the index it deleted through)
+        out.update(_flags(conn, d, value))
+        for kind, table in CHILDREN:
+            out[kind] += conn.execute(
+                delete(table).where(d.ids_in(table.c.instance_id)), value
+            ).rowcount
+    return out
+
+
+def _flags(conn, d, value: dict) -> Counter[str]:
+    """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
+    carried a checkpoint or a kept stderr tail."""
+    cps, logs = conn.execute(
+        select(func.count(attempts.c.checkpoint), func.count(attempts.c.error)).where(
+            d.ids_in(attempts.c.instance_id)
+        ),
+        value,
+    ).one()
+    return Counter({"checkpoints": cps, "logs": logs})
+
+
+def _count_children(conn, d, ids: list[int], out: Counter[str]):
+    """Count ``ids``' instances and their child rows into ``out`` (inside ``conn``'s
+    transaction; a dry run); returns ``out``."""
+    out["instances"] += len(ids)
+    value = {"ids": d.ids_value(ids)}
+    out.update(_flags(conn, d, value))
+    for kind, table in CHILDREN:
+        out[kind] += conn.execute(
+            select(func.count()).select_from(table).where(d.ids_in(table.c.instance_id)), value
+        ).scalar_one()
+    return out
+
+
+def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple]:
+    """The next ``limit`` attempt rows with ``id > after`` by id, each with its instance:
+    ``(id, instance_id, attempt, finished_at, has_checkpoint, has_error, flow, status,
+    instance attempts)`` (one read; the history cut walks them oldest first)."""
+    stmt = (
+        select(
+            attempts.c.id,
+            attempts.c.instance_id,
+            attempts.c.attempt,
+            attempts.c.finished_at,
+            attempts.c.checkpoint.is_not(None),
+            attempts.c.error.is_not(None),
+            instances.c.flow,
+            instances.c.status,
+            instances.c.attempts,
+        )
+        .join(instances, instances.c.id == attempts.c.instance_id)
+        .where(attempts.c.id > after)
+        .order_by(attempts.c.id)
+        .limit(limit)
+    )
+    with reading(engine) as conn:
+        return [tuple(r) for r in conn.execute(stmt)]
+
+
+def cut_history(engine: Engine, rows: list[tuple], *, dry_run: bool = False) -> Counter[str]:
+    """Delete the attempt rows ``rows`` (as :func:`attempts_after` gave them, chosen by
+    ``runner.retention.cut_attempt``) of live instances, and set each instance's
+    ``history_from`` to the latest ``finished_at`` cut, in ONE transaction; returns the
+    rows per kind (``attempts``, ``checkpoints``, ``logs``)."""
+    out: Counter[str] = Counter()
+    if not rows:
+        return out
+    out["attempts"] = len(rows)
+    out["checkpoints"] = sum(1 for r in rows if r[4])
+    out["logs"] = sum(1 for r in rows if r[5])
+    if dry_run:
+        return out
+    d = dialect_of(engine)
+    upto: dict[int, float] = {}
+    for r in rows:
+        upto[r[1]] = max(upto.get(r[1], 0.0), r[3])
+    with engine.begin() as conn:
+        done = conn.execute(
+            delete(attempts).where(d.ids_in(attempts.c.id), attempts.c.outcome.is_not(None)),
+            {"ids": d.ids_value([r[0] for r in rows])},
+        ).rowcount
+        for iid, at in sorted(upto.items()):
+            hist = instances.c.history_from
+            conn.execute(
+                update(instances)
+                .where(instances.c.id == iid)
+                .values(history_from=case((hist.is_(None) | (hist < at), at), else_=hist))
+            )
+    if done != len(rows):  # a row gone meanwhile (another pruner): count what went
+        out = Counter({"attempts": done})
+    return out
+
+
+def events_after(engine: Engine, after: int, limit: int) -> list[tuple[int, float, float | None]]:
+    """The next ``limit`` events with ``id > after`` by id: ``(id, created_at, handled_at)``."""
+    stmt = (
+        select(events.c.id, events.c.created_at, events.c.handled_at)
+        .where(events.c.id > after)
+        .order_by(events.c.id)
+        .limit(limit)
+    )
+    with reading(engine) as conn:
+        return [tuple(r) for r in conn.execute(stmt)]
+
+
+def event_refs(engine: Engine, ids: Iterable[int]) -> Counter[int]:
+    """``{event id: instances it started still stored}`` for ``ids`` (through the partial
+    index ``ix_instances_event``)."""
+    ids = list(ids)
+    if not ids:
+        return Counter()
+    d = dialect_of(engine)
+    stmt = (
+        select(instances.c.event_id, func.count())
+        .where(d.ids_in(instances.c.event_id))
+        .group_by(instances.c.event_id)
+    )
+    with reading(engine) as conn:
+        return Counter(dict(conn.execute(stmt, {"ids": d.ids_value(ids)}).all()))
+
+
+def delete_events(engine: Engine, ids: list[int], cutoff: float, *, dry_run: bool = False) -> int:
+    """Delete the events ``ids`` still handled before ``cutoff`` and left by every instance
+    they started, in ONE transaction; returns how many went (``dry_run``: ``len(ids)``)."""
+    if not ids or dry_run:
+        return len(ids)
+    d = dialect_of(engine)
+    started = exists().where(instances.c.event_id == events.c.id)
+    stmt = delete(events).where(
+        d.ids_in(events.c.id),
+        events.c.handled_at.is_not(None),
+        events.c.handled_at < cutoff,
+        ~started,
+    )
+    with engine.begin() as conn:
+        return conn.execute(stmt, {"ids": d.ids_value(ids)}).rowcount
+
+
+def delete_workers(engine: Engine, cutoff: float, *, dry_run: bool = False) -> int:
+    """Delete (or count) the workers rows silent since before ``cutoff`` that lock no
+    instance; returns how many."""
+    holding = exists().where(instances.c.locked_by == workers.c.id)
+    cond = (workers.c.heartbeat_at < cutoff, ~holding)
+    if dry_run:
+        with reading(engine) as conn:
+            return conn.execute(select(func.count()).select_from(workers).where(*cond)).scalar_one()
+    with engine.begin() as conn:
+        return conn.execute(delete(workers).where(*cond)).rowcount
+
+
+def _on_version() -> tuple:
+    return (
+        instances.c.flow == flow_versions.c.flow,
+        instances.c.version == flow_versions.c.version,
+    )
+
+
+def versions(engine: Engine, *, count: bool) -> list[tuple[str, str, float, int]]:
+    """Every stored flow version: ``(version, flow, loaded_at, instances)``, where
+    ``instances`` counts the instances on it (``count``) or is 0/1 (whether any is:
+    cheaper, it stops at the first)."""
+    if count:
+        ref = select(func.count()).where(*_on_version()).scalar_subquery()
+    else:
+        ref = case((exists().where(*_on_version()), 1), else_=0)
+    stmt = select(flow_versions.c.version, flow_versions.c.flow, flow_versions.c.loaded_at, ref)
+    with reading(engine) as conn:
+        return [tuple(r) for r in conn.execute(stmt)]
+
+
+def delete_versions(engine: Engine, names: list[str], *, dry_run: bool = False) -> int:
+    """Delete the flow versions ``names`` no instance refers to (re-checked), in ONE
+    transaction; returns how many went (``dry_run``: ``len(names)``)."""
+    if not names or dry_run:
+        return len(names)
+    used = exists().where(*_on_version())
+    with engine.begin() as conn:
+        return conn.execute(
+            delete(flow_versions).where(flow_versions.c.version.in_(names), ~used)
+        ).rowcount
+
+
+def flows_stored(engine: Engine) -> list[str]:
+    """The names of every flow with a stored version (every instance's flow has one)."""
+    with reading(engine) as conn:
+        return sorted(conn.execute(select(flow_versions.c.flow).distinct()).scalars())
