@@ -21,6 +21,9 @@ huey's task calls ``subprocess.run(["/bin/true"])``, in each of its worker confi
 (1 and 2 threads, 2 processes; storage defaults and ``synchronous=NORMAL``), and its best
 is the peer. The *spawn ceiling* is the fastest of a sequential ``subprocess.run`` loop and
 a pool of 2 x cores threads doing the same, measured in this process between the others.
+``--setup`` adds, interleaved, the same flow with each state's handler set up: ``env``
+(5 names, two of them ``{data.…}`` templates), one secret file and ``limits`` (memory,
+cpu, files), and prints its ratio to the plain flow.
 
 Each flowrun figure is taken twice, interleaved: at the daemon's default ``--concurrency``
 (no option given: what a user who sets nothing gets) and at this bench's best
@@ -29,6 +32,7 @@ Each flowrun figure is taken twice, interleaved: at the daemon's default ``--con
 
     python bench/throughput.py [--n 10000] [--concurrency 64] [--skip-default]
                                [--case noop|fail_once|both|exec] [--repeat 5] [--huey-workers 2]
+                               [--setup]
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ states:
   done: {terminal: true}
 """
 
+EXEC_SETUP_FLOW = """\
+flow: bench
+description: 2 states, each runs /bin/true with env, a secret and limits
+initial: s1
+defaults:
+  env: {REGION: "eu-{data.i}", TIER: gold, BATCH: "{data.i}", MODE: bench, COLOR: blue}
+  secrets: {API_KEY: {file: api.key}}
+states:
+  s1: {exec: [/bin/true], next: s2, limits: {memory: 512MiB, cpu: 60s, files: 1024}}
+  s2: {exec: [/bin/true], next: done, limits: {memory: 512MiB, cpu: 60s, files: 1024}}
+  done: {terminal: true}
+"""
+
 TASKS = '''\
 """No-op handlers for bench/throughput.py."""
 
@@ -106,7 +123,9 @@ def run_flowrun(
 
     flows = workdir / "flows"
     flows.mkdir(parents=True)
-    (flows / "bench.yaml").write_text(EXEC_FLOW if case == "exec" else FLOW % {"fn": case})
+    texts = {"exec": EXEC_FLOW, "exec-setup": EXEC_SETUP_FLOW}
+    (flows / "bench.yaml").write_text(texts.get(case) or FLOW % {"fn": case})
+    (flows / "api.key").write_text("not-a-real-key\n")
     (flows / "bench_tasks.py").write_text(TASKS)
     url = f"sqlite:///{workdir / 'bench.db'}"
     engine = make_engine(url)
@@ -235,6 +254,14 @@ def main_exec(args: argparse.Namespace) -> None:
                     f"{fr['wall']:.2f}s, concurrency {conc or 'default'})",
                     flush=True,
                 )
+            if args.setup:
+                su = run_flowrun(n, args.concurrency, "exec-setup", Path(tmp) / "setup")
+                add("flowrun (setup)", su["per_s"])
+                print(
+                    f"[exec {r + 1}] flowrun with env, a secret and limits: {su['per_s']:,.0f}/s"
+                    f" ({su['per_s'] / rates['flowrun'][-1]:.2f}x the plain flow)",
+                    flush=True,
+                )
             if args.compare:
                 old = run_flowrun(
                     n, args.concurrency, "exec", Path(tmp) / "compare", root=Path(args.compare)
@@ -279,6 +306,8 @@ def main_exec(args: argparse.Namespace) -> None:
     line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
     if DEFAULT in med:
         line += f", at the default {med[DEFAULT] / med['ceiling']:.2f}x"
+    if "flowrun (setup)" in med:
+        line += f", set-up/plain {med['flowrun (setup)'] / med['flowrun']:.2f}x"
     if "flowrun (compare)" in med:
         line += f", flowrun/compared tree {med['flowrun'] / med['flowrun (compare)']:.2f}x"
     if "huey best" in med:
@@ -302,6 +331,12 @@ def main() -> None:
         metavar="ROOT",
         help="exec case: also run the flowrun of this source tree (e.g. an export of an "
         "older commit), interleaved, for before/after figures from one run",
+    )
+    ap.add_argument(
+        "--setup",
+        action="store_true",
+        help="exec case: also run the flow with env (5 names), a secret file and limits, "
+        "interleaved, and print its ratio to the plain flow",
     )
     ap.add_argument(
         "--repeat",

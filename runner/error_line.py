@@ -21,7 +21,8 @@ _SPENT = re.compile(r"error budget spent \([^)]*\): |restarts spent \([^)]*\); l
 
 #: What flowrun puts before a handler's output tail.
 _HEAD = re.compile(
-    r"(?:exit code -?\d+|killed by signal \d+|timeout \([^)]*\)|missed keepalive \([^)]*\)): "
+    r"(?:exit code -?\d+|killed by signal \d+|timeout \([^)]*\)|missed keepalive \([^)]*\)"
+    r"|(?:memory|cpu) limit [^(:]* reached \((?:exit code -?\d+|killed by signal \d+)\)): "
 )
 
 

@@ -22,7 +22,8 @@ def check(c: Ctx, paths: tuple[Path, ...]):
     """Validate flows (the flows folder, or PATH files/folders): exit 0 valid, 2 invalid.
 
     A single FILE's cross-references (a rule's ``start: other_flow``) are resolved against
-    the flows folder (--flows) and the file's own folder.
+    the flows folder (--flows) and the file's own folder. A secret file that cannot be
+    read now is a warning line (exit 0).
 
     \f
     Prints every error on stderr, one line each, then exits 2; else ``ok: N flows valid``.
@@ -32,13 +33,16 @@ def check(c: Ctx, paths: tuple[Path, ...]):
     """
     from runner.flowspec.compiler import load_flow
     from runner.flowspec.registry import FlowRegistry
+    from runner.flowspec.setup_checks import setup_warnings
 
-    errors, count = [], 0
+    errors, warnings, count = [], [], 0
     for p in paths or (c.flows,):
         if p.is_dir():
             reg = FlowRegistry(p)
             errors += reg.load_all()
             count += len(reg.flows)
+            for loaded in reg.flows.values():
+                warnings += setup_warnings(loaded)
         elif p.exists():
             try:
                 flow = load_flow(p)
@@ -46,6 +50,7 @@ def check(c: Ctx, paths: tuple[Path, ...]):
             except FlowErrors as exc:
                 errors += exc.errors
             else:
+                warnings += setup_warnings(flow)
                 folders = [q for q in (p.parent, c.flows) if q.is_dir()]
                 regs = [FlowRegistry(q) for q in {q.resolve(): q for q in folders}.values()]
                 for reg in regs:
@@ -54,7 +59,7 @@ def check(c: Ctx, paths: tuple[Path, ...]):
         else:
             raise ConfigError(f"{p}: no such file or folder")
 
-    for e in errors:
+    for e in [*errors, *warnings]:
         click.echo(literal(e, lines=True), err=True)
     if errors:
         raise SystemExit(2)

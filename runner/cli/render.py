@@ -313,6 +313,13 @@ def instance_detail(item: dict) -> None:
             if a["error"]:
                 click.echo(f"error of attempt {a['attempt']}:")
                 click.echo(textwrap.indent(literal(a["error"], lines=True), "  "))
+    named = {a["state"]: (a.get("env"), a.get("secrets")) for a in item["history"]}
+    for state, (env, secrets) in named.items():
+        if env or secrets:  # names only: a secret's value is never shown
+            click.echo(
+                f"handler of {literal(state)} gets env: {', '.join(env) or '-'}; "
+                f"secrets: {', '.join(secrets) or '-'}"
+            )
     for cp in item.get("checkpoints", []):
         out.print(
             f"checkpoint of attempt {cp['attempt']} in {literal(cp['state'])}: "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -17,9 +18,14 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from runner.errors import UserError
+from runner.flowspec.setup import HandlerSetup
 from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
+from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.handlers.process_setup import ProcSetup, ids_of, proc_setup
+from runner.handlers.redact import redact_text, redact_value
+from runner.handlers.secrets import SetupError, attempt_vars, working_dir
 from runner.store import commit, rows, versions
 from runner.store.db import reading
 from runner.store.tables import events
@@ -58,7 +64,15 @@ async def run_attempt(
             "error", claim.data, error=f"state {claim.state!r} has no handler to run"
         )
 
+    try:
+        env_vars, secrets = attempt_vars(state.setup, claim.data, cwd)
+    except SetupError as exc:
+        return AttemptResult("error", claim.data, error=str(exc))
+    hidden = tuple(secrets.values())
+
     def checkpoint(new_data: dict, values: dict) -> bool:
+        if hidden:  # a secret's value is never stored
+            new_data, values = redact_value(new_data, hidden), redact_value(values, hidden)
         with engine.begin() as conn:
             ok = commit.save_checkpoint(conn, worker_id, claim, new_data, values)
         if ok:
@@ -71,28 +85,70 @@ async def run_attempt(
             argv = render_argv(state.argv, claim.data, event)
         except KeyError as exc:
             return AttemptResult("error", claim.data, error=f"argv placeholder {exc} has no value")
-        env = handler_env(flow.name, claim.state, claim.id, claim.attempt, cwd)
-        return await run_exec(
+        try:
+            folder = working_dir(state.setup, claim.data, cwd)
+            proc = _proc_setup(state.setup)
+        except (SetupError, LookupError) as exc:
+            return AttemptResult("error", claim.data, error=str(exc))
+        setup = state.setup
+        env = handler_env(
+            flow.name,
+            claim.state,
+            claim.id,
+            claim.attempt,
+            cwd,
+            setup.inherit,
+            setup.secret_sources,
+        )
+        if env_vars or secrets:
+            add_env(env, {**env_vars, **secrets})
+        result = await run_exec(
             argv,
-            cwd=cwd,
+            cwd=folder,
             env=env,
             data=claim.data,
             limits=limits,
             cancel=cancel,
             checkpoint=checkpoint,
             next_state=state.next,
+            secrets=tuple(os.fsencode(v) for v in hidden),
+            setup=proc,
+            limits_given=state.setup.limits,
         )
-    ctx = Context(
-        data=own_copy(claim.data),
-        instance_id=claim.id,
-        flow=flow.name,
-        state=claim.state,
-        attempt=claim.attempt,
-        _checkpoint=checkpoint,
-    )
-    return await run_call(
-        state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
-    )
+    else:
+        ctx = Context(
+            data=own_copy(claim.data),
+            instance_id=claim.id,
+            flow=flow.name,
+            state=claim.state,
+            attempt=claim.attempt,
+            env=env_vars,
+            secrets=secrets,
+            _checkpoint=checkpoint,
+        )
+        result = await run_call(
+            state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
+        )
+    return redacted(result, hidden) if hidden else result
+
+
+def _proc_setup(setup: HandlerSetup) -> ProcSetup | None:
+    """What the handler's process is set up with before its ``exec`` (``None``: nothing).
+    Raises ``LookupError`` naming an unknown user or group."""
+    if not setup.limits and setup.user is None and setup.group is None:
+        return None
+    return proc_setup(setup.limits, *ids_of(setup.user, setup.group))
+
+
+def redacted(result: AttemptResult, secrets: tuple[str, ...]) -> AttemptResult:
+    """``result`` with every secret value in its error text, data and checkpoint replaced
+    by ``***`` (``runner.handlers.redact``): what is stored of an attempt never holds one."""
+    if result.error:
+        result.error = redact_text(result.error, secrets)
+    result.data = redact_value(result.data, secrets)  # type: ignore[assignment]
+    if result.checkpoint is not None:
+        result.checkpoint = redact_value(result.checkpoint, secrets)  # type: ignore[assignment]
+    return result
 
 
 _prepared_cache: dict[tuple[str, str, float], tuple] = {}

@@ -6,7 +6,9 @@ state is reachable from ``initial`` (over ``next``/``to``/``on:`` and a handler 
 ``on_exhausted``); ``on_exhausted`` is ``failed``, ``paused`` or a state; a rule names a
 sensor of its flow, and a ``send`` aimed at this flow names an event some state accepts;
 every event field a rule uses (``match`` keys, ``{event.x}`` in ``data`` templates and in
-selector regexes) is a field the rule's sensor kind emits (``spec.event_fields``).
+selector regexes) is a field the rule's sensor kind emits (``spec.event_fields``); the keys
+that set up a handler's process are on handler states only, those of an ``exec`` process
+(``PROCESS_KEYS``) on ``exec`` states only.
 Messages are clear text with a "did you mean" hint; the caller turns each ``loc`` (a key
 path in the YAML) into a position.
 """
@@ -49,8 +51,40 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     if not gaps.edges:
         _check_reachable(spec, err)
     _check_exhausted(spec, err, gaps)
+    _check_process_keys(spec, err)
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
+
+
+#: State keys that set up an ``exec`` handler's own process: a ``call`` handler runs in
+#: the daemon's process, where none of them can apply.
+PROCESS_KEYS = ("env_inherit", "working_dir", "limits", "user", "group")
+
+#: State keys of any handler (a ``call`` handler gets them as ``ctx.env``/``ctx.secrets``).
+HANDLER_KEYS = ("env", "secrets")
+
+
+def _check_process_keys(spec: FlowSpec, err: Report) -> None:
+    """Process keys on ``exec`` states only; handler keys on handler states only."""
+    for name, st in spec.states.items():
+        given = st.model_fields_set
+        handler = st.exec_ is not None or st.call is not None
+        for key in (*HANDLER_KEYS, *PROCESS_KEYS):
+            if key not in given or getattr(st, key) is None:
+                continue
+            if not handler:
+                err(
+                    f"{key} needs a handler (exec or call): this state has none",
+                    ("states", name, key),
+                    key=True,
+                )
+            elif st.exec_ is None and key in PROCESS_KEYS:
+                err(
+                    f"{key} applies to exec handlers only: a call handler runs in the "
+                    "daemon's own process",
+                    ("states", name, key),
+                    key=True,
+                )
 
 
 def _target(

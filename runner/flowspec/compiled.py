@@ -19,6 +19,7 @@ from runner.errors import IllegalMove
 from runner.flowspec.graph import EXHAUSTED, render_graph
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import STATUS_OUTCOMES, Policy
+from runner.flowspec.setup import NO_SETUP, HandlerSetup
 from runner.flowspec.spec import FlowSpec
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
@@ -39,6 +40,7 @@ class CompiledState:
         on: ``{event: target state}``.
         policy: the effective policy (durations in seconds).
         description: free text from the flow file, or ``None``.
+        setup: the handler's environment variables and secrets.
     """
 
     name: str
@@ -51,6 +53,7 @@ class CompiledState:
     on: dict[str, str]
     policy: Policy
     description: str | None = None
+    setup: HandlerSetup = NO_SETUP
 
     @property
     def exhausted_target(self) -> str | None:

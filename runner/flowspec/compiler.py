@@ -25,6 +25,7 @@ from runner.flowspec.compiled import CompiledFlow, CompiledState
 from runner.flowspec.limits import read_flow_file
 from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.policy import state_policy
+from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
 
 
@@ -115,6 +116,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
             on=dict(st.on_),
             policy=state_policy(spec.defaults, st),
             description=st.description,
+            setup=state_setup(spec.defaults, st),
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))

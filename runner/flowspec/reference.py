@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator
 from pydantic_core import PydanticUndefined
 
 from runner.durations import format_duration
-from runner.flowspec import spec, spec_rules, spec_sensors, spec_types
+from runner.flowspec import spec, spec_handler, spec_rules, spec_sensors, spec_types
 from runner.lifecycle import OUTCOMES
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "flows.md"
@@ -34,6 +34,9 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
     ("retention", spec.RetentionSpec, "retention"),
     ("state", spec.StateSpec, "states.S"),
+    ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
+    ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
+    ("limits", spec_handler.LimitsSpec, "states.S.limits"),
     ("sensor", spec_sensors.SensorSpec, "sensors.N"),
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),
     ("tail", spec_sensors.TailSpec, "sensors.N.tail"),

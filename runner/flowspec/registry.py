@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from runner.errors import FlowError, FlowErrors, UserError
@@ -30,10 +30,18 @@ class FlowRegistry:
         flows: flow name -> the loaded ``CompiledFlow``.
         by_path: file path (``str(folder / name)``) -> the ``CompiledFlow`` loaded from it.
         errors: file path -> the ``FlowError`` list of its last load (absent when clean).
+
+    ``check``, when given, is asked about each flow that compiled: errors it returns
+    refuse that file as its own errors would (the daemon's ``privilege_errors``).
     """
 
-    def __init__(self, folder: Path | str):
+    def __init__(
+        self,
+        folder: Path | str,
+        check: Callable[[CompiledFlow], list[FlowError]] | None = None,
+    ):
         self.folder = Path(folder)
+        self._check = check  # more errors of a compiled flow (the daemon's)
         self.flows: dict[str, CompiledFlow] = {}
         self.by_path: dict[str, CompiledFlow] = {}
         self.errors: dict[str, list[FlowError]] = {}
@@ -94,9 +102,15 @@ class FlowRegistry:
                 continue
             self._seen[key] = seen
             try:
-                fresh[key] = load_flow(key)
+                flow = load_flow(key)
             except FlowErrors as exc:
                 compile_errors[key] = exc.errors
+                continue
+            refused = self._check(flow) if self._check is not None else []
+            if refused:
+                compile_errors[key] = refused
+            else:
+                fresh[key] = flow
         candidate.update(fresh)
         while True:
             cross = self._cross(candidate)

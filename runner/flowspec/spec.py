@@ -16,6 +16,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr
 
+from runner.flowspec.spec_handler import (
+    DataTemplate,
+    EnvName,
+    LimitsSpec,
+    SecretSpec,
+    WorkingDirSpec,
+)
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
@@ -62,9 +69,20 @@ class Defaults(Strict):
     error_budget: ErrorBudgetSpec = Field(default_factory=ErrorBudgetSpec)
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     max_restarts: int = Field(5, ge=0, description="lost attempts allowed in one state")
+    env: dict[EnvName, DataTemplate] | None = Field(
+        None, description="variables every handler gets: name -> '{data.…}' template"
+    )
+    secrets: dict[EnvName, SecretSpec] | None = Field(
+        None, description="secret variables every handler gets: name -> where its value is"
+    )
+    env_inherit: Literal["daemon", "none"] | None = Field(
+        None,
+        description="base environment: daemon (the daemon's, less its credentials; the "
+        "default) or none (PATH, HOME, LANG, TZ only)",
+    )
 
 
-POLICY_KEYS = tuple(Defaults.model_fields)
+POLICY_KEYS = tuple(k for k in Defaults.model_fields if k not in ("env", "secrets", "env_inherit"))
 """Keys of ``Defaults`` that a state may override."""
 
 
@@ -85,6 +103,10 @@ def _argv(value: Any) -> Any:
 
 def _arg(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _dir(value: Any) -> Any:
+    return {"path": value} if isinstance(value, str) else value
 
 
 def _listify(value: Any) -> Any:
@@ -120,6 +142,27 @@ class StateSpec(Strict):
     )
     backoff: BackoffSpec | None = Field(None, description="overrides defaults.backoff")
     max_restarts: int | None = Field(None, ge=0, description="overrides defaults.max_restarts")
+    env: dict[EnvName, DataTemplate] | None = Field(
+        None, description="variables of this state's handler, merged over defaults.env"
+    )
+    secrets: dict[EnvName, SecretSpec] | None = Field(
+        None, description="secret variables of this state's handler, merged over defaults.secrets"
+    )
+    env_inherit: Literal["daemon", "none"] | None = Field(
+        None, description="overrides defaults.env_inherit"
+    )
+    working_dir: Annotated[WorkingDirSpec | None, BeforeValidator(_dir)] = Field(
+        None, description="exec: the working folder (default: the flows folder)"
+    )
+    limits: LimitsSpec | None = Field(
+        None, description="exec: resource limits of the handler's process"
+    )
+    user: str | int | None = Field(
+        None, description="exec: the user (name or uid) the handler runs as (a root daemon)"
+    )
+    group: str | int | None = Field(
+        None, description="exec: the group (name or gid); default: the user's own group"
+    )
 
 
 class RetentionSpec(Strict):

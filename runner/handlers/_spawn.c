@@ -99,10 +99,10 @@ Spawner_fileno(Spawner *self, PyObject *unused)
 static PyObject *
 Spawner_submit(Spawner *self, PyObject *args)
 {
-    PyObject *key, *argv_o, *execs_o, *cwd_o, *items_o, *added_o;
+    PyObject *key, *argv_o, *execs_o, *cwd_o, *items_o, *added_o, *setup_o = Py_None;
     int stdin_fd;
-    if (!PyArg_ParseTuple(args, "OOOOOO!i:submit", &key, &argv_o, &execs_o, &cwd_o, &items_o,
-                          &PyDict_Type, &added_o, &stdin_fd))
+    if (!PyArg_ParseTuple(args, "OOOOOO!i|O:submit", &key, &argv_o, &execs_o, &cwd_o, &items_o,
+                          &PyDict_Type, &added_o, &stdin_fd, &setup_o))
         return NULL;
     if (open_core(self) == NULL)
         return NULL;
@@ -114,6 +114,10 @@ Spawner_submit(Spawner *self, PyObject *args)
     if (r == NULL)
         return NULL;
     r->stdin_fd = stdin_fd;
+    if (setup_o != Py_None && flowrun_req_setup(r, setup_o) < 0) {
+        flowrun_req_free(r);
+        return NULL;
+    }
     /* again: the conversions may have run Python code (__fspath__) that closed it */
     struct core *c = open_core(self);
     int e = c == NULL ? -1 : flowrun_pool_submit(c, r);
@@ -162,12 +166,14 @@ Spawner_collect(Spawner *self, PyObject *unused)
 
 static PyMethodDef Spawner_methods[] = {
     {"submit", (PyCFunction)Spawner_submit, METH_VARARGS,
-     "submit(key, argv, executables, cwd, env_items, env_added, stdin_fd): start a handler on"
-     " the pool; its result comes back with `key` from collect(). Raises ValueError (a NUL"
-     " byte, a variable name with '=', an empty argv or executables, a closed Spawner)."},
+     "submit(key, argv, executables, cwd, env_items, env_added, stdin_fd, setup=None): start a"
+     " handler on the pool; its result comes back with `key` from collect(). setup: (limits,"
+     " nice, uid, gid) set in the child before its exec (limits: ((RLIMIT_*, soft, hard), ...);"
+     " nice, uid, gid: -1 to leave). Raises ValueError (a NUL byte, a variable name with '=',"
+     " an empty argv or executables, a closed Spawner, a bad setup)."},
     {"collect", (PyCFunction)Spawner_collect, METH_NOARGS,
      "collect() -> the spawns finished since the last call, oldest first: (key, pid, pidfd,"
-     " stdout, stderr, control) or (key, None, errno, stage, 0, 0); stage 1: the chdir."},
+     " stdout, stderr, control) or (key, None, errno, stage, 0, 0); stage 1: the chdir, 4: the setup."},
     {"fileno", (PyCFunction)Spawner_fileno, METH_NOARGS,
      "fileno() -> an eventfd, readable while collect() has something"},
     {"close", (PyCFunction)Spawner_close, METH_NOARGS,

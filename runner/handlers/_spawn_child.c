@@ -45,6 +45,27 @@ reset_signals(const sigset_t *mask)
     }
 }
 
+/* limits, niceness, group and user (see struct proc_setup): 0, or -1 with errno set */
+static int
+apply_setup(const struct proc_setup *s)
+{
+    for (int i = 0; i < s->n_limits; i++) {
+        if (setrlimit(s->resource[i], &s->value[i]) < 0)
+            return -1;
+    }
+    if (s->nice >= 0 && setpriority(PRIO_PROCESS, 0, s->nice) < 0)
+        return -1;
+    if (s->gid >= 0) {
+        if (syscall(SYS_setgroups, 0, NULL) < 0)
+            return -1;
+        if (syscall(SYS_setresgid, (gid_t)s->gid, (gid_t)s->gid, (gid_t)s->gid) < 0)
+            return -1;
+    }
+    if (s->uid >= 0 && syscall(SYS_setresuid, (uid_t)s->uid, (uid_t)s->uid, (uid_t)s->uid) < 0)
+        return -1;
+    return 0;
+}
+
 /* The vfork child: only async-signal-safe calls, nothing written but c->err/c->stage
  * and its own frame. Never inlined (nor vfork_child): its locals then live below the
  * frame of the function that called vfork, which the parent uses again once it runs. */
@@ -70,6 +91,11 @@ child_exec(struct child *c)
             goto fail;
         for (unsigned int fd = CHILD_FDS; fd < c->max_fd; fd++)
             close(fd);
+    }
+    if (c->setup != NULL && apply_setup(c->setup) < 0) {
+        c->err = errno;
+        c->stage = STAGE_SETUP;
+        _exit(127);
     }
     reset_signals(c->mask);
     if (pthread_sigmask(SIG_SETMASK, c->mask, NULL) != 0)

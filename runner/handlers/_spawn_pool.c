@@ -180,6 +180,7 @@ worker(void *unused)
         c.n_execs = r->n_execs;
         c.envp = r->envp;
         c.cwd = r->cwd;
+        c.setup = r->has_setup ? &r->setup : NULL;
         pthread_rwlock_rdlock(&reap_lock);
         r->err = flowrun_spawn_child(&c, &empty, r->stdin_fd, &r->pid, &r->pidfd, r->reads);
         if (r->err == 0)

@@ -12,6 +12,8 @@
 
 #include <sys/types.h>
 
+#include "_spawn_child.h"
+
 struct core;
 
 struct req {
@@ -22,6 +24,8 @@ struct req {
     ssize_t n_execs;
     const char *cwd; /* NULL: stay */
     int stdin_fd;
+    int has_setup; /* setup applies */
+    struct proc_setup setup;
     /* the result: err 0 (pid, pidfd or -1, reads = stdout, stderr, control read ends),
      * else an errno and the stage it failed at (_spawn_child.h) */
     int err, stage;

@@ -200,3 +200,45 @@ error:
     flowrun_req_free(r);
     return NULL;
 }
+
+/* see _spawn_req.h */
+int
+flowrun_req_setup(struct req *r, PyObject *setup)
+{
+    PyObject *limits;
+    int nice;
+    long uid, gid;
+    if (!PyArg_ParseTuple(setup, "Oill:setup", &limits, &nice, &uid, &gid))
+        return -1;
+    PyObject *fast = PySequence_Tuple(limits);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
+    if (n > CHILD_MAX_LIMITS) {
+        PyErr_SetString(PyExc_ValueError, "too many limits");
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int res;
+        unsigned long long soft, hard;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fast, i), "iKK:limit", &res, &soft, &hard))
+            goto error;
+        r->setup.resource[i] = res;
+        r->setup.value[i].rlim_cur = (rlim_t)soft;
+        r->setup.value[i].rlim_max = (rlim_t)hard;
+    }
+    if (nice > 19 || uid < -1 || gid < -1) {
+        PyErr_SetString(PyExc_ValueError, "nice above 19, or a negative uid or gid");
+        goto error;
+    }
+    r->setup.n_limits = (int)n;
+    r->setup.nice = nice;
+    r->setup.uid = uid;
+    r->setup.gid = gid;
+    r->has_setup = 1;
+    Py_DECREF(fast);
+    return 0;
+error:
+    Py_DECREF(fast);
+    return -1;
+}

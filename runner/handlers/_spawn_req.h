@@ -14,6 +14,10 @@
  * '=', an empty argv or execs), TypeError or MemoryError. */
 struct req *flowrun_req_new(PyObject *key, PyObject *argv, PyObject *execs, PyObject *cwd,
                             PyObject *env_items, PyObject *env_added);
+/* the child's set-up from `setup`, a tuple (limits, nice, uid, gid): limits a sequence
+ * of (RLIMIT_* resource, soft, hard), nice -1 (leave) or 0-19, uid and gid -1 (leave) or
+ * an id. 0, or -1 with TypeError/ValueError */
+int flowrun_req_setup(struct req *r, PyObject *setup);
 /* the key it was made with (borrowed) */
 PyObject *flowrun_req_key(struct req *r);
 /* a request and what it holds freed; a list of them (linked by `next`) */

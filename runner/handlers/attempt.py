@@ -98,7 +98,9 @@ class Context:
     """What a ``call`` handler receives.
 
     Attributes: ``data`` (the instance data, a dict the handler may change; it is committed
-    with the outcome), ``instance_id``, ``flow``, ``state``, ``attempt`` (1-based).
+    with the outcome), ``instance_id``, ``flow``, ``state``, ``attempt`` (1-based),
+    ``env`` (the state's ``env`` variables, rendered: name -> value) and ``secrets`` (the
+    state's secrets, read when the attempt started: name -> value; never stored).
     """
 
     data: dict
@@ -106,6 +108,8 @@ class Context:
     flow: str
     state: str
     attempt: int
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
     _checkpoint: CheckpointFn | None = field(default=None, repr=False)
     _signal: Callable[[], None] = field(default=lambda: None, repr=False)
     _cancelled: bool = field(default=False, repr=False)

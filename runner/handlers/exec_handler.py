@@ -22,6 +22,7 @@ import functools
 import os
 import select
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,8 @@ from runner.handlers.attempt import (
 )
 from runner.handlers.data import remove_data_file
 from runner.handlers.environ import Env
+from runner.handlers.process_setup import ProcSetup, limit_reached
+from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
 from runner.templating import render
 
@@ -69,21 +72,29 @@ async def run_exec(
     cancel: Cancel,
     checkpoint: CheckpointFn,
     next_state: str | None,
+    secrets: tuple[bytes, ...] = (),
+    setup: ProcSetup | None = None,
+    limits_given: tuple[tuple[str, float], ...] = (),
 ) -> AttemptResult:
     """Run an ``exec`` handler; see the module docstring for the exit-code contract.
 
     ``env`` (from :func:`handler_env`) is completed with the data, control and reaper
-    variables (``runner.handlers.spawn``) and changed in place.
+    variables (``runner.handlers.spawn``) and changed in place. Every secret value in
+    ``secrets`` the handler writes (stdout, stderr, control lines) is kept as ``***``.
+    ``setup`` is applied in the child before its ``exec``; an error caused by one of
+    ``limits_given`` (the state's ``limits``) says which.
     """
     data = dict(data)
     watch = Watch(limits)
     try:
-        child = await spawn([interpreter(argv[0]), *argv[1:]], str(cwd), env, data)
-    except OSError as exc:
+        child = await spawn([interpreter(argv[0]), *argv[1:]], str(cwd), env, data, setup)
+    except (OSError, subprocess.SubprocessError) as exc:
         return AttemptResult(
-            "error", data, error=f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            "error",
+            data,
+            error=f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
         )
-    io = _Supervised(child, data, watch, cancel, checkpoint)
+    io = _Supervised(child, data, watch, cancel, checkpoint, secrets)
     try:
         how, why = await supervise(io.exited, watch, cancel)
         grace = limits.kill_grace if cancel.grace is None else min(cancel.grace, limits.kill_grace)
@@ -115,6 +126,8 @@ async def run_exec(
         return AttemptResult("not_yet", data, checkpoint=last)
     what = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
     tail = stderr if stderr.strip() else stdout  # stdout when stderr has nothing to say
+    if limits_given and (reached := limit_reached(limits_given, code, tail)):
+        what = f"{reached} ({what})"
     return AttemptResult("error", data, error=_with_tail(what, tail), checkpoint=last)
 
 
@@ -140,6 +153,7 @@ class _Supervised:
         watch: Watch,
         cancel: Cancel,
         checkpoint: CheckpointFn,
+        secrets: tuple[bytes, ...] = (),
     ) -> None:
         self.child = child
         self.data = data
@@ -155,6 +169,10 @@ class _Supervised:
         self._storing: asyncio.Task | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
+        #: with secrets: each pipe's redactor (made at its first chunk), which what is read
+        #: goes through before it is kept
+        self._secrets = secrets
+        self._redactors: dict[int, Redactor] = {}
         self._reading = False
         self.exited: asyncio.Future = self.loop.create_future()
         code = child.exit_code
@@ -207,13 +225,26 @@ class _Supervised:
         if not chunk:
             self._close_fd(fd)
             return False
+        self._keep(fd, chunk)
+        return True
+
+    def _keep(self, fd: int, chunk: bytes) -> None:
+        """Add ``chunk`` read from ``fd`` to its buffer (secrets redacted first)."""
+        if self._secrets:
+            redactor = self._redactors.get(fd)
+            if redactor is None:
+                redactor = self._redactors[fd] = Redactor(self._secrets)
+            chunk = redactor.feed(chunk)
+        self._append(fd, chunk)
+
+    def _append(self, fd: int, chunk: bytes) -> None:
+        """Add ``chunk`` (redacted) to ``fd``'s buffer: control lines handled, a tail kept."""
         buf = self._bufs[fd]
         buf += chunk
         if fd == self.child.control:
             self._control(buf)
         elif len(buf) > 4 * TAIL:
             del buf[:-TAIL]
-        return True
 
     def drain(self, limit: int = 1 << 20) -> None:
         """Read what is left in the pipes now that the handler is gone (at most ``limit``
@@ -254,6 +285,8 @@ class _Supervised:
             if self._reading:
                 self.loop.remove_reader(fd)
             os.close(fd)
+            if fd in self._redactors:  # what was held back: no secret completes it now
+                self._append(fd, self._redactors.pop(fd).end())
 
     def close(self) -> None:
         """Close every descriptor, stop watching, remove the data file, end the token."""
@@ -341,25 +374,47 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def handler_env(flow: str, state: str, instance_id: int, attempt: int, cwd: Path) -> Env:
-    """The environment of an ``exec`` handler: ours plus ``FLOWRUN_*`` and ``PYTHONPATH``
-    (the data, control and reaper variables are added when it starts: ``spawn.spawn``)."""
+#: Variables of the daemon's environment that carry its credentials: never a handler's
+#: (a handler that needs one gets it as a secret: ``secrets: {FLOWRUN_DB: {env: FLOWRUN_DB}}``).
+CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
+
+#: What ``env_inherit: none`` keeps of the daemon's environment.
+MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")
+
+
+def handler_env(
+    flow: str,
+    state: str,
+    instance_id: int,
+    attempt: int,
+    cwd: Path,
+    inherit: str = "daemon",
+    strip: tuple[str, ...] = (),
+) -> Env:
+    """The environment of an ``exec`` handler: the base (``inherit``: ``"daemon"``, ours
+    less ``CREDENTIAL_VARS`` and ``strip``; ``"none"``, only ``MINIMAL_VARS`` of ours)
+    plus ``FLOWRUN_*`` and ``PYTHONPATH`` (the data, control and reaper variables are
+    added when it starts: ``spawn.spawn``)."""
     added = {
         "FLOWRUN_INSTANCE": str(instance_id),
         "FLOWRUN_FLOW": flow,
         "FLOWRUN_STATE": state,
         "FLOWRUN_ATTEMPT": str(attempt),
     }
-    return Env(_base_env(cwd), added)
+    return Env(_base_env(cwd, inherit, strip), added)
 
 
 @functools.lru_cache(maxsize=64)
-def _base_env(cwd: Path) -> dict[str, str]:
-    """Our environment (as of the first handler started in ``cwd``) with ``PYTHONPATH``
-    extended by ``cwd`` and flowrun's own folder (so ``python -m runner.control`` works).
+def _base_env(cwd: Path, inherit: str = "daemon", strip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Our environment (as of the first handler started in ``cwd``; less the credentials,
+    or only the minimal variables) with ``PYTHONPATH`` extended by ``cwd`` and flowrun's
+    own folder (so ``python -m runner.control`` works).
     Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
     resolving paths cost more per attempt than the rest of starting it; never changed."""
-    env = dict(os.environ)
+    if inherit == "none":
+        env = {k: os.environ[k] for k in MINIMAL_VARS if k in os.environ}
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS and k not in strip}
     extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])

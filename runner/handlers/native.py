@@ -48,6 +48,8 @@ ext: ModuleType | None = _load()
 CONTROL_FD = 3
 #: a child's failure was at its ``chdir`` (``submit``'s ``stage``)
 STAGE_CHDIR = 1
+#: ... at its set-up: limits, niceness, user or group (``ProcSetup``)
+STAGE_SETUP = 4
 #: the extension's threads (each blocks for one vfork at a time): 2 x cores, as the
 #: Python path's spawn threads and the spawn ceiling of ``bench/throughput.py``
 THREADS = int(os.environ.get("FLOWRUN_SPAWN_THREADS", 0)) or 2 * (os.cpu_count() or 1)
@@ -94,6 +96,7 @@ def submit(
     cwd: str,
     env: dict[str, str],
     deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
+    setup: tuple | None = None,
 ) -> None:
     """Start ``argv`` in ``cwd`` with ``env`` (which must already name :data:`CONTROL_FD`)
     on the extension's threads; returns at once. ``deliver(loop, results)`` is later
@@ -101,15 +104,17 @@ def submit(
     pidfd or -1, stdout, stderr, control)`` (read ends, blocking, close-on-exec, owned by
     the callee, who must call :func:`forget` once the pids are registered with the
     reaper) or ``(key, None, errno, stage, 0, 0)`` when the child could not start
-    (``stage`` :data:`STAGE_CHDIR`: the folder, else the program; the child was reaped,
-    nothing is left open). Raises ``ValueError`` (a variable name with ``=``, a NUL byte)
-    at once. ``deliver`` is the same for every call on one loop (the first one is kept).
+    (``stage`` :data:`STAGE_CHDIR`: the folder, :data:`STAGE_SETUP`: its limits or user,
+    else the program; the child was reaped, nothing is left open). ``setup``:
+    ``ProcSetup.native()``, applied in the child before its ``exec``. Raises
+    ``ValueError`` (a variable name with ``=``, a NUL byte, a bad ``setup``) at once.
+    ``deliver`` is the same for every call on one loop (the first one is kept).
     """
     spawner = _spawners.get(loop)
     if spawner is None:
         spawner = _new_spawner(loop, deliver)
     items, added = encode_parts(env)
-    spawner.submit(key, argv, executables(argv[0], env), cwd, items, added, devnull())
+    spawner.submit(key, argv, executables(argv[0], env), cwd, items, added, devnull(), setup)
 
 
 def drop(loop: asyncio.AbstractEventLoop) -> None:

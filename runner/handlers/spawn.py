@@ -42,6 +42,7 @@ from runner.handlers import exits, native, reaper
 from runner.handlers.data import data_env, remove_data_file
 from runner.handlers.environ import add_env, encode_env
 from runner.handlers.handoff import Handoff
+from runner.handlers.process_setup import ProcSetup
 
 try:
     from _posixsubprocess import fork_exec as _posix_fork_exec
@@ -128,7 +129,12 @@ class Child:
 
 
 def _start(
-    argv: list[str], cwd: str, env: dict[str, str], token: str, loop: asyncio.AbstractEventLoop
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    token: str,
+    loop: asyncio.AbstractEventLoop,
+    setup: ProcSetup | None = None,
 ) -> Child:
     """Create the pipes, start the process and have its exit watched (blocking; runs on a
     spawn thread)."""
@@ -138,7 +144,7 @@ def _start(
     add_env(env, {control.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
-            proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w)
+            proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w, setup)
             reaper.add_leader(proc.pid)
     except BaseException:
         for fd in (out_r, err_r, ctl_r):
@@ -153,18 +159,28 @@ def _start(
 
 
 def _spawn(
-    argv: list[str], cwd: str, env: dict[str, str], out: int, err: int, ctl: int
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    out: int,
+    err: int,
+    ctl: int,
+    setup: ProcSetup | None = None,
 ) -> Proc | subprocess.Popen:
     """Start ``argv`` in a new session, stdin ``/dev/null``, stdout ``out``, stderr
-    ``err``, ``ctl`` kept open, every other descriptor closed. Raises ``OSError``."""
+    ``err``, ``ctl`` kept open, every other descriptor closed, ``setup`` applied. Raises
+    ``OSError`` (``SubprocessError`` when a limit cannot be set)."""
     global _posix_fork_exec, _devnull
     if _posix_fork_exec is not None and min(out, err, ctl) > 2:
         if _devnull is None:
             _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return _fork_exec(argv, cwd, env, _devnull, out, err, ctl)
+            return _fork_exec(argv, cwd, env, _devnull, out, err, ctl, setup)
         except TypeError:  # not the signature of CPython 3.11-3.13: Popen from now on
             _posix_fork_exec = None
+    ids = {}
+    if setup is not None:
+        ids = dict(zip(("group", "extra_groups", "user", "preexec_fn"), setup.posix(), strict=True))
     return subprocess.Popen(
         argv,
         cwd=cwd,
@@ -174,17 +190,27 @@ def _spawn(
         stderr=err,
         start_new_session=True,
         pass_fds=(ctl,),
+        **ids,
     )
 
 
 def _fork_exec(
-    argv: list[str], cwd: str, env: dict[str, str], stdin: int, out: int, err: int, ctl: int
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    stdin: int,
+    out: int,
+    err: int,
+    ctl: int,
+    setup: ProcSetup | None = None,
 ) -> Proc:
     """``subprocess.Popen._execute_child`` without its overheads (same arguments to
     ``_posixsubprocess.fork_exec``, same errors: ``OSError`` with the child's errno when
-    ``cwd`` or the program cannot be used)."""
+    ``cwd`` or the program cannot be used). With a ``setup`` the child is a ``fork``
+    (``_posixsubprocess`` uses no ``vfork`` with a user, group or ``preexec_fn``), so its
+    error comes through a pipe of its own."""
     executables = native.executables(argv[0], env)  # the PATH of the handler's environment
-    lasting = getattr(_local, "errpipe", None)
+    lasting = getattr(_local, "errpipe", None) if setup is None else None
     if lasting is not None:  # vfork: the child has exec'd or failed when this returns
         pid = _call_fork_exec(argv, executables, cwd, env, stdin, out, err, ctl, *lasting)
         try:
@@ -196,7 +222,17 @@ def _fork_exec(
         try:
             try:
                 pid = _call_fork_exec(
-                    argv, executables, cwd, env, stdin, out, err, ctl, errpipe_read, errpipe_write
+                    argv,
+                    executables,
+                    cwd,
+                    env,
+                    stdin,
+                    out,
+                    err,
+                    ctl,
+                    errpipe_read,
+                    errpipe_write,
+                    setup,
                 )
             finally:
                 os.close(errpipe_write)
@@ -223,11 +259,13 @@ def _call_fork_exec(
     ctl: int,
     errpipe_read: int,
     errpipe_write: int,
+    setup: ProcSetup | None = None,
 ) -> int:
+    gid, groups, uid, preexec = setup.posix() if setup is not None else (None,) * 4
     return _posix_fork_exec(  # type: ignore[misc]
         argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd, encode_env(env),
         stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
-        True, True, -1, None, None, None, -1, None, True,
+        True, True, -1, gid, groups, uid, -1, preexec, True,
     )  # fmt: skip
 
 
@@ -304,7 +342,8 @@ def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple]) -> None:
     for (fut, token, program, cwd), pid, pidfd, out_r, err_r, ctl_r in results:
         if pid is None:  # pidfd is the errno, out_r the stage
             if not fut.done():
-                name = cwd if out_r == native.STAGE_CHDIR else program
+                names = {native.STAGE_CHDIR: cwd, native.STAGE_SETUP: "limits or user"}
+                name = names.get(out_r, program)
                 fut.set_exception(OSError(pidfd, os.strerror(pidfd), name))
             continue
         reaper.add_leader(pid)
@@ -342,24 +381,31 @@ def _start_and_hand_over(
     token: str,
     loop: asyncio.AbstractEventLoop,
     fut: asyncio.Future,
+    setup: ProcSetup | None = None,
 ) -> None:
     """:func:`_start` on a spawn thread; its child (or error) reaches ``fut`` on ``loop``."""
     try:
-        child = _start(argv, cwd, env, token, loop)
+        child = _start(argv, cwd, env, token, loop, setup)
     except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
         _started.put(loop, fut, None, exc)
     else:
         _started.put(loop, fut, child, None)
 
 
-async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> Child:
+async def spawn(
+    argv: list[str], cwd: str, env: dict[str, str], data: dict, setup: ProcSetup | None = None
+) -> Child:
     """Start ``argv`` in ``cwd`` as a new session with ``env`` plus the ``FLOWRUN_DATA*``,
-    control and reaper variables, on a spawn thread; returns the :class:`Child`.
+    control and reaper variables, ``setup`` applied in the child before its ``exec``, on
+    a spawn thread; returns the :class:`Child`.
 
     ``env`` is changed in place. Raises ``OSError`` when the program cannot be started
-    (missing, not executable, data file not writable).
+    (missing, not executable, data file not writable, a limit or user not settable; on
+    the Python path that last one may be a ``subprocess.SubprocessError``).
     """
     extra, path = data_env(data)
+    if path is not None and setup is not None and (setup.uid >= 0 or setup.gid >= 0):
+        os.chown(path, setup.uid, setup.gid)  # readable by the user the handler runs as
     add_env(env, extra)
     loop = asyncio.get_running_loop()
     exits.prepare(loop)
@@ -368,11 +414,12 @@ async def spawn(argv: list[str], cwd: str, env: dict[str, str], data: dict) -> C
     try:
         if native.ext is not None:
             add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
-            native.submit(loop, (fut, token, argv[0], cwd), argv, cwd, env, _collected)
+            key = (fut, token, argv[0], cwd)
+            native.submit(loop, key, argv, cwd, env, _collected, setup and setup.native())
         else:
             if len(_threads) < SPAWN_THREADS:
                 _add_thread()
-            _jobs.put((argv, cwd, env, token, loop, fut))
+            _jobs.put((argv, cwd, env, token, loop, fut, setup))
         child = await fut
     except BaseException:
         remove_data_file(path)

@@ -137,6 +137,9 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     out["history_pruned_before"] = iso(row["history_from"])
     out["waits_for"] = _waits_for(reader, row)
     out["history"] = [attempt_json(a) for a in reversed(att)]
+    setups = _setups(reader, row["version"])
+    for item in out["history"]:  # the names its handler got, never a secret's value
+        item["env"], item["secrets"] = setups.get(item["state"], ((), ()))
     out["checkpoints"] = [
         {"attempt": a["attempt"], "state": a["state"], "checkpoint": a["checkpoint"]}
         for a in reversed(att)
@@ -173,6 +176,22 @@ def stored_flow(db: Any, version: str) -> CompiledFlow:
         return (rows[0][0], rows[0][1]) if rows else None
 
     return compile_stored(version, source)
+
+
+def _setups(reader: Reader, version: str) -> dict[str, tuple[list[str], list[str]]]:
+    """``{state: (env names, secret names)}`` of a stored flow version's handler states
+    (``{}`` when it no longer compiles): what ``show`` lists for each attempt."""
+    from runner.errors import UserError
+
+    try:
+        states = stored_flow(reader, version).states
+    except UserError:
+        return {}
+    return {
+        name: (list(st.setup.env_names), list(st.setup.secret_names))
+        for name, st in states.items()
+        if st.kind in ("exec", "call")
+    }
 
 
 def _waits_for(reader: Reader, row: Any) -> list[str] | None:

@@ -32,6 +32,7 @@ from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
 from runner.errors import ConfigError, FlowErrors
 from runner.flowspec.registry import FlowRegistry
+from runner.flowspec.setup_checks import privilege_errors, setup_warnings
 from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
@@ -59,10 +60,13 @@ def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
     Raises ``FlowErrors`` when any flow file has errors (the daemon refuses to start on a
     broken folder; a later bad edit is reported and the good version kept).
     """
-    registry = FlowRegistry(flows_dir)
+    registry = FlowRegistry(flows_dir, check=privilege_errors)
     errors = registry.load_all()
     if errors:
         raise FlowErrors(errors)
+    for flow in registry.flows.values():
+        for warning in setup_warnings(flow):  # its attempts will be errors until fixed
+            log.warning("%s", warning)
     remember_all(engine, registry)
     return registry
 

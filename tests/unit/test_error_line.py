@@ -20,6 +20,13 @@ def test_the_last_line_of_a_tail_after_the_head() -> None:
         "signal 9: RuntimeError: the real cause"
     )
     assert error_line("timeout (60s): " + TAIL) == "timeout (60s): RuntimeError: the real cause"
+    memory = "memory limit 512 MiB reached (exit code 1): " + TAIL
+    assert (
+        error_line(memory)
+        == "memory limit 512 MiB reached (exit code 1): RuntimeError: the real cause"
+    )
+    cpu = "cpu limit 60 s reached (killed by signal 24): " + TAIL
+    assert error_line(cpu).startswith("cpu limit 60 s reached (killed by signal 24): Runtime")
     assert error_line("ValueError: first\nsecond") == "second"
 
 
