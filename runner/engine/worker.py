@@ -47,20 +47,17 @@ from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import OVERLAP_MIN, CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
+from runner.engine.idle_looks import IdleLooks
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
 from runner.store import heartbeat
 from runner.store.clock import clock_of
-from runner.store.data_version import CommitBell, DataVersion, commit_bell, data_version
 from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.worker")
 
-#: Seconds between two looks for due work while an idle SQLite worker waits for its
-#: commit bell (a safety net: a commit rings the bell at once).
-BELL_FALLBACK = 1.0
 #: Seconds an abort (a second stop request) still waits for the cycles in flight; what
 #: the network holds longer is left behind (the attempts are recovered as lost once their
 #: leases expire).
@@ -137,16 +134,8 @@ class Worker:
         self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
         self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
         self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
-        # SQLite: the database's change counter, read before each idle look for due work;
-        # a look is skipped while it has not moved since the last look found nothing
-        # (``_unchanged``)
-        self._changes: DataVersion | None = None
-        self._quiet: int | None = None  # the counter when a look last found nothing due
-        self._probing: int | None = None  # the counter when the look in flight began
-        # Linux: rung by every commit to the file; while the looks are skipped the loop
-        # waits for it (or BELL_FALLBACK), not for the 50 ms poll
-        self._bell: CommitBell | None = None
-        self._bell_on = False  # the loop reads the bell now
+        # SQLite: idle looks skipped while nobody commits (set up in ``start``)
+        self._looks = IdleLooks()
 
     # -- control -----------------------------------------------------------------------
 
@@ -292,8 +281,7 @@ class Worker:
         )
         self.cycles.start_wal()
         if not self._notified and self.cycles.no_wait is not None:
-            self._changes = data_version(self.engine)
-            self._bell = commit_bell(self.engine) if self._changes is not None else None
+            self._looks = IdleLooks.open(self.engine)
 
     def _stop_done(self, now: float) -> bool:
         """While stopping: True once nothing runs, waits, is finished or in flight; past
@@ -372,10 +360,10 @@ class Worker:
         ):
             return False
         probe = room > 0 and not self._want_claim and self._probe.due(now)
-        if probe and self._unchanged():
+        if probe and self._looks.unchanged():
             # nothing committed since nothing was due: look again when the bell rings
             # (or at the next poll without one)
-            self._probe.next_at = now + (BELL_FALLBACK if self._bell_on else self._probe.interval)
+            self._probe.next_at = now + self._looks.next_look(self._probe.interval)
             probe = False
         recover = not self._stopping and self._recover.due(now)
         wanted = room > 0 and (self._want_claim or probe)
@@ -404,37 +392,8 @@ class Worker:
             self._recover.restart(now)
         return True
 
-    def _unchanged(self) -> bool:
-        """SQLite: True when nothing was committed to the database (by anyone) since an
-        idle look last found nothing due: this look would find nothing either (a due time
-        that look planned wakes the loop to claim anyway: ``_wake.at``). Otherwise the
-        counter is noted for the look about to start (``_took`` arms the skip if it finds
-        nothing). False on PostgreSQL (notifications wake it) and when the counter cannot
-        be read."""
-        if self._changes is None:
-            return False
-        seen = self._changes.read()
-        if seen is not None and seen == self._quiet:
-            return True
-        self._quiet, self._probing = None, seen
-        return False
-
-    def _listen_for_commits(self, on: bool) -> None:
-        """Read the commit bell from the loop while the looks are skipped (``on``), not
-        while busy: its ring makes the next look due at once."""
-        bell, loop = self._bell, self._wake.loop
-        if bell is None or loop is None or on == self._bell_on:
-            return
-        if on:
-            loop.add_reader(bell.fd, self._rung)
-        else:
-            loop.remove_reader(bell.fd)
-        self._bell_on = on
-
     def _rung(self) -> None:
         """A commit (anyone's): look for due work at the next turn."""
-        if self._bell is not None:
-            self._bell.drain()
         self._probe.next_at = 0.0
         self._wake.set()
 
@@ -512,7 +471,7 @@ class Worker:
         ``free`` slots (claims ahead included), giving back ``release`` (waiting
         ``running.Running`` claims)."""
         cfg = self.config
-        plan = self._notified or (probe and self._changes is not None)
+        plan = self._notified or (probe and self._looks.active)
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
         return self.cycles.request(request, stopping=self._stopping, release=release)
 
@@ -520,13 +479,9 @@ class Worker:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
-        if self._notified or self._changes is not None:
+        if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
-        if self._probing is not None:  # the idle look found nothing: skip the next ones
-            if not (result.claims or result.chained):
-                self._quiet = self._probing
-            self._probing = None
-        self._listen_for_commits(self._quiet is not None)
+        self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)
         self.attempts.start(result.chained + result.claims, result.lease_from)
 
     def _nothing_left(self) -> bool:
@@ -578,10 +533,7 @@ class Worker:
                 )
         finally:
             self.cycles.close()
-            self._listen_for_commits(False)
-            for closing in (self._changes, self._bell):
-                if closing is not None:
-                    closing.close()
+            self._looks.close(self._wake.loop)
             self._db.shutdown()
             self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)

@@ -1,0 +1,110 @@
+"""An idle SQLite worker's looks for due work, skipped while nobody commits.
+
+Before an idle look the worker reads SQLite's change counter (``PRAGMA data_version``,
+``runner.store.data_version``): while it has not moved since a look found nothing due,
+the look would find nothing either and is skipped (a due time that look planned wakes
+the loop anyway). On Linux the loop does not even poll the counter: every commit writes
+the file's ``-wal``, an inotify watch on it (the commit bell) is read by the event loop
+while the looks are skipped, and its ring makes the next look due at once
+(``docs/performance.md``, "An idle daemon's CPU"). PostgreSQL workers are woken by
+notifications instead and do not use this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from runner.store.data_version import CommitBell, DataVersion, commit_bell, data_version
+
+#: Seconds between two looks for due work while an idle SQLite worker waits for its
+#: commit bell (a safety net: a commit rings the bell at once).
+BELL_FALLBACK = 1.0
+
+
+@dataclass
+class IdleLooks:
+    """The skip state of one worker's idle looks (all ``None`` / off on PostgreSQL or
+    when the counter cannot be read: then no look is ever skipped).
+
+    Attributes:
+        changes: the change counter's reader.
+        bell: the commit bell (Linux), or ``None``.
+        quiet: the counter when a look last found nothing due (looks skipped while equal).
+        probing: the counter when the look in flight began.
+        listening: the loop reads the bell now.
+    """
+
+    changes: DataVersion | None = None
+    bell: CommitBell | None = None
+    quiet: int | None = None
+    probing: int | None = None
+    listening: bool = False
+
+    @classmethod
+    def open(cls, engine: Engine) -> IdleLooks:
+        """The counter (and bell) of ``engine``'s SQLite file; inactive elsewhere."""
+        changes = data_version(engine)
+        return cls(changes, commit_bell(engine) if changes is not None else None)
+
+    @property
+    def active(self) -> bool:
+        """True when looks may be skipped (a SQLite file whose counter can be read)."""
+        return self.changes is not None
+
+    def unchanged(self) -> bool:
+        """True when nothing was committed (by anyone) since an idle look last found
+        nothing due: this look would find nothing either. Otherwise the counter is noted
+        for the look about to start (:meth:`looked` arms the skip if it finds nothing)."""
+        if self.changes is None:
+            return False
+        seen = self.changes.read()
+        if seen is not None and seen == self.quiet:
+            return True
+        self.quiet, self.probing = None, seen
+        return False
+
+    def next_look(self, interval: float) -> float:
+        """Seconds until the next look while skipping: ``BELL_FALLBACK`` while the bell
+        is read, else the worker's poll ``interval``."""
+        return BELL_FALLBACK if self.listening else interval
+
+    def looked(
+        self, found: bool, loop: asyncio.AbstractEventLoop | None, rung: Callable[[], None]
+    ) -> None:
+        """A cycle came back: when the look in flight ``found`` nothing, skip the next
+        ones; read the bell (calling ``rung`` at a ring) exactly while skipping."""
+        if self.probing is not None:
+            if not found:
+                self.quiet = self.probing
+            self.probing = None
+        self.listen(self.quiet is not None, loop, rung)
+
+    def listen(
+        self, on: bool, loop: asyncio.AbstractEventLoop | None, rung: Callable[[], None]
+    ) -> None:
+        """Read the commit bell from ``loop`` (``on``) or stop reading it."""
+        bell = self.bell
+        if bell is None or loop is None or on == self.listening:
+            return
+        if on:
+            loop.add_reader(bell.fd, self.ring, rung)
+        else:
+            loop.remove_reader(bell.fd)
+        self.listening = on
+
+    def ring(self, rung: Callable[[], None]) -> None:
+        """The bell rang (a commit, anyone's): drain it and call ``rung``."""
+        if self.bell is not None:
+            self.bell.drain()
+        rung()
+
+    def close(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Stop reading the bell and close the counter's connection and the bell."""
+        self.listen(False, loop, lambda: None)
+        for closing in (self.changes, self.bell):
+            if closing is not None:
+                closing.close()
