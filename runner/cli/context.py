@@ -14,8 +14,12 @@ from runner.errors import ConfigError, FlowErrors, UserError
 from runner.literal import literal
 
 if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
+    from sqlalchemy import Engine
+
     from runner.engine.config import WorkerConfig
+    from runner.flowspec.compiled import CompiledFlow
     from runner.flowspec.registry import FlowRegistry
+    from runner.store.reader import Reader
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
 #: that does not exist they say so and never create it (the listings ``ls``, ``events``
@@ -108,8 +112,10 @@ class Ctx:
         self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
-        self._engine = None
-        self._reader = None
+        self._engine: Engine | None = None
+        self._reader: Reader | None = None
+        #: ``log_level``, ``log_attempts``, ``metrics``: the daemon's options.
+        self.service_options: dict[str, Any] = {}
 
     @property
     def engine(self):
@@ -197,7 +203,7 @@ class Ctx:
         return reg
 
 
-def flow_to_start(c: Ctx, name: str) -> Any:
+def flow_to_start(c: Ctx, name: str) -> CompiledFlow:
     """The ``CompiledFlow`` ``flowrun start NAME`` creates an instance of.
 
     The flows folder's version when it loads; when the flow's file has errors, those are

@@ -133,7 +133,8 @@ def fit_columns(
         gap: cells between two columns.
     """
     least = {key: (m if m is not None else widths[key]) for _h, key, m, _r in columns}
-    droppable = [c[1] for c in sorted((c for c in columns if c[3] is not None), key=lambda c: c[3])]
+    ranked = sorted((c for c in columns if c[3] is not None), key=lambda c: c[3] or 0)
+    droppable = [c[1] for c in ranked]
     for dropped in range(len(droppable) + 1):
         gone = set(droppable[:dropped])
         out = {key: widths[key] for _h, key, _m, _r in columns if key not in gone}

@@ -26,7 +26,7 @@ def wake_at(until: str | None, for_: str | None, now: float) -> float:
     try:
         if for_ is not None:
             return now + parse_duration(for_)
-        return wake_time(until, now)
+        return wake_time(until, now)  # type: ignore[arg-type]  # one of the two is given
     except ValueError as exc:
         raise UserError(f"sleep: {exc}", 2) from None
 

@@ -14,6 +14,7 @@ import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any, cast
 
 from sqlalchemy import Engine, select
 
@@ -72,7 +73,9 @@ async def run_attempt(
 
     def checkpoint(new_data: dict, values: dict) -> bool:
         if hidden:  # a secret's value is never stored
-            new_data, values = redact_value(new_data, hidden), redact_value(values, hidden)
+            # a dict stays a dict (each string in it redacted)
+            new_data = cast("dict[str, Any]", redact_value(new_data, hidden))
+            values = cast("dict[str, Any]", redact_value(values, hidden))
         with engine.begin() as conn:
             ok = commit.save_checkpoint(conn, worker_id, claim, new_data, values)
         if ok:

@@ -43,6 +43,12 @@ CALL_TIMEOUT = STATEMENT_TIMEOUT + 0.5
 HURRY_TIMEOUT = 1.0
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    """Set ``fut``'s result (``None``) unless it is done already."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 class DaemonThreads(ThreadPoolExecutor):
     """An executor of up to ``size`` daemon threads named ``name``, started as needed,
     running each call once (with ``size`` 1: in order).
@@ -64,7 +70,7 @@ class DaemonThreads(ThreadPoolExecutor):
     ) -> None:  # no super().__init__(): nothing of ThreadPoolExecutor's own is used
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._name, self._size, self._initializer = name, size, initializer
-        self._threads: list[threading.Thread] = []
+        self._started: list[threading.Thread] = []
         self._idle = 0
         self._lock = threading.Lock()
         self.busy_since: float | None = None
@@ -76,27 +82,27 @@ class DaemonThreads(ThreadPoolExecutor):
         """Queue ``fn(*args, **kwargs)``; returns its ``concurrent.futures.Future``."""
         fut: Future = Future()
         self._queue.put((fut, fn, args, kwargs))
-        if self._idle == 0 and len(self._threads) < self._size:
+        if self._idle == 0 and len(self._started) < self._size:
             self._grow()
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the threads after the calls queued so far (never waits for them)."""
-        for _ in self._threads:
+        for _ in self._started:
             self._queue.put(None)
 
     def _grow(self) -> None:
         with self._lock:
-            if len(self._threads) >= self._size:
+            if len(self._started) >= self._size:
                 return
             started = threading.Event()
             thread = threading.Thread(
                 target=self._work,
                 args=(started,),
-                name=f"{self._name}_{len(self._threads)}",
+                name=f"{self._name}_{len(self._started)}",
                 daemon=True,
             )
-            self._threads.append(thread)
+            self._started.append(thread)
             thread.start()
         started.wait()
 
@@ -210,7 +216,7 @@ class DatabaseThread:
         if self._gone is None:
             self._gone = loop.create_future()
         gone = self._gone
-        loop.call_later(wait + HURRY_TIMEOUT, lambda: gone.done() or gone.set_result(None))
+        loop.call_later(wait + HURRY_TIMEOUT, _resolve, gone)
 
     @property
     def down(self) -> bool:

@@ -262,11 +262,11 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
                 for name in event_refs(pattern):
                     loc = ("rules", i, rule.action, "data", key)
                     used.append((name, loc, f"{{event.{name}}}", False))
-        for name, loc, shown, key in used:
+        for name, loc, shown, at_key in used:
             if name not in fields:
                 err(
                     f"{shown} is not a field of {kind} sensor '{rule.when}' events"
                     f"{did_you_mean(name, fields)} (fields: {', '.join(fields)})",
                     loc,
-                    key=key,
+                    key=at_key,
                 )

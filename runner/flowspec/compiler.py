@@ -66,7 +66,7 @@ def _machine(spec: FlowSpec) -> Machine:
         for t in dict.fromkeys([*([st.next_] if st.next_ else []), *st.to]):
             sources.setdefault(t, []).append(name)
     for t, srcs in sources.items():
-        machine.add_transition(f"goto:{t}", srcs, t)
+        machine.add_transition(f"goto:{t}", [*srcs], t)
     for name, st in spec.states.items():
         for ev, t in st.on_.items():
             machine.add_transition(ev, name, t)

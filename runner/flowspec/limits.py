@@ -319,5 +319,5 @@ def guarded_yaml(file: str, errors: list[FlowError], seconds: float = MAX_SECOND
     yaml.allow_duplicate_keys = True
     yaml.Scanner = _Scanner
     yaml.Parser = _Parser
-    yaml.flowrun_guard = _Guard(file, errors, seconds)
+    yaml.flowrun_guard = _Guard(file, errors, seconds)  # type: ignore[attr-defined]  # ours
     return yaml

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,9 @@ from pydantic import (
 from runner.flowspec.limits import LimitError, check_text, guarded_yaml
 from runner.flowspec.partial import LeftOut, cut_for, leave_out
 from runner.flowspec.spec import FlowSpec
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 from runner.flowspec.spec_types import NAME_RE
 
 _Pos = tuple[int, int]
@@ -70,7 +73,7 @@ def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> An
 
     if isinstance(node, dict):
         out: dict[str, Any] = {}
-        lc = getattr(node, "lc", None)
+        lc: Any = getattr(node, "lc", None)  # ruamel's positions (None: caught below)
         for k, v in node.items():
             try:
                 kl, kc = lc.key(k)
@@ -173,7 +176,7 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _describe(err: dict, loc: tuple) -> tuple[str, bool | None]:
+def _describe(err: ErrorDetails, loc: tuple) -> tuple[str, bool | None]:
     """Message for one pydantic error, and which position to use (key/value/auto)."""
     typ = err["type"]
     where = ".".join(str(s) for s in loc)
@@ -329,7 +332,7 @@ def _sorted(errors: list) -> list:
     return sorted(errors, key=lambda e: (e.line or 0, e.col or 0))
 
 
-def _field_error(err: dict, loc: tuple, positions: Positions, file: str) -> Any:
+def _field_error(err: ErrorDetails, loc: tuple, positions: Positions, file: str) -> Any:
     """The ``FlowError`` of one pydantic error at ``loc`` (a location in the file)."""
     from runner.errors import FlowError
 

@@ -87,9 +87,8 @@ def _schema_type(p: dict[str, Any]) -> str:
         return "identifier"
     if pattern == spec_types.CALL_RE:
         return "module:function"
-    return {"string": "text", "boolean": "true/false", "integer": "integer"}.get(
-        kind, kind or "any"
-    )
+    names: dict[Any, str] = {"string": "text", "boolean": "true/false", "integer": "integer"}
+    return names.get(kind, kind or "any")
 
 
 def _type(model: type[BaseModel], key: str) -> str:

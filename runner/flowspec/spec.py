@@ -182,7 +182,7 @@ class RetentionSpec(Strict):
     def overrides(self) -> dict[str, float | None]:
         """``{status: seconds or None for forever}`` of the statuses given."""
         return {
-            k: (None if v == "forever" else v)
+            k: (None if isinstance(v, str) else v)  # the only text a window holds: forever
             for k, v in (
                 ("completed", self.completed),
                 ("failed", self.failed),

@@ -41,22 +41,22 @@ class Env(dict):
     def __setitem__(self, key: str, value: str) -> None:
         self.add({key: value})
 
-    def update(self, *args, **kwargs) -> None:  # type: ignore[override]
+    def update(self, *args, **kwargs) -> None:
         self.add(dict(*args, **kwargs))
 
     def __delitem__(self, key: str) -> None:
         self.base = None
         super().__delitem__(key)
 
-    def pop(self, *args):  # type: ignore[override]
+    def pop(self, *args):
         self.base = None
         return super().pop(*args)
 
-    def popitem(self):  # type: ignore[override]
+    def popitem(self):
         self.base = None
         return super().popitem()
 
-    def setdefault(self, *args):  # type: ignore[override]
+    def setdefault(self, *args):
         self.base = None
         return super().setdefault(*args)
 
@@ -64,7 +64,7 @@ class Env(dict):
         self.base = None
         super().clear()
 
-    def __ior__(self, other):  # type: ignore[override]
+    def __ior__(self, other):  # type: ignore[misc]
         self.base = None
         return super().__ior__(other)
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from runner import control
 from runner.handlers import reaper
@@ -109,7 +110,7 @@ async def run_exec(
         return AttemptResult("timeout", data, error=_with_tail(why, stderr), checkpoint=last)
     if how == "cancelled":
         return AttemptResult("cancelled", data, error=cancel.reason or why, checkpoint=last)
-    code = child.proc.returncode
+    code = cast(int, child.proc.returncode)  # the process has exited
     if io.sleep is not None and code in (0, EXIT_NOT_YET) and not io.bad:
         return slept(Sleep(io.sleep), data, last)
     if code == 0:
@@ -162,7 +163,7 @@ class _Supervised:
         self.checkpoint = checkpoint
         self.loop = asyncio.get_running_loop()
         self.goto: str | None = None
-        self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
+        self.sleep: float | None = None  # a ``sleep`` line's value (runner.control.parse)
         self.bad: str | None = None
         self.last_checkpoint: dict | None = None
         self._pending: list[tuple[dict, dict]] = []  # (data after the line, its values)
@@ -319,14 +320,16 @@ class _Supervised:
             self.bad = str(exc)
             return
         self.watch.signal()
+        # control.parse: goto's value is a str, sleep's a float, checkpoint's a dict
         if kind == "goto":
-            self.goto = value  # type: ignore[assignment]
+            self.goto = cast(str, value)
         elif kind == "sleep":
-            self.sleep = value
+            self.sleep = cast(float, value)
         elif kind == "checkpoint":
-            self.data.update(value)  # type: ignore[arg-type]
-            self.last_checkpoint = value  # type: ignore[assignment]
-            self._pending.append((dict(self.data), dict(value)))  # type: ignore[arg-type]
+            values = cast(dict[str, Any], value)
+            self.data.update(values)
+            self.last_checkpoint = values
+            self._pending.append((dict(self.data), dict(values)))
             if self._storing is None or self._storing.done():
                 self._storing = self.loop.create_task(self._store())
 

@@ -26,9 +26,17 @@ import os
 import select
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from runner.handlers import reaper
+
+if TYPE_CHECKING:
+    from subprocess import Popen
+
+    from runner.handlers.spawn import Proc
+
+#: A started handler process (``runner.handlers.spawn``'s ``Child.proc``).
+Process: TypeAlias = "Proc | Popen[bytes]"
 
 #: Seconds between two looks for closed loops whose handlers still run.
 ADOPT_EVERY = 0.25
@@ -42,7 +50,7 @@ _lock = threading.Lock()
 #: the exit set of each loop that starts handlers (until it closes)
 _sets: dict[asyncio.AbstractEventLoop, _ExitSet] = {}
 #: ``pidfd -> (process, loop, callback)`` watched by the thread itself (no loop set)
-_waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
+_waiting: dict[int, tuple[Process, asyncio.AbstractEventLoop, Callable[[int], None]]] = {}
 #: ``epoll fd -> set`` of closed loops, watched by the thread
 _adopted: dict[int, _ExitSet] = {}
 _epoll: select.epoll | None = None  # the thread's
@@ -57,10 +65,10 @@ class _ExitSet:
         self.loop = loop
         self.ep = select.epoll()
         self.closed = False  # set (under ``_lock``) once the thread dropped it
-        self.waiting: dict[int, tuple[Any, Callable[[int], None]]] = {}
+        self.waiting: dict[int, tuple[Process, Callable[[int], None]]] = {}
         loop.add_reader(self.ep.fileno(), self.collect)
 
-    def add(self, pidfd: int, proc: Any, callback: Callable[[int], None]) -> bool:
+    def add(self, pidfd: int, proc: Process, callback: Callable[[int], None]) -> bool:
         """Watch ``pidfd`` (thread-safe); False if this set is closed."""
         with _lock:
             if self.closed:
@@ -101,7 +109,7 @@ def on_loop_closed(closer: Callable[[asyncio.AbstractEventLoop], None]) -> None:
 
 
 def watch(
-    proc: Any,
+    proc: Process,
     loop: asyncio.AbstractEventLoop,
     callback: Callable[[int], None],
     pidfd: int | None = None,
@@ -130,7 +138,7 @@ def watch(
     return True
 
 
-def _reap(proc: Any) -> int:
+def _reap(proc: Process) -> int:
     """The exit status of ``proc``, whose pidfd said it exited; no longer a leader."""
     code = proc.poll()
     if code is None:  # a readable pidfd means it exited; never seen, but be safe

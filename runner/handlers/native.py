@@ -24,9 +24,12 @@ import fcntl
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.handlers.environ import encode_parts
+
+if TYPE_CHECKING:
+    from runner.handlers._spawn import Spawner
 
 #: ``FLOWRUN_SPAWN``: ``python`` forces the Python path even where the extension is built
 SWITCH_ENV = "FLOWRUN_SPAWN"
@@ -54,7 +57,7 @@ STAGE_SETUP = 4
 #: Python path's spawn threads and the spawn ceiling of ``bench/throughput.py``
 THREADS = int(os.environ.get("FLOWRUN_SPAWN_THREADS", 0)) or 2 * (os.cpu_count() or 1)
 _devnull: int | None = None  # /dev/null, opened once (4 or above: 0-3 are the child's)
-_spawners: dict[asyncio.AbstractEventLoop, Any] = {}  # each loop's ``_spawn.Spawner``
+_spawners: dict[asyncio.AbstractEventLoop, Spawner] = {}  # each loop's ``_spawn.Spawner``
 
 
 def path_in_use() -> str:
@@ -133,7 +136,7 @@ def forget(pids: list[int]) -> None:
 def _new_spawner(
     loop: asyncio.AbstractEventLoop,
     deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
-) -> Any:
+) -> Spawner:
     """``loop``'s spawner, its eventfd read by ``loop`` (closed by :func:`drop`)."""
     ext.set_threads(THREADS)  # type: ignore[union-attr]
     spawner = ext.Spawner()  # type: ignore[union-attr]

@@ -50,6 +50,7 @@ class ProcSetup:
         """``(gid, extra_groups, uid, preexec_fn)`` for ``_posixsubprocess.fork_exec``
         (and ``Popen``'s ``group``, ``extra_groups``, ``user``, ``preexec_fn``): ``None``
         for each that does not apply."""
+        groups: list[int] | None
         gid, groups = (self.gid, []) if self.gid >= 0 else (None, None)
         uid = self.uid if self.uid >= 0 else None
         preexec = self.preexec if self.rlimits or self.nice is not None else None

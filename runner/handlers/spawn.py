@@ -47,7 +47,7 @@ from runner.handlers.process_setup import ProcSetup
 try:
     from _posixsubprocess import fork_exec as _posix_fork_exec
 except ImportError:  # not POSIX CPython
-    _posix_fork_exec = None
+    _posix_fork_exec = None  # type: ignore[assignment]
 
 #: Threads that run the spawns (each blocks for one fork/exec at a time): 2 x cores, as
 #: the spawn ceiling of ``bench/throughput.py --case exec`` (on 2 busy cores, 0 (spawn on
@@ -90,14 +90,14 @@ class Proc:
 
     def wait(self) -> int:
         """Wait for the process to exit; ``returncode``."""
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             try:
                 _, status = os.waitpid(self.pid, 0)
             except ChildProcessError:
                 self.returncode = 255
             else:
                 self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        return code
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _spawn(
         try:
             return _fork_exec(argv, cwd, env, _devnull, out, err, ctl, setup)
         except TypeError:  # not the signature of CPython 3.11-3.13: Popen from now on
-            _posix_fork_exec = None
+            _posix_fork_exec = None  # type: ignore[assignment]
     ids = {}
     if setup is not None:
         ids = dict(zip(("group", "extra_groups", "user", "preexec_fn"), setup.posix(), strict=True))
@@ -262,7 +262,7 @@ def _call_fork_exec(
     setup: ProcSetup | None = None,
 ) -> int:
     gid, groups, uid, preexec = setup.posix() if setup is not None else (None,) * 4
-    return _posix_fork_exec(  # type: ignore[misc]
+    return _posix_fork_exec(
         argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd, encode_env(env),
         stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
         True, True, -1, gid, groups, uid, -1, preexec, True,
@@ -283,10 +283,10 @@ def _lasting_error_pipe() -> tuple[int, int] | None:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     try:
-        pid = _posix_fork_exec(  # type: ignore[misc]
-            [b"/"], (b"/",), True, (write_end,), None, [],
+        pid = _posix_fork_exec(  # typeshed says str and a callable; CPython takes None
+            [b"/"], (b"/",), True, (write_end,), None, [],  # type: ignore[arg-type]
             -1, -1, -1, -1, -1, -1, read_end, write_end,
-            True, False, -1, None, None, None, -1, None, True,
+            True, False, -1, None, None, None, -1, None, True,  # type: ignore[arg-type]
         )  # fmt: skip
     except (TypeError, OSError):
         told = b""
@@ -415,7 +415,7 @@ async def spawn(
         if native.ext is not None:
             add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
             key = (fut, token, argv[0], cwd)
-            native.submit(loop, key, argv, cwd, env, _collected, setup and setup.native())
+            native.submit(loop, key, argv, cwd, env, _collected, setup.native() if setup else None)
         else:
             if len(_threads) < SPAWN_THREADS:
                 _add_thread()

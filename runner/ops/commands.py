@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
@@ -127,13 +128,13 @@ def _plan(
     if command == "send":
         lifecycle.check(status, "send", iid)
         flow = compiled(conn, row["version"])
-        target = flow.event_target(row["state"], event)
+        target = flow.event_target(row["state"], cast(str, event))  # send names its event
         values = lifecycle.enter_state(flow, target, at)
         if status == "paused" and values["status"] == "runnable":
             values["status"] = "paused"  # a paused instance moves but stays paused
         return values, f"instance {iid}: {row['state']} --{event}--> {target}"
     new_status = lifecycle.check(status, command, iid)
-    values: dict = {"status": new_status}
+    values = {"status": new_status}
     if command == "resume":
         values["due_at"] = _resume_due(conn, row, at)
     elif command in ("kill", "pause"):

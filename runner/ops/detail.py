@@ -18,6 +18,7 @@ from runner.store.reader import (
     COMMAND_COLUMNS,
     EVENT_COLUMNS,
     INSTANCE_COLUMNS,
+    EngineOrReader,
     Reader,
     as_dicts,
     columns,
@@ -76,7 +77,7 @@ class InstanceRecord:
 
 
 def read_instance(
-    db: Any,
+    db: EngineOrReader,
     instance_id: int,
     *,
     history: int | None = 500,
@@ -114,7 +115,7 @@ def read_instance(
     return InstanceRecord(row, history_rows[:history], as_dicts(reader, COMMAND_COLUMNS, cmds))
 
 
-def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict | None:
+def get_instance(db: EngineOrReader, instance_id: int, *, history_limit: int = 500) -> dict | None:
     """One instance (``instance_json``) with ``history`` (its attempts, oldest first,
     the last ``history_limit``), ``checkpoints``, ``commands`` (oldest first) and
     ``budget`` (the error budget of its current state, ``None`` in a terminal state or
@@ -159,7 +160,7 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     return out
 
 
-def stored_flow(db: Any, version: str) -> CompiledFlow:
+def stored_flow(db: EngineOrReader, version: str) -> CompiledFlow:
     """The ``CompiledFlow`` of a stored ``version`` (``runner.store.versions``' cache),
     its source read through the read side; ``db`` a ``Reader`` or an ``Engine``.
 
@@ -224,7 +225,7 @@ def _budget(reader: Reader, row: Any) -> dict | None:
     return lifecycle.budget(row["state_errors"], time.time(), state.policy, row["state_restarts"])
 
 
-def instance_rows(db: Any, instance_id: int) -> dict | None:
+def instance_rows(db: EngineOrReader, instance_id: int) -> dict | None:
     """The raw rows behind one instance, for reasoning over its history (``runner.ops.explain``).
 
     Returns ``None`` for an unknown id, else ``{"instance": {...}, "attempts": [...],

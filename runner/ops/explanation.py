@@ -157,7 +157,7 @@ def render_text(explanation: Explanation, now: float) -> str:
         "",
         "What happened (times UTC; +time since it was created):",
     ]
-    start = explanation.timeline[0].at if explanation.timeline else now
+    start = (explanation.timeline[0].at if explanation.timeline else None) or now
     day = None
     for e in explanation.timeline:
         at = datetime.fromtimestamp(e.at or start, UTC)

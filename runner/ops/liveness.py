@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from runner.ops.views import iso
 from runner.store.host import provably_dead
-from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
+from runner.store.reader import WORKER_COLUMNS, EngineOrReader, as_dicts, columns, reader_of
 
 #: The heartbeat interval (seconds) of workers whose row does not record theirs (written
 #: before ``workers.heartbeat_every`` existed, when every worker beat every 2 s).
@@ -103,7 +102,7 @@ def judge(
     return Liveness("dead", False, age, 0, None)
 
 
-def read_workers(db: Any, *, now: float) -> list[dict]:
+def read_workers(db: EngineOrReader, *, now: float) -> list[dict]:
     """Every worker row (times in epoch seconds), newest heartbeat first, with the one
     liveness verdict of :func:`judge` at ``now`` (epoch seconds); ``db`` is a
     ``runner.store.reader.Reader`` or an ``Engine``.
@@ -163,7 +162,7 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
     return rows
 
 
-def list_workers(db: Any, *, now: float | None = None) -> list[dict]:
+def list_workers(db: EngineOrReader, *, now: float | None = None) -> list[dict]:
     """:func:`read_workers` at ``now`` (default: the current time) with timestamps as ISO
     8601 UTC and ``heartbeat_age`` rounded to milliseconds: ``flowrun workers --json``.
 

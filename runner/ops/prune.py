@@ -19,7 +19,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from sqlalchemy import Engine
 
@@ -73,7 +74,7 @@ class _Run:
         got = step()
         took = time.monotonic() - t0
         if isinstance(got, int):
-            got = Counter({kind: got}) if got else Counter()
+            got = Counter({cast(str, kind): got}) if got else Counter()  # an int names its kind
         self.counts.update(got)
         if got and self.on_step is not None:
             self.on_step(got)
@@ -97,7 +98,7 @@ class _Run:
         """:meth:`wrote` ``step`` on each :attr:`Pacing.batch` of ``items`` in turn."""
         size = self.pacing.batch
         for i in range(0, len(items), size):
-            self.wrote(lambda c=items[i : i + size]: step(c), kind)
+            self.wrote(partial(step, items[i : i + size]), kind)
 
 
 def rules_for(
@@ -175,9 +176,7 @@ def _instances(run: _Run, flow: str, status: str, cutoff: float) -> None:
         ids = [r[0] for r in rows]
         before = sum(run.counts[k] for k in ("instances", "attempts", "commands"))
         run.wrote(
-            lambda ids=ids: sql.delete_instances(
-                run.engine, ids, status, cutoff, dry_run=run.dry_run
-            )
+            partial(sql.delete_instances, run.engine, ids, status, cutoff, dry_run=run.dry_run)
         )
         rows_written = sum(run.counts[k] for k in ("instances", "attempts", "commands")) - before
         per = max(1.0, rows_written / len(ids))

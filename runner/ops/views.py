@@ -122,7 +122,9 @@ def event_what(payload: Any) -> str:
         text += f" ({size} bytes)" if isinstance(size, int) else ""
         if text.startswith(path):
             return text
-        folder = path[: -len(name)].rstrip("/") if path.endswith(name) else path
+        folder = path
+        if isinstance(name, str) and path.endswith(name):
+            folder = path[: -len(name)].rstrip("/")
         return f"{text} in {folder}"
     if "tick" in payload:
         text = f"tick {payload['tick']}"

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import struct
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
 
 from watchfiles import Change
@@ -139,7 +139,7 @@ class Inotify:
 
 async def changes(
     folders: Iterable[Path], *, debounce: int, step: int, stop: asyncio.Event
-) -> AsyncIterator[set[tuple[Change, str]]]:
+) -> AsyncGenerator[set[tuple[Change, str]], None]:
     """Batches of changes under ``folders`` until ``stop`` is set, as ``watchfiles.awatch``
     gives them: a batch is yielded once ``step`` ms pass with no new change, or
     ``debounce`` ms after its first change. The watches exist once the generator's first

@@ -16,7 +16,14 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from runner.engine.config import WorkerConfig
+    from runner.engine.worker import Worker
+    from runner.flowspec.registry import FlowRegistry
 
 
 def _log_to_file(path: Path) -> None:
@@ -32,10 +39,16 @@ def _log_to_file(path: Path) -> None:
 class EmbeddedWorker:
     """``serve`` (worker + sensors) in a background thread; ``stop()`` stops it gracefully."""
 
-    def __init__(self, engine: Any, registry: Any, config: Any, listen_url: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        registry: FlowRegistry,
+        config: WorkerConfig,
+        listen_url: str | None = None,
+    ):
         self.engine, self.registry, self.config = engine, registry, config
         self.listen_url = listen_url  # ``--listen-db`` (PostgreSQL)
-        self.worker: Any = None
+        self.worker: Worker | None = None
         self.error: BaseException | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -51,9 +64,11 @@ class EmbeddedWorker:
         async def go() -> None:
             self.loop = asyncio.get_running_loop()
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
-            fut.add_done_callback(
-                lambda f: (setattr(self, "worker", f.result()), self._ready.set())
-            )
+            def ready(f: asyncio.Future[Worker]) -> None:
+                self.worker = f.result()
+                self._ready.set()
+
+            fut.add_done_callback(ready)
             await serve(
                 self.engine,
                 self.registry,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -79,7 +80,7 @@ _ATTEMPT = {
 _KEEP_IF_NULL = ("sc", "da", "se")
 
 
-def _rows(cols: dict[str, tuple[str | None, Any]], prefix: str):
+def _rows(cols: Mapping[str, tuple[str | None, Any]], prefix: str):
     """``json_to_recordset(%(<prefix>rows)s) AS <prefix>(<key> <type>, ...)``: the batch's
     rows as one JSON array of objects (keys beyond ``cols`` are ignored)."""
     names = [column(k, t) for k, (_, t) in cols.items()]

@@ -50,6 +50,7 @@ def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, 
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
     template = getattr(flow, "label", None)
+    due: float | None
     status, due = "runnable", at
     if state.kind == "terminal":
         status, due = "completed", None

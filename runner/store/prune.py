@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from sqlalchemy import Engine, case, delete, exists, func, select, update
+from sqlalchemy import ColumnElement, Engine, case, delete, exists, func, select, update
 
 from runner.retention import TERMINAL
 from runner.store.db import reading
@@ -250,6 +250,7 @@ def versions(engine: Engine, *, count: bool) -> list[tuple[str, str, float, int]
     """Every stored flow version: ``(version, flow, loaded_at, instances)``, where
     ``instances`` counts the instances on it (``count``) or is 0/1 (whether any is:
     cheaper, it stops at the first)."""
+    ref: ColumnElement[int]
     if count:
         ref = select(func.count()).where(*_on_version()).scalar_subquery()
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.sql.elements import ColumnClause
 
 from runner.store.clock import clock_of
 from runner.store.db import STATEMENT_TIMEOUT, Prepared
@@ -287,7 +289,7 @@ def claim_statement(engine: Engine, at):
     """
     n = bindparam("n", type_=Integer())
     if dialect_of(engine).skip_locked:
-        ctid = literal_column("instances.ctid")
+        ctid: ColumnClause[Any] = literal_column("instances.ctid")
         ordered = [
             select(ctid.label("t"), instances.c.due_at)
             .where(due_clause(at, (status,)))

@@ -15,10 +15,20 @@ claim query (source: Takahē ``stator/models.py``: lock columns + one index).
 # every field's annotation string when the classes are made (3 ms of a daemon's start).
 from typing import Any
 
-from pydantic import ConfigDict
-from sqlalchemy import JSON, BigInteger, Column, Dialect, Index, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Dialect,
+    Index,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
+from sqlmodel._compat import SQLModelConfig
 
 from runner.store.dialect import json_column_type
 
@@ -45,7 +55,7 @@ JSONType = JSONOrJSONB()
 #: tables through their SQLAlchemy ``Table`` (Core statements), never through a pydantic
 #: validation or dump, so a daemon builds none: 7 ms less to its first claim
 #: (``docs/performance.md``, "First claim, keeping SQLModel").
-TABLE_CONFIG = ConfigDict(defer_build=True)
+TABLE_CONFIG = SQLModelConfig(defer_build=True)
 
 
 class Instance(SQLModel, table=True):
@@ -248,11 +258,16 @@ class FlowVersion(SQLModel, table=True):
     loaded_at: float
 
 
-instances = Instance.__table__
-attempts = Attempt.__table__
-commands = Command.__table__
-events = Event.__table__
-sensors = SensorLease.__table__
-workers = WorkerRow.__table__
-flow_versions = FlowVersion.__table__
+def _table(model: type[SQLModel]) -> Table:
+    """The SQLAlchemy ``Table`` SQLModel made of ``model`` (``table=True``)."""
+    return model.__table__  # type: ignore[attr-defined]  # set by the declarative base
+
+
+instances = _table(Instance)
+attempts = _table(Attempt)
+commands = _table(Command)
+events = _table(Event)
+sensors = _table(SensorLease)
+workers = _table(WorkerRow)
+flow_versions = _table(FlowVersion)
 metadata = SQLModel.metadata

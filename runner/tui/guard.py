@@ -18,7 +18,7 @@ traceback. Anything else is logged with its traceback.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from textual import work
@@ -28,6 +28,11 @@ from textual.worker import Worker, WorkerState
 
 from runner.errors import database_failure
 from runner.tui import literal
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from runner.tui.app import FlowrunApp
 
 log = logging.getLogger("flowrun.console")
 
@@ -81,9 +86,12 @@ class FailureLine(Static):
             self.update("")
 
 
-class GuardedScreen(Screen):
+class GuardedScreen(Screen[None]):
     """A screen whose thread workers' failures are shown in its :class:`FailureLine`
     (the screen yields one from ``compose``; without one, as a notification)."""
+
+    if TYPE_CHECKING:  # the console's screens run in FlowrunApp only
+        app = getters.app(FlowrunApp)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

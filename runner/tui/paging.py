@@ -75,7 +75,7 @@ def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
         clauses.append(flow == q.flow)
     if q.text:
         like = f"%{q.text.lower()}%"
-        ors = [
+        ors: list[ColumnElement[bool]] = [
             func.lower(c.flow).like(like),
             func.lower(func.coalesce(c.label, "")).like(like),
             func.lower(c.state).like(like),
@@ -162,8 +162,8 @@ def read_page(
         ids = list(conn.execute(ids_q).scalars())
         by_id = {}
         if ids:
-            for r in conn.execute(select(*_ROW_COLS).where(instances.c.id.in_(ids))):
-                by_id[r.id] = r
+            for row in conn.execute(select(*_ROW_COLS).where(instances.c.id.in_(ids))):
+                by_id[row.id] = row
     rows = []
     for iid in ids:
         r = by_id.get(iid)
