@@ -43,6 +43,7 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 ENV = "FLOWRUN_CONTROL_FD"
 
@@ -59,7 +60,7 @@ def _send(line: str) -> bool:
     return True
 
 
-def data() -> dict:
+def data() -> dict[str, Any]:
     """The instance data this handler was started with: ``FLOWRUN_DATA`` (JSON, while it
     is at most 64 kB) or else the file named by ``FLOWRUN_DATA_FILE``; ``{}`` outside
     flowrun."""
@@ -75,7 +76,7 @@ def keepalive() -> bool:
     return _send("keepalive")
 
 
-def checkpoint(data: dict) -> bool:
+def checkpoint(data: dict[str, Any]) -> bool:
     """Merge ``data`` (a JSON-serialisable dict) into the instance data, durably."""
     if not isinstance(data, dict):
         raise TypeError("checkpoint needs a dict")

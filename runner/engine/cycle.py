@@ -289,7 +289,7 @@ def _warn(claim: Claim, kind: str, text: str, **fields: Any) -> None:
 
 def run_inline(
     loop: asyncio.AbstractEventLoop, no_wait: Engine, request: CycleRequest
-) -> asyncio.Future | None:
+) -> asyncio.Future[CycleResult] | None:
     """Run one cycle right now, on the calling thread (the worker's loop), through
     ``no_wait`` (an engine that never waits for the SQLite write lock,
     ``db.no_wait_engine``); returns a future already done (its :class:`CycleResult`, or

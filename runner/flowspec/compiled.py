@@ -47,7 +47,7 @@ class CompiledState:
     kind: str
     argv: tuple[str, ...] | None
     call: str | None
-    func: Callable | None
+    func: Callable[..., Any] | None
     next: str | None
     to: tuple[str, ...]
     on: dict[str, str]

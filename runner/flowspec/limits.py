@@ -173,7 +173,7 @@ class _Guard:
         self.deadline = time.thread_time() + seconds
         self.nodes = 0
         # open collections: [anchor, size, {key: first line}, next scalar is a key, is map]
-        self.stack: list[list] = []
+        self.stack: list[list[Any]] = []
         self.sizes: dict[str, int] = {}  # anchor -> expanded size of what it names
 
     def tick(self, mark: Any) -> None:

@@ -23,10 +23,12 @@ from pydantic import (
 from runner.flowspec.limits import LimitError, check_text, guarded_yaml
 from runner.flowspec.partial import LeftOut, cut_for, leave_out
 from runner.flowspec.spec import FlowSpec
+from runner.flowspec.spec_types import NAME_RE
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
-from runner.flowspec.spec_types import NAME_RE
+
+    from runner.errors import FlowError
 
 _Pos = tuple[int, int]
 
@@ -35,16 +37,18 @@ class Positions:
     """1-based positions of every key and value of a loaded flow file, by location tuple."""
 
     def __init__(self) -> None:
-        self.nodes: dict[tuple, tuple[_Pos, _Pos, bool]] = {(): ((1, 1), (1, 1), True)}
+        self.nodes: dict[tuple[str | int, ...], tuple[_Pos, _Pos, bool]] = {
+            (): ((1, 1), (1, 1), True)
+        }
         #: The nodes left out to validate a file with field errors: ``find`` takes
         #: locations in the data validated (list indexes shifted) and maps them back.
         self.left: LeftOut | None = None
 
-    def add(self, loc: tuple, key: _Pos, value: _Pos, container: bool) -> None:
+    def add(self, loc: tuple[str | int, ...], key: _Pos, value: _Pos, container: bool) -> None:
         """Record the key and value positions of the node at ``loc``."""
         self.nodes[loc] = (key, value, container)
 
-    def find(self, loc: tuple, *, key: bool | None = False) -> tuple[int, int]:
+    def find(self, loc: tuple[str | int, ...], *, key: bool | None = False) -> tuple[int, int]:
         """Position of the deepest known node on ``loc``.
 
         Args:
@@ -65,7 +69,9 @@ def _mark(mark: Any) -> _Pos:
     return (mark.line + 1, mark.column + 1)
 
 
-def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> Any:
+def _plain(
+    node: Any, loc: tuple[str | int, ...], pos: Positions, file: str, errors: list[FlowError]
+) -> Any:
     """Convert ruamel round-trip objects to plain Python, recording positions."""
     import datetime as dt
 
@@ -138,7 +144,7 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The pydantic model class that validates the mapping at ``loc`` (or None)."""
     import typing
 
@@ -176,7 +182,7 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _describe(err: ErrorDetails, loc: tuple) -> tuple[str, bool | None]:
+def _describe(err: ErrorDetails, loc: tuple[str | int, ...]) -> tuple[str, bool | None]:
     """Message for one pydantic error, and which position to use (key/value/auto)."""
     typ = err["type"]
     where = ".".join(str(s) for s in loc)
@@ -239,7 +245,7 @@ class Loaded:
     """
 
     spec: FlowSpec | None
-    errors: list
+    errors: list[FlowError]
     left: LeftOut = field(default_factory=LeftOut)
     data: Any = None
 
@@ -328,11 +334,13 @@ def load_flow_partial(text: str, path: str | Path) -> Loaded:
     return Loaded(spec, _sorted(errors), left, data)
 
 
-def _sorted(errors: list) -> list:
+def _sorted(errors: list[FlowError]) -> list[FlowError]:
     return sorted(errors, key=lambda e: (e.line or 0, e.col or 0))
 
 
-def _field_error(err: ErrorDetails, loc: tuple, positions: Positions, file: str) -> Any:
+def _field_error(
+    err: ErrorDetails, loc: tuple[str | int, ...], positions: Positions, file: str
+) -> FlowError:
     """The ``FlowError`` of one pydantic error at ``loc`` (a location in the file)."""
     from runner.errors import FlowError
 

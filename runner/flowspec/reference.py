@@ -149,7 +149,7 @@ def update(text: str) -> str:
     wanted = blocks()
     found = set()
 
-    def fill(m: re.Match) -> str:
+    def fill(m: re.Match[str]) -> str:
         found.add(m.group(2))
         return m.group(1) + wanted.get(m.group(2), m.group(3)) + m.group(4)
 

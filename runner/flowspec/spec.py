@@ -236,7 +236,9 @@ class FlowSpec(Strict):
         """The flow file path given to ``load_flow_text``."""
         return self._path
 
-    def position(self, loc: tuple, *, key: bool = False) -> tuple[int | None, int | None]:
+    def position(
+        self, loc: tuple[str | int, ...], *, key: bool = False
+    ) -> tuple[int | None, int | None]:
         """1-based ``(line, col)`` of the node at ``loc`` (YAML key names, list indexes).
 
         Args:

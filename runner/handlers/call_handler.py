@@ -128,7 +128,9 @@ class _Deadlines:
     """
 
     TICK = 0.05
-    _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
+        weakref.WeakKeyDictionary()
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop_ref = weakref.ref(loop)  # weak: the sweeper must not keep its loop alive

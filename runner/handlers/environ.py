@@ -10,13 +10,14 @@ apart, so that only the handler's own variables are encoded per spawn.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 #: ``id(base) -> (base, [b"key=value", ...])`` for the bases of :class:`Env` objects
-_encoded: dict[int, tuple[dict, list[bytes]]] = {}
+_encoded: dict[int, tuple[dict[str, Any], list[bytes]]] = {}
 _FS_ENCODING = sys.getfilesystemencoding()
 
 
-class Env(dict):
+class Env(dict[str, str]):
     """A handler's environment: ``base`` plus ``added`` (a plain ``dict`` to read).
 
     ``base`` (a dict that never changes afterwards: the daemon's environment) is encoded

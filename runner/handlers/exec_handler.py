@@ -57,7 +57,9 @@ def interpreter(arg0: str) -> str:
     return sys.executable if arg0 in ("python", "python3") else arg0
 
 
-def render_argv(argv: tuple[str, ...], data: dict, event: dict | None) -> list[str]:
+def render_argv(
+    argv: tuple[str, ...], data: dict[str, Any], event: dict[str, Any] | None
+) -> list[str]:
     """Render each argument on its own; never joined, never given to a shell."""
     context = {"data": data, "event": event or {}}
     return [render(a, context) for a in argv]
@@ -68,7 +70,7 @@ async def run_exec(
     *,
     cwd: Path,
     env: dict[str, str],
-    data: dict,
+    data: dict[str, Any],
     limits: Limits,
     cancel: Cancel,
     checkpoint: CheckpointFn,
@@ -150,7 +152,7 @@ class _Supervised:
     def __init__(
         self,
         child: Child,
-        data: dict,
+        data: dict[str, Any],
         watch: Watch,
         cancel: Cancel,
         checkpoint: CheckpointFn,
@@ -165,9 +167,10 @@ class _Supervised:
         self.goto: str | None = None
         self.sleep: float | None = None  # a ``sleep`` line's value (runner.control.parse)
         self.bad: str | None = None
-        self.last_checkpoint: dict | None = None
-        self._pending: list[tuple[dict, dict]] = []  # (data after the line, its values)
-        self._storing: asyncio.Task | None = None
+        self.last_checkpoint: dict[str, Any] | None = None
+        # (data after the line, its values)
+        self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._storing: asyncio.Task[Any] | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
         #: with secrets: each pipe's redactor (made at its first chunk), which what is read
@@ -175,7 +178,7 @@ class _Supervised:
         self._secrets = secrets
         self._redactors: dict[int, Redactor] = {}
         self._reading = False
-        self.exited: asyncio.Future = self.loop.create_future()
+        self.exited: asyncio.Future[Any] = self.loop.create_future()
         code = child.exit_code
         if code is not None:  # it exited before we got here
             self.exited.set_result(code)

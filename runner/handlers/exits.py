@@ -26,7 +26,7 @@ import os
 import select
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from runner.handlers import reaper
 
@@ -163,7 +163,7 @@ def _run(ep: select.epoll) -> None:
             events = ep.poll(ADOPT_EVERY)
         except InterruptedError:
             continue
-        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for fd, _ in events:
             adopted = _adopted.get(fd)
             if adopted is not None:
@@ -203,6 +203,6 @@ def _adopt(ep: select.epoll) -> None:
         exit_set.ep.close()
 
 
-def _deliver(batch: list) -> None:
+def _deliver(batch: list[Any]) -> None:
     for callback, code in batch:
         callback(code)

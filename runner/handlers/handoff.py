@@ -25,12 +25,12 @@ class Handoff:
     def __init__(self, discard: Callable[[Any], None] | None = None) -> None:
         self.discard = discard
         self._lock = threading.Lock()
-        self._queues: dict[asyncio.AbstractEventLoop, list] = {}
+        self._queues: dict[asyncio.AbstractEventLoop, list[Any]] = {}
 
     def put(
         self,
         loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future,
+        fut: asyncio.Future[Any],
         result: Any,
         exc: BaseException | None,
     ) -> None:

@@ -24,7 +24,7 @@ import fcntl
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner.handlers.environ import encode_parts
 
@@ -98,8 +98,8 @@ def submit(
     argv: list[str],
     cwd: str,
     env: dict[str, str],
-    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
-    setup: tuple | None = None,
+    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple[Any, ...]]], None],
+    setup: tuple[Any, ...] | None = None,
 ) -> None:
     """Start ``argv`` in ``cwd`` with ``env`` (which must already name :data:`CONTROL_FD`)
     on the extension's threads; returns at once. ``deliver(loop, results)`` is later
@@ -135,7 +135,7 @@ def forget(pids: list[int]) -> None:
 
 def _new_spawner(
     loop: asyncio.AbstractEventLoop,
-    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
+    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple[Any, ...]]], None],
 ) -> Spawner:
     """``loop``'s spawner, its eventfd read by ``loop`` (closed by :func:`drop`)."""
     ext.set_threads(THREADS)  # type: ignore[union-attr]

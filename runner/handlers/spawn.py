@@ -36,6 +36,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from runner import control
 from runner.handlers import exits, native, reaper
@@ -57,7 +58,7 @@ SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 #: spawns waiting for a spawn thread (``_start_and_hand_over`` arguments); a plain queue
 #: and threads of our own: ``ThreadPoolExecutor``'s futures and conditions cost a tenth
 #: of a spawn thread's time
-_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
 _NATIVE_CONTROL = str(native.CONTROL_FD)
 _threads_lock = threading.Lock()
@@ -109,7 +110,7 @@ class Child:
     one was written.
     """
 
-    proc: Proc | subprocess.Popen
+    proc: Proc | subprocess.Popen[bytes]
     out: int
     err: int
     control: int
@@ -166,7 +167,7 @@ def _spawn(
     err: int,
     ctl: int,
     setup: ProcSetup | None = None,
-) -> Proc | subprocess.Popen:
+) -> Proc | subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, stdin ``/dev/null``, stdout ``out``, stderr
     ``err``, ``ctl`` kept open, every other descriptor closed, ``setup`` applied. Raises
     ``OSError`` (``SubprocessError`` when a limit cannot be set)."""
@@ -335,7 +336,7 @@ def _orphan(child: Child) -> None:
     reaper.ended(child.token)
 
 
-def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple]) -> None:
+def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple[Any, ...]]) -> None:
     """Spawns the C extension finished (``native.submit``), on ``loop``: each child is
     registered with the reaper and the exits, then handed to its attempt's future."""
     pids = []
@@ -380,7 +381,7 @@ def _start_and_hand_over(
     env: dict[str, str],
     token: str,
     loop: asyncio.AbstractEventLoop,
-    fut: asyncio.Future,
+    fut: asyncio.Future[Any],
     setup: ProcSetup | None = None,
 ) -> None:
     """:func:`_start` on a spawn thread; its child (or error) reaches ``fut`` on ``loop``."""
@@ -393,7 +394,11 @@ def _start_and_hand_over(
 
 
 async def spawn(
-    argv: list[str], cwd: str, env: dict[str, str], data: dict, setup: ProcSetup | None = None
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    data: dict[str, Any],
+    setup: ProcSetup | None = None,
 ) -> Child:
     """Start ``argv`` in ``cwd`` as a new session with ``env`` plus the ``FLOWRUN_DATA*``,
     control and reaper variables, ``setup`` applied in the child before its ``exec``, on

@@ -45,10 +45,10 @@ class Explanation:
     timeline: list[Entry]
     forecast: list[Entry]
 
-    def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
+    def as_json(self, iso: Callable[[float | None], str | None]) -> dict[str, Any]:
         """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
 
-        def entry(e: Entry) -> dict:
+        def entry(e: Entry) -> dict[str, Any]:
             return {**asdict(e), "at": iso(e.at), "at_epoch": e.at}
 
         return {

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from runner.ops.views import iso
 from runner.store.host import provably_dead
@@ -102,7 +103,7 @@ def judge(
     return Liveness("dead", False, age, 0, None)
 
 
-def read_workers(db: EngineOrReader, *, now: float) -> list[dict]:
+def read_workers(db: EngineOrReader, *, now: float) -> list[dict[str, Any]]:
     """Every worker row (times in epoch seconds), newest heartbeat first, with the one
     liveness verdict of :func:`judge` at ``now`` (epoch seconds); ``db`` is a
     ``runner.store.reader.Reader`` or an ``Engine``.
@@ -118,7 +119,7 @@ def read_workers(db: EngineOrReader, *, now: float) -> list[dict]:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     reader = reader_of(db)
-    held: dict[str, list] = {}
+    held: dict[str, list[Any]] = {}
     with reader.snapshot() as run:
         found = run(f"SELECT {columns(WORKER_COLUMNS)} FROM workers ORDER BY heartbeat_at DESC", {})
         for table in ("instances", "sensors"):
@@ -162,7 +163,7 @@ def read_workers(db: EngineOrReader, *, now: float) -> list[dict]:
     return rows
 
 
-def list_workers(db: EngineOrReader, *, now: float | None = None) -> list[dict]:
+def list_workers(db: EngineOrReader, *, now: float | None = None) -> list[dict[str, Any]]:
     """:func:`read_workers` at ``now`` (default: the current time) with timestamps as ISO
     8601 UTC and ``heartbeat_age`` rounded to milliseconds: ``flowrun workers --json``.
 

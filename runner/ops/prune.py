@@ -81,7 +81,9 @@ class _Run:
         if not self.dry_run:
             self.pacing.sleep(max(self.pacing.min_rest, took * self.pacing.rest))
 
-    def pages(self, read: Callable[[int], list[tuple]]) -> Iterator[list[tuple]]:
+    def pages(
+        self, read: Callable[[int], list[tuple[Any, ...]]]
+    ) -> Iterator[list[tuple[Any, ...]]]:
         """The rows ``read(after)`` gives page by page (keyset: ``after`` is the first
         column of the last row read), until it gives none or the prune is stopped."""
         after = 0
@@ -93,7 +95,10 @@ class _Run:
             yield rows
 
     def in_batches(
-        self, items: list, step: Callable[[list], Counter[str] | int], kind: str | None = None
+        self,
+        items: list[Any],
+        step: Callable[[list[Any]], Counter[str] | int],
+        kind: str | None = None,
     ) -> None:
         """:meth:`wrote` ``step`` on each :attr:`Pacing.batch` of ``items`` in turn."""
         size = self.pacing.batch

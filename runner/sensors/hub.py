@@ -47,7 +47,7 @@ class _Running:
     sensor: Sensor
     version: str
     stop: asyncio.Event
-    task: asyncio.Task
+    task: asyncio.Task[Any]
 
 
 class SensorHub:

@@ -23,6 +23,7 @@ import os
 import struct
 from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
+from typing import Any
 
 from watchfiles import Change
 
@@ -109,7 +110,7 @@ class Inotify:
             self._note(out, wd, mask, name)
         return out
 
-    def _note(self, out: set, wd: int, mask: int, name: bytes) -> None:
+    def _note(self, out: set[Any], wd: int, mask: int, name: bytes) -> None:
         if mask & IN_Q_OVERFLOW:
             raise Overflow("inotify queue overflow: changes were lost")
         if mask & IN_IGNORED:

@@ -58,7 +58,7 @@ class RuleVerdict:
     taken: str | None = None
     done: str | None = None
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict of this verdict."""
         p = self.planned
         return {
@@ -115,7 +115,11 @@ def verdicts(flow: CompiledFlow, sensor: str, payload: dict[str, Any]) -> list[R
 
 
 def _plan_all(
-    conn: Connection, registry: FlowRegistry, flow: CompiledFlow, payload: dict, found: list
+    conn: Connection,
+    registry: FlowRegistry,
+    flow: CompiledFlow,
+    payload: dict[str, Any],
+    found: list[Any],
 ) -> None:
     for v in found:
         if not v.matched:
@@ -127,8 +131,8 @@ def _plan_all(
 
 
 def try_rules(
-    engine: Engine, registry: FlowRegistry, flow_name: str, sensor: str, payload: dict
-) -> list:
+    engine: Engine, registry: FlowRegistry, flow_name: str, sensor: str, payload: dict[str, Any]
+) -> list[Any]:
     """``flowrun rules test``: each rule of ``flow_name`` against an event of ``sensor``
     with ``payload``, with what the matching ones would do now. Writes nothing.
 
@@ -148,7 +152,7 @@ def sensor_payload(
     flow: CompiledFlow,
     sensor: str,
     *,
-    event: dict | None = None,
+    event: dict[str, Any] | None = None,
     line: str | None = None,
     path: str | None = None,
 ) -> dict[str, Any]:
@@ -235,7 +239,7 @@ def replay(
 
 
 def _replay_one(
-    engine: Engine, registry: FlowRegistry, ev: dict, *, dry_run: bool, force: bool
+    engine: Engine, registry: FlowRegistry, ev: dict[str, Any], *, dry_run: bool, force: bool
 ) -> EventReplay:
     flow_name, _, sensor = ev["sensor"].partition(".")
     result = EventReplay(ev["id"], ev["sensor"], ev["payload"] or {})
@@ -280,7 +284,9 @@ def _replay_one(
     return result
 
 
-def _mark_taken(conn: Connection, flow: CompiledFlow, ev: dict, found: list[RuleVerdict]) -> None:
+def _mark_taken(
+    conn: Connection, flow: CompiledFlow, ev: dict[str, Any], found: list[RuleVerdict]
+) -> None:
     """Set ``taken`` on each matching rule whose action this event already caused."""
     started: dict[str, int] = dict(
         conn.execute(

@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -87,7 +87,7 @@ class AttemptTally:
 
     def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS) -> None:
         self.buckets = buckets
-        self.rows: dict[tuple[str, str], list] = {}
+        self.rows: dict[tuple[str, str], list[Any]] = {}
 
     def finished(self, claim: Claim, result: AttemptResult) -> None:
         """Count one finished attempt (``rows.Claim``, ``AttemptResult``)."""
@@ -120,8 +120,16 @@ def counter(stats: Any, key: str) -> int:
     return int(getattr(stats, key, 0))
 
 
+#: a histogram row's label values
+_Labels = TypeVar("_Labels", bound=tuple[str, ...])
+
+
 def _histogram(
-    name: str, doc: str, labels: list[str], rows: dict, buckets: tuple[float, ...]
+    name: str,
+    doc: str,
+    labels: list[str],
+    rows: Mapping[_Labels, list[float]],
+    buckets: tuple[float, ...],
 ) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=labels)
     for key, row in sorted(rows.items()):

@@ -177,7 +177,7 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 def batch_rows(
     outcomes: list[Outcome], worker_id: str, at: float
-) -> tuple[list[dict], list[dict], list[Claim], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Claim], list[dict[str, Any]]]:
     """The rows of :func:`commit_statement` for ``outcomes`` of ``worker_id`` ending at
     ``at`` (epoch s):
     ``(released, kept, chained, finished)``: the outcomes that free their instance and
@@ -237,7 +237,7 @@ class Batch:
         worker_id: str,
         at: float,
         until: float,
-        batches: tuple[list[dict], list[dict], list[dict]],
+        batches: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
     ) -> set[int]:
         """Write a batch of outcomes in one statement, each only where ``worker_id`` still
         holds its instance under the claimed fence, with its attempt's row.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, case, delete, exists, func, select, update
 
@@ -30,7 +31,7 @@ from runner.store.tables import attempts, commands, events, flow_versions, insta
 CHILDREN = (("attempts", attempts), ("commands", commands))
 
 
-def _deletable(status: str, cutoff: float) -> tuple:
+def _deletable(status: str, cutoff: float) -> tuple[Any, ...]:
     """What makes a terminal instance deletable now: its status and age, unlocked."""
     assert status in TERMINAL, status
     return (
@@ -98,7 +99,7 @@ def delete_instances(
     return out
 
 
-def _flags(conn, d, value: dict) -> Counter[str]:
+def _flags(conn, d, value: dict[str, Any]) -> Counter[str]:
     """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
     carried a checkpoint or a kept stderr tail."""
     cps, logs = conn.execute(
@@ -123,7 +124,7 @@ def _count_children(conn, d, ids: list[int], out: Counter[str]):
     return out
 
 
-def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple]:
+def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ...]]:
     """The next ``limit`` attempt rows with ``id > after`` by id, each with its instance:
     ``(id, instance_id, attempt, finished_at, has_checkpoint, has_error, flow, status,
     instance attempts)`` (one read; the history cut walks them oldest first)."""
@@ -148,7 +149,9 @@ def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple]:
         return [tuple(r) for r in conn.execute(stmt)]
 
 
-def cut_history(engine: Engine, rows: list[tuple], *, dry_run: bool = False) -> Counter[str]:
+def cut_history(
+    engine: Engine, rows: list[tuple[Any, ...]], *, dry_run: bool = False
+) -> Counter[str]:
     """Delete the attempt rows ``rows`` (as :func:`attempts_after` gave them, chosen by
     ``runner.retention.cut_attempt``) of live instances, and set each instance's
     ``history_from`` to the latest ``finished_at`` cut, in ONE transaction; returns the
@@ -239,7 +242,7 @@ def delete_workers(engine: Engine, cutoff: float, *, dry_run: bool = False) -> i
         return conn.execute(delete(workers).where(*cond)).rowcount
 
 
-def _on_version() -> tuple:
+def _on_version() -> tuple[Any, ...]:
     return (
         instances.c.flow == flow_versions.c.flow,
         instances.c.version == flow_versions.c.version,

@@ -185,7 +185,9 @@ def reader_of(db: EngineOrReader) -> Reader:
     return EngineReader(db)
 
 
-def as_dicts(reader: Reader, keys: Sequence[str], rows: list[Sequence[Any]]) -> list[dict]:
+def as_dicts(
+    reader: Reader, keys: Sequence[str], rows: list[Sequence[Any]]
+) -> list[dict[str, Any]]:
     """``rows`` (tuples of the ``keys`` columns) as dicts, JSON columns decoded."""
     out = [dict(zip(keys, r, strict=True)) for r in rows]
     json_keys = [k for k in keys if k in JSON_COLUMNS]

@@ -86,7 +86,7 @@ class Claim:
     flow: str
     version: str
     state: str
-    data: dict
+    data: dict[str, Any]
     fence: int
     attempt: int
     errors: int
@@ -109,8 +109,8 @@ class Outcome:
     """
 
     claim: Claim
-    values: dict
-    attempt_values: dict
+    values: dict[str, Any]
+    attempt_values: dict[str, Any]
     chain: bool = False  # keep the lease and start the next attempt at once
     unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
 
@@ -375,7 +375,7 @@ def attempt_row(
     to_state: str | None = None,
     error: str | None = None,
     checkpoint=None,
-) -> dict:
+) -> dict[str, Any]:
     """The parameters of :attr:`Hot.close_attempts` for ``claim``'s attempt ending at
     ``at`` (epoch seconds); ``checkpoint`` must already be adapted (``Hot.json``)."""
     return {
@@ -393,7 +393,7 @@ def attempt_row(
     }
 
 
-def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict:
+def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict[str, Any]:
     """The parameters of :attr:`Hot.close_attempts` that end the attempt an instance row
     says is running (``lost``, when its worker's lease expired), from that row alone:
     ``instance`` is a mapping of ``instances`` columns with ``running_attempt`` set; its

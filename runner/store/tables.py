@@ -33,7 +33,7 @@ from sqlmodel._compat import SQLModelConfig
 from runner.store.dialect import json_column_type
 
 
-class JSONOrJSONB(TypeDecorator):
+class JSONOrJSONB(TypeDecorator[Any]):
     """JSON on SQLite, JSONB on PostgreSQL: ``JSON().with_variant(JSONB(), "postgresql")``,
     except that PostgreSQL's types are imported only once a PostgreSQL database is used
     (``runner.store.dialect.json_column_type``: importing them cost a SQLite daemon's

@@ -198,7 +198,7 @@ class ConsoleData:
         return compiled(self.engine, version)
 
     def _of_state(
-        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable
+        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable[..., Any]
     ) -> Any:
         """``read(compiled state)`` for ``state`` of ``version``, cached in ``cache``;
         ``None`` when the version or state is unknown or does not compile (raises nothing)."""

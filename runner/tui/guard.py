@@ -54,7 +54,7 @@ def failure_line(error: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-def report(where: str, worker: Worker, *, unless: str | None = None) -> str:
+def report(where: str, worker: Worker[Any], *, unless: str | None = None) -> str:
     """Log the failure of ``worker`` (in ``where``, e.g. a screen's name) and return its
     one line (:func:`failure_line`); a line equal to ``unless`` (the same failure again,
     on the next refresh) is not logged again. Raises nothing."""
