@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError
@@ -40,6 +40,9 @@ from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
+
+if TYPE_CHECKING:
+    from runner.engine.running import Running
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -141,7 +144,7 @@ class WorkerStats:
 
 def decide_finished(
     engine: Engine,
-    batch: Sequence[tuple[Any, AttemptResult]],
+    batch: Sequence[tuple[Running, AttemptResult]],
     request: CycleRequest,
     *,
     stopping: bool,

@@ -161,7 +161,7 @@ class DatabaseThread:
         self._pending = 0
         self._timer: asyncio.TimerHandle | None = None
         #: set when the calls made before :meth:`hurry` and still waiting are given up
-        self._gone: asyncio.Future[Any] | None = None
+        self._gone: asyncio.Future[None] | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Start ``fn(*args)`` on the thread; returns the running loop's future of it."""

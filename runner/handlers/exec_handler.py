@@ -170,7 +170,7 @@ class _Supervised:
         self.last_checkpoint: dict[str, Any] | None = None
         # (data after the line, its values)
         self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        self._storing: asyncio.Task[Any] | None = None
+        self._storing: asyncio.Task[None] | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
         #: with secrets: each pipe's redactor (made at its first chunk), which what is read
@@ -178,7 +178,7 @@ class _Supervised:
         self._secrets = secrets
         self._redactors: dict[int, Redactor] = {}
         self._reading = False
-        self.exited: asyncio.Future[Any] = self.loop.create_future()
+        self.exited: asyncio.Future[int] = self.loop.create_future()  # the exit code
         code = child.exit_code
         if code is not None:  # it exited before we got here
             self.exited.set_result(code)

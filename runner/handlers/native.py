@@ -99,7 +99,7 @@ def submit(
     cwd: str,
     env: dict[str, str],
     deliver: Callable[[asyncio.AbstractEventLoop, list[tuple[Any, ...]]], None],
-    setup: tuple[Any, ...] | None = None,
+    setup: tuple[tuple[tuple[int, int, int], ...], int, int, int] | None = None,
 ) -> None:
     """Start ``argv`` in ``cwd`` with ``env`` (which must already name :data:`CONTROL_FD`)
     on the extension's threads; returns at once. ``deliver(loop, results)`` is later

@@ -42,7 +42,7 @@ class ProcSetup:
     uid: int = -1
     gid: int = -1
 
-    def native(self) -> tuple[Any, ...]:
+    def native(self) -> tuple[tuple[tuple[int, int, int], ...], int, int, int]:
         """The argument of ``runner.handlers._spawn.Spawner.submit``: ``(rlimits, nice
         or -1, uid, gid)``."""
         return (self.rlimits, -1 if self.nice is None else self.nice, self.uid, self.gid)

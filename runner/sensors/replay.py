@@ -119,7 +119,7 @@ def _plan_all(
     registry: FlowRegistry,
     flow: CompiledFlow,
     payload: dict[str, Any],
-    found: list[Any],
+    found: list[RuleVerdict],
 ) -> None:
     for v in found:
         if not v.matched:
@@ -132,7 +132,7 @@ def _plan_all(
 
 def try_rules(
     engine: Engine, registry: FlowRegistry, flow_name: str, sensor: str, payload: dict[str, Any]
-) -> list[Any]:
+) -> list[RuleVerdict]:
     """``flowrun rules test``: each rule of ``flow_name`` against an event of ``sensor``
     with ``payload``, with what the matching ones would do now. Writes nothing.
 
