@@ -387,7 +387,9 @@ def _add_novel_commands() -> None:
     from runner.cli import sleep as cli_sleep
 
     novel: tuple[click.Command, ...] = (
-        *cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS
+        *cli_explain.COMMANDS,
+        *cli_sleep.COMMANDS,
+        *cli_migrate.COMMANDS,
     )
     novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):

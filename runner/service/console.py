@@ -63,7 +63,8 @@ class EmbeddedWorker:
 
         async def go() -> None:
             self.loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Worker] = asyncio.get_running_loop().create_future()
+
             def ready(f: asyncio.Future[Worker]) -> None:
                 self.worker = f.result()
                 self._ready.set()
