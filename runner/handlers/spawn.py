@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runner import control
+from runner import control_channel
 from runner.handlers import exits, native, reaper
 from runner.handlers.data import data_env, remove_data_file
 from runner.handlers.environ import add_env, encode_env
@@ -141,7 +141,7 @@ def _start(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
-    add_env(env, {control.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
+    add_env(env, {control_channel.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
             proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w, setup)
@@ -413,7 +413,7 @@ async def spawn(
     fut = loop.create_future()
     try:
         if native.ext is not None:
-            add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
+            add_env(env, {control_channel.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
             key = (fut, token, argv[0], cwd)
             native.submit(loop, key, argv, cwd, env, _collected, setup and setup.native())
         else:
