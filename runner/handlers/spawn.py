@@ -13,13 +13,14 @@ between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds
 while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
 Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
 every call, cost as much of the parent's CPU as the spawn itself
-(``docs/performance.md``, issue 13). Should that private function not take the arguments
-it takes in CPython 3.11-3.13, ``Popen`` is used instead. The spawn blocks its thread
-until the child has exec'd, so it runs in a small pool of threads (:func:`spawn`) while
-the event loop goes on; the started children reach the loop in batches, one wake-up for
-all those started meanwhile. The pipes are plain descriptors: the read ends are read by
-the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
-transport or stream per process.
+(``docs/performance.md``, "The Python spawn path"). Should that private function not
+take the arguments it takes in CPython 3.11-3.13, ``Popen`` is used instead (why three
+spawn paths: ``docs/handlers.md``). The spawn blocks its thread until the child has
+exec'd, so it runs in a small pool of threads (:func:`spawn`) while the event loop goes
+on; the started children reach the loop in batches, one wake-up for all those started
+meanwhile. The pipes are plain descriptors: the read ends are read by the loop itself,
+only when ready (``runner.handlers.exec_handler``), with no asyncio transport or stream
+per process.
 
 Instance data reaches the handler as ``runner.handlers.data`` encodes it.
 """

@@ -1,4 +1,4 @@
-"""Sleep until (issue 17, item 2) at the unit level: the control line, the ``call``
+"""Sleep until at the unit level: the control line, the ``call``
 handler's ``ctx.sleep_until`` / returned ``Sleep``, and ``decide``'s sleeping outcome."""
 
 from __future__ import annotations
