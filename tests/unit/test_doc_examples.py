@@ -1,5 +1,6 @@
 """What the docs show handler and flow authors works: every ``runner.…`` name the docs
-mention imports, and every code block marked ``example`` runs.
+mention imports, every code block marked ``example`` runs, and citations of the
+performance reference name a heading it has.
 
 A block is an example when its fence says so: ```` ```python example ```` or
 ```` ```yaml example ```` (in ``docs/handlers.md`` and ``docs/flows.md``). A YAML example
@@ -10,6 +11,8 @@ interpreter outside the test process with a real control channel (a pipe named b
 ``FLOWRUN_CONTROL_FD``): every line it writes must be a well-formed control line, and
 each function it defines whose first parameter is a ``Context`` is called with a real
 one and must return what a ``call`` handler may return.
+
+Code that cites ``docs/performance.md`` names one of its headings, and that heading exists.
 """
 
 from __future__ import annotations
@@ -190,3 +193,37 @@ def test_the_example_runner_sees_lines_returns_and_failures() -> None:
             ROOT / "flows" / "x.yaml",
         )
     assert len(examples("yaml")) >= 6 and len(examples("python")) >= 3
+
+
+#: ``docs/performance.md``, "Heading": how code and docs cite the performance reference.
+CITE = re.compile(r'performance\.md`*,\s*"([^"]+)"')
+
+
+def citations(text: str) -> list[str | None]:
+    """Each citation of ``performance.md`` in ``text``: the heading it names, or ``None``.
+    Comment markers and line breaks between the name and the heading are ignored."""
+    flat = re.sub(r"\s*\n\s*(?:\*(?!\*)|#:?)?\s*", " ", text)
+    found = []
+    for m in re.finditer(r"performance\.md", flat):
+        cite = CITE.match(flat, m.start())
+        found.append(cite.group(1) if cite else None)
+    return found
+
+
+def test_code_cites_performance_by_an_existing_heading() -> None:
+    perf = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^#{2,3} (.+)$", perf, re.M))
+    sources = [*(ROOT / "runner").rglob("*.py"), *(ROOT / "runner").rglob("*.c")]
+    sources.append(ROOT / "docs" / "architecture.md")
+    cited = 0
+    for path in sources:
+        for heading in citations(path.read_text(encoding="utf-8")):
+            where = path.relative_to(ROOT)
+            assert heading is not None, f"{where} cites docs/performance.md without a heading"
+            assert heading in headings, f"{where} cites a heading that is gone: {heading!r}"
+            cited += 1
+    assert cited >= 10
+    assert citations('see (``docs/performance.md``,\n    # "Two cycles in flight")') == [
+        "Two cycles in flight"
+    ]
+    assert citations("docs/performance.md, issue 13, fifth pass") == [None]
