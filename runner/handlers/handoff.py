@@ -2,7 +2,7 @@
 
 ``loop.run_in_executor`` costs a wake-up of the loop (a write to its self-pipe, a read,
 a callback) for every result. Spawn threads finish an ``exec`` handler's start every few
-hundred microseconds, so that was a large part of the loop's time per attempt
+hundred microseconds, so that would be a large part of the loop's time per attempt
 (``docs/performance.md``, "Spawn threads and hand-offs"). A :class:`Handoff` queues
 results and wakes each loop once for all the results queued until it runs.
 """
