@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-EXIT_NOT_YET = 75
 TAIL = 4000
 
 

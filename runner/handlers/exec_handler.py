@@ -27,10 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from runner import control
+from runner import control_channel
+from runner.control_channel import EXIT_NOT_YET
 from runner.handlers import reaper
 from runner.handlers.attempt import (
-    EXIT_NOT_YET,
     TAIL,
     AttemptResult,
     Cancel,
@@ -165,7 +165,7 @@ class _Supervised:
         self.checkpoint = checkpoint
         self.loop = asyncio.get_running_loop()
         self.goto: str | None = None
-        self.sleep: float | None = None  # a ``sleep`` line's value (runner.control.parse)
+        self.sleep: float | None = None  # a ``sleep`` line's value (runner.control_channel.parse)
         self.bad: str | None = None
         self.last_checkpoint: dict[str, Any] | None = None
         # (data after the line, its values)
@@ -318,12 +318,12 @@ class _Supervised:
 
     def _line(self, line: str) -> None:
         try:
-            kind, value = control.parse(line)
+            kind, value = control_channel.parse(line)
         except ValueError as exc:
             self.bad = str(exc)
             return
         self.watch.signal()
-        # control.parse: goto's value is a str, sleep's a float, checkpoint's a dict
+        # control_channel.parse: goto's value is a str, sleep's a float, checkpoint's a dict
         if kind == "goto":
             self.goto = cast(str, value)
         elif kind == "sleep":

@@ -1,4 +1,4 @@
-"""Helpers shared by the fault-model tests (issue 3): real flow files, real SQLite files,
+"""Helpers shared by the fault-model tests: real flow files, real SQLite files,
 real ``flowrun`` processes. Nothing here is mocked; every wait polls with a generous
 deadline instead of asserting on elapsed time.
 """
