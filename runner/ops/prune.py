@@ -20,12 +20,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
 from runner.retention import DEFAULT, EVENT_WINDOW, KINDS, Retention, Rules, cut_attempt
 from runner.store import prune as sql
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: Rows read per look at the attempts and events tables.
 READ_ROWS = 2000
@@ -107,7 +110,7 @@ class _Run:
 
 
 def rules_for(
-    flows: Iterable[Any],
+    flows: Iterable[CompiledFlow],
     default: Retention = DEFAULT,
     *,
     events: float | None = EVENT_WINDOW,

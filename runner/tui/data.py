@@ -43,6 +43,8 @@ from runner.tui.paging import read_counts, read_page
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.ops.commands import CommandResult
+    from runner.ops.migrate import Migration
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
@@ -349,7 +351,7 @@ class ConsoleData:
             v["instances"] = per_version.get(v["version"], {})
         return info
 
-    def migrate_to_loaded(self, flow: str) -> list[Any]:
+    def migrate_to_loaded(self, flow: str) -> list[Migration]:
         """Migrate every unfinished instance of ``flow`` to the version loaded from the
         flows folder now (``runner.ops.migrate``, source ``tui``); returns one
         ``Migration`` per instance considered.
@@ -395,7 +397,7 @@ class ConsoleData:
         event: str | None = None,
         *,
         until: float | None = None,
-    ) -> list[Any]:
+    ) -> list[CommandResult]:
         """Apply ``command`` (pause, resume, kill, retry, send, sleep, wake) to ``ids`` through
         ``runner.ops.commands.submit`` (source ``tui``) in one transaction; returns one
         ``CommandResult`` per distinct id (a refusal is a result, not an exception).
