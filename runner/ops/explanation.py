@@ -87,20 +87,9 @@ def first_line(text: str | None, limit: int = 160) -> str:
     return ""
 
 
-def backoff_range(backoff: Backoff, n: int) -> tuple[float, float, float]:
-    """``(base, low, high)``: backoff ``n``'s base delay and the range its jittered delay is
-    drawn from (seconds), exactly as ``Backoff.delay`` draws it."""
-    base = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
-    if backoff.jitter == "full":
-        return base, 0.0, base
-    if backoff.jitter == "equal":
-        return base, base / 2, base
-    return base, base, base
-
-
 def describe_backoff(backoff: Backoff, n: int) -> str:
     """``"backoff 2: 10s, full jitter: a delay drawn from 0s to 10s"``."""
-    base, low, high = backoff_range(backoff, n)
+    base, low, high = backoff.bounds(n)
     if backoff.jitter == "none":
         return f"backoff {n}: {secs(base)} (no jitter)"
     drawn = f"a delay drawn from {secs(low)} to {secs(high)}"
