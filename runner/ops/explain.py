@@ -1,13 +1,13 @@
 """Why an instance is where it is, and what happens next: ``flowrun explain`` as data.
 
 :func:`explain` replays an instance's stored history (its attempt rows, its command rows,
-the sensor event that started it) through the same fault model the worker applies
-(``runner.engine.outcomes.decide``: the error budget's sliding window, the backoff, the
-restarts), so each wait between two attempts gets its cause: the ``try_interval`` after a
-"not yet", backoff *n* with the jitter range its delay was drawn from, a lost attempt's
-lease expiry, a command or a requested sleep. The forecast applies the same rules to the
-instance as it stands: when it is due and why, what the next error would do, what a
-missed keepalive would do.
+the sensor event that started it) through the fault model the worker applies
+(``runner.flowspec.faults``, called by both: the error budget's sliding window, the
+backoff, the restarts), so each wait between two attempts gets its cause: the
+``try_interval`` after a "not yet", backoff *n* with the jitter range its delay was drawn
+from, a lost attempt's lease expiry, a command or a requested sleep. The forecast applies
+the same rules to the instance as it stands: when it is due and why, what the next error
+would do, what a missed keepalive would do.
 
 The forecast is ``runner.ops.forecast``; the values and the text
 ``runner.ops.explanation``. Pure: the rows come from ``runner.ops.detail.instance_rows``
@@ -22,21 +22,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runner import lifecycle
 from runner.error_line import error_line
+from runner.flowspec import faults
 from runner.flowspec.policy import Policy
 from runner.ops.explanation import (
     Entry,
     Explanation,
     Track,
-    backoff_range,
+    created_entry,
     describe_backoff,
     exhausted_target,
-    first_line,
+    pruned_entry,
+    running_entry,
     secs,
 )
 from runner.ops.forecast import forecast
-from runner.ops.views import iso, waits_for
+from runner.ops.views import waits_for
 
 
 def explain(
@@ -59,7 +60,7 @@ def explain(
     first_version = (migrations[0]["args"].get("from") if migrations else None) or inst["version"]
     first_state = _first_state(rows, flow_of, first_version)
     t = Track(state=first_state, version=first_version)
-    out: list[Entry] = [_created(inst, rows.get("event"), first_state, first_version)]
+    out: list[Entry] = [created_entry(inst, rows.get("event"), first_state, first_version)]
     _wait(t, inst["created_at"], "created due at once", kind="created", high=0.0)
 
     def policy(state: str | None = None) -> Policy | None:
@@ -98,14 +99,14 @@ def explain(
         if what == "start":
             _close_wait(out, t, at, item)
             if item["outcome"] is None:
-                out.append(_running(item, inst, now))
+                out.append(running_entry(item, inst, now))
         elif what == "end":
             _ended(out, t, item, policy(item["state"]), flow_of)
         else:
             _command(out, t, item, flow_of)
     refill(now)
     if inst.get("history_from") is not None:
-        out.append(_pruned(inst["history_from"]))
+        out.append(pruned_entry(inst["history_from"]))
     out.sort(key=lambda e: e.at or 0.0)  # stable: same-time entries keep their order
     flow = _safe_flow(flow_of, inst["version"])
     summary = _summary(inst)
@@ -152,56 +153,9 @@ def _first_state(rows: dict, flow_of, version: str) -> str:
     return flow.initial if flow is not None else rows["instance"]["state"]
 
 
-def _pruned(before: float) -> Entry:
-    """Where retention cut the history of a live instance (``instances.history_from``)."""
-    return Entry(
-        before,
-        "pruned",
-        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
-        {"before": before},
-    )
-
-
 def _summary(inst: dict) -> dict:
     keys = ("id", "flow", "label", "version", "state", "status", "due_at", "attempts", "errors")
     return {k: inst.get(k) for k in (*keys, "restarts", "state_restarts", "running_attempt")}
-
-
-def _created(inst: dict, event: dict | None, state: str, version: str) -> Entry:
-    how = "by hand (flowrun start, the console or the API)"
-    data: dict[str, Any] = {"state": state, "version": version}
-    if event is not None:
-        sensor = event["sensor"]
-        payload = event.get("payload") or {}
-        what = payload.get("path") or payload.get("line") or event["key"]
-        how = f"by a rule on event #{event['id']} of sensor {sensor} ({first_line(str(what), 80)})"
-        data.update(event_id=event["id"], sensor=sensor)
-    elif inst.get("event_id") is not None:
-        how = f"by a rule on event #{inst['event_id']}"
-        data["event_id"] = inst["event_id"]
-    return Entry(
-        inst["created_at"],
-        "created",
-        f"created {how}, in state {state!r} (flow version {version})",
-        data,
-    )
-
-
-def _running(a: dict, inst: dict, now: float) -> Entry:
-    lease = inst.get("locked_until")
-    lease_txt = f"; its lease runs {secs(lease - now)} more" if lease and lease > now else ""
-    if lease and lease <= now:
-        lease_txt = (
-            f"; its lease expired {secs(now - lease)} ago (its worker is gone: a worker "
-            "will record the attempt lost)"
-        )
-    return Entry(
-        a["started_at"],
-        "running",
-        f"attempt {a['attempt']} in {a['state']!r} on worker {a['worker']}: running for "
-        f"{secs(now - (a['started_at'] or now))}{lease_txt}",
-        {"attempt": a["attempt"], "state": a["state"], "worker": a["worker"]},
-    )
 
 
 def _close_wait(out: list[Entry], t: Track, at: float, a: dict) -> None:
@@ -262,14 +216,10 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, not yet (nothing spent)", data)
         )
-        interval = f"try_interval {secs(pol.try_interval)}" if pol else "the try_interval"
-        _wait(
-            t,
-            at,
-            f"{interval} after the handler said not yet",
-            kind="try_interval",
-            high=pol.try_interval if pol else None,
-        )
+        due = faults.not_yet(pol, at, t.errors, t.restarts).due_at if pol else None
+        wait = None if due is None else due - at
+        interval = f"try_interval {secs(wait)}" if wait is not None else "the try_interval"
+        _wait(t, at, f"{interval} after the handler said not yet", kind="try_interval", high=wait)
         return
     if outcome == "sleep":
         out.append(
@@ -290,18 +240,15 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
                 f"attempt was recorded lost when the lease expired"
             )
         out.append(Entry(a["started_at"], "attempt", text, data))
-        t.restarts += 1
         limit = pol.max_restarts if pol else None
-        if limit is not None and t.restarts > limit:
-            out.append(
-                Entry(
-                    at,
-                    "restart",
-                    f"restarts spent ({t.restarts} > max_restarts {limit}): failed",
-                    {},
-                )
-            )
-            return
+        if pol is None:  # policy unknown: a restart, never spent, as far as we can tell
+            t.restarts += 1
+        else:
+            verdict = faults.restart(pol, t.errors, t.restarts, at, error)
+            t.restarts = verdict.state_restarts
+            if verdict.spent is not None:
+                out.append(Entry(at, "restart", f"{verdict.spent}: {verdict.status}", {}))
+                return
         of = f" of {limit}" if limit is not None else ""
         out.append(
             Entry(
@@ -344,10 +291,11 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
             )
         )
         return
-    t.errors = [e for e in lifecycle.in_window(t.errors, at, pol.window)] + [at]
+    verdict = faults.error(pol, t.errors, t.restarts, at, None)
+    t.errors = verdict.state_errors
     n = len(t.errors)
-    if n < pol.max_errors:
-        base, low, high = backoff_range(pol.backoff, n)
+    if verdict.backoff is not None:
+        base, low, high = pol.backoff.bounds(n)
         out.append(
             Entry(
                 at,
@@ -378,11 +326,9 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
             {"errors_in_window": n, "max_errors": pol.max_errors, "on_exhausted": pol.on_exhausted},
         )
     )
-    if pol.on_exhausted not in ("failed", "paused"):
-        _enter(t, pol.on_exhausted)
-        _wait(
-            t, at, f"entered {pol.on_exhausted!r} (on_exhausted), due at once", kind="on_exhausted"
-        )
+    if verdict.enter is not None:
+        _enter(t, verdict.enter)
+        _wait(t, at, f"entered {verdict.enter!r} (on_exhausted), due at once", kind="on_exhausted")
 
 
 def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:

@@ -1,6 +1,7 @@
 """What ``flowrun explain`` says, as values and as text: the :class:`Entry` lines of a
 timeline and a forecast, the :class:`Explanation` holding them, the replay's
-:class:`Track`, the wording of durations and backoffs, and :func:`render_text`.
+:class:`Track`, the wording of durations and backoffs, the entries read straight off the
+rows (created, running, pruned), and :func:`render_text`.
 
 Pure: ``runner.ops.explain`` builds the timeline, ``runner.ops.forecast`` what comes next.
 Times are float epoch seconds, UTC.
@@ -15,6 +16,7 @@ from typing import Any
 
 from runner.flowspec.policy import Backoff, Policy
 from runner.literal import literal
+from runner.ops.views import iso
 
 
 @dataclass
@@ -117,6 +119,59 @@ class Track:
     wait_from: float | None = None
     wait_data: dict[str, Any] = field(default_factory=dict)
     interrupts: list[str] = field(default_factory=list)
+
+
+def pruned_entry(before: float) -> Entry:
+    """Where retention cut the history of a live instance (``instances.history_from``,
+    epoch s)."""
+    return Entry(
+        before,
+        "pruned",
+        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
+        {"before": before},
+    )
+
+
+def created_entry(inst: dict, event: dict | None, state: str, version: str) -> Entry:
+    """The first timeline entry: how instance ``inst`` (an ``instances`` row as a dict) was
+    created (by hand or by a rule on sensor ``event``, an ``events`` row or ``None``), in
+    ``state`` of flow ``version``."""
+    how = "by hand (flowrun start, the console or the API)"
+    data: dict[str, Any] = {"state": state, "version": version}
+    if event is not None:
+        sensor = event["sensor"]
+        payload = event.get("payload") or {}
+        what = payload.get("path") or payload.get("line") or event["key"]
+        how = f"by a rule on event #{event['id']} of sensor {sensor} ({first_line(str(what), 80)})"
+        data.update(event_id=event["id"], sensor=sensor)
+    elif inst.get("event_id") is not None:
+        how = f"by a rule on event #{inst['event_id']}"
+        data["event_id"] = inst["event_id"]
+    return Entry(
+        inst["created_at"],
+        "created",
+        f"created {how}, in state {state!r} (flow version {version})",
+        data,
+    )
+
+
+def running_entry(a: dict, inst: dict, now: float) -> Entry:
+    """The entry of attempt ``a`` (an ``attempts`` row as a dict) still running at ``now``
+    (epoch s) on instance ``inst``: for how long, and its lease."""
+    lease = inst.get("locked_until")
+    lease_txt = f"; its lease runs {secs(lease - now)} more" if lease and lease > now else ""
+    if lease and lease <= now:
+        lease_txt = (
+            f"; its lease expired {secs(now - lease)} ago (its worker is gone: a worker "
+            "will record the attempt lost)"
+        )
+    return Entry(
+        a["started_at"],
+        "running",
+        f"attempt {a['attempt']} in {a['state']!r} on worker {a['worker']}: running for "
+        f"{secs(now - (a['started_at'] or now))}{lease_txt}",
+        {"attempt": a["attempt"], "state": a["state"], "worker": a["worker"]},
+    )
 
 
 def clock(ts: float) -> str:
