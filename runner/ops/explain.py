@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from runner import lifecycle
 from runner.error_line import error_line
 from runner.flowspec import faults
 from runner.flowspec.policy import Policy
@@ -73,7 +74,7 @@ def explain(
         pol = policy()
         if pol is None or not t.errors:
             return
-        while t.errors and t.errors[0] + pol.window <= upto:
+        while t.errors and t.errors[0] <= upto - pol.window:  # as lifecycle.in_window
             left_at = t.errors.pop(0) + pol.window
             if window_entries:
                 out.append(
@@ -97,6 +98,7 @@ def explain(
     for at, _, what, item in stream:
         refill(at)
         if what == "start":
+            t.status = "runnable"  # claimed (a sleeping instance is woken by its claim)
             _close_wait(out, t, at, item)
             if item["outcome"] is None:
                 out.append(running_entry(item, inst, now))
@@ -112,7 +114,9 @@ def explain(
     summary = _summary(inst)
     events = waits_for(inst, flow)
     summary["waits_for"] = None if events is None else list(events)
-    return Explanation(instance=summary, timeline=out, forecast=forecast(inst, flow, now, t))
+    return Explanation(
+        instance=summary, timeline=out, forecast=forecast(inst, flow, now, t), track=t
+    )
 
 
 def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
@@ -179,8 +183,12 @@ def _wait(t: Track, at: float, cause: str, **data: Any) -> None:
     t.wait_from, t.wait_cause, t.wait_data, t.interrupts = at, cause, {"cause": data}, []
 
 
-def _enter(t: Track, state: str) -> None:
+def _enter(t: Track, state: str, flow: Any = None) -> None:
+    """Enter ``state``: its counters start afresh (``lifecycle.enter_state``); with the
+    ``flow`` known, the status follows the state's kind."""
     t.state, t.errors, t.restarts = state, [], 0
+    if flow is not None and state in flow.states:
+        t.status = "completed" if flow.states[state].kind == "terminal" else "runnable"
 
 
 def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> None:
@@ -197,7 +205,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, moved to {target!r}", data)
         )
-        _enter(t, target)
+        _enter(t, target, flow)
         if kind == "terminal":
             out.append(Entry(at, "attempt", f"completed: {target!r} is a terminal state", {}))
         elif kind == "external":
@@ -216,6 +224,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, not yet (nothing spent)", data)
         )
+        t.status = "runnable"
         due = faults.not_yet(pol, at, t.errors, t.restarts).due_at if pol else None
         wait = None if due is None else due - at
         interval = f"try_interval {secs(wait)}" if wait is not None else "the try_interval"
@@ -225,6 +234,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, asked to {error}", data)
         )
+        t.status = "sleeping"  # until the time it asked for (one already past: runnable)
         _wait(t, at, f"the handler asked to {error} (nothing spent)", kind="sleep")
         return
     if outcome == "error":
@@ -244,8 +254,8 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         if pol is None:  # policy unknown: a restart, never spent, as far as we can tell
             t.restarts += 1
         else:
-            verdict = faults.restart(pol, t.errors, t.restarts, at, error)
-            t.restarts = verdict.state_restarts
+            verdict = faults.restart(pol, t.errors, t.restarts, at, error, t.status)
+            t.restarts, t.status = verdict.state_restarts, verdict.status
             if verdict.spent is not None:
                 out.append(Entry(at, "restart", f"{verdict.spent}: {verdict.status}", {}))
                 return
@@ -292,7 +302,7 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
         )
         return
     verdict = faults.error(pol, t.errors, t.restarts, at, None)
-    t.errors = verdict.state_errors
+    t.errors, t.status = verdict.state_errors, verdict.status
     n = len(t.errors)
     if verdict.backoff is not None:
         base, low, high = pol.backoff.bounds(n)
@@ -327,7 +337,7 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
         )
     )
     if verdict.enter is not None:
-        _enter(t, verdict.enter)
+        _enter(t, verdict.enter, _safe_flow(flow_of, t.version))
         _wait(t, at, f"entered {verdict.enter!r} (on_exhausted), due at once", kind="on_exhausted")
 
 
@@ -344,6 +354,8 @@ def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
         out.append(Entry(c["created_at"], kind, f"{name} by {who}: refused ({c['result']})", data))
         return
     text = f"{name} by {who}: {c['result']}"
+    if name in lifecycle.OPERATOR_COMMANDS and lifecycle.allowed(t.status, name):
+        t.status = lifecycle.check(t.status, name)
     if name == "migrate":
         kind = "version"
         t.version = args.get("to") or t.version
@@ -356,7 +368,10 @@ def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
         except Exception:  # noqa: BLE001 - history written under another definition
             target = None
         if target:
-            _enter(t, target)
+            was = t.status
+            _enter(t, target, flow)
+            if was == "paused" and t.status == "runnable":
+                t.status = "paused"  # a paused instance moves but stays paused
     elif name == "retry":
         t.errors, t.restarts = [], 0
         text += " (error budget and restarts of the state start afresh)"

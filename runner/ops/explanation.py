@@ -41,11 +41,12 @@ class Entry:
 @dataclass
 class Explanation:
     """What ``runner.ops.explain.explain`` returns: the instance's summary, timeline and
-    forecast."""
+    forecast, and the replay's end (``track``: not part of the JSON)."""
 
     instance: dict[str, Any]
     timeline: list[Entry]
     forecast: list[Entry]
+    track: Track | None = field(default=None, compare=False)  # where the replay ended
 
     def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
         """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
@@ -109,12 +110,16 @@ def exhausted_target(policy: Policy) -> str:
 @dataclass
 class Track:
     """What the replay (``runner.ops.explain``) knows at a point in time: it mirrors the
-    instance's counters; the forecast (``runner.ops.forecast``) reads why it waits."""
+    instance's state, status and counters in the state (``errors``: the error times, epoch
+    s, still in the window; ``restarts``); the forecast (``runner.ops.forecast``) reads
+    why it waits. A handler's sleep until a time already past is replayed ``sleeping``
+    (the attempt row keeps no wake time), where the worker made it ``runnable``."""
 
     state: str
     version: str
     errors: list[float] = field(default_factory=list)
     restarts: int = 0
+    status: str = "runnable"
     wait_cause: str | None = None
     wait_from: float | None = None
     wait_data: dict[str, Any] = field(default_factory=dict)
