@@ -94,7 +94,8 @@ def explain(
             stream.append((*_end_at(a, cmds), "end", a))
     for c in cmds:
         stream.append((c["created_at"], 2, "command", c))
-    stream.sort(key=lambda s: (s[0], s[1]))
+    # at one time: by order, then an attempt's start before its own end
+    stream.sort(key=lambda s: (s[0], s[1], s[3].get("attempt") or 0, s[2] == "end"))
     for at, _, what, item in stream:
         refill(at)
         if what == "start":
@@ -121,7 +122,8 @@ def explain(
 
 def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
     """Where attempt ``a``'s end goes in the replay: ``(time, order)``, order 0 sorting
-    before a start (1) and a command (2) at the same time.
+    before a start (1) and a command (2) at the same time (an attempt that took no time:
+    1, right after its own start).
 
     An attempt ends when it finished, except one ``cancelled`` while an applied command
     came in (a pause, kill, sleep or send bumps the fence): its worker records the
@@ -139,7 +141,7 @@ def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
         ]
         if during:
             return min(during), 1.5
-    return end, 0
+    return end, 0 if start is None or end > start else 1  # one that took no time: after its start
 
 
 def _safe_flow(flow_of: Callable[[str], Any], version: str) -> Any:

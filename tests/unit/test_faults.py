@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from runner.error_line import error_line
 from runner.flowspec import faults
 from runner.flowspec.policy import Backoff
 from runner.handlers.attempt import AttemptResult
+from runner.ops import commands
 from runner.ops.detail import instance_rows
 from runner.ops.explain import explain
 from runner.store import commit, leases
+from runner.store.clock import DbClock, db_now, track_server_clock
 from runner.store.create import create_instance
 from tests.support.fault import engine_at, load, policy, row, write_flow
 
@@ -140,14 +143,21 @@ def test_backoff_bounds_hold_every_delay(jitter: str, bounds: tuple) -> None:
 
 LEASE = 60.0
 STATES = ("work", "other", "rescue", "done")
-OUTCOMES = ("moved", "not_yet", "sleep", "error", "timeout", "lost", "died")
+#: what happens next: an attempt's outcome ("died": its worker died, the attempt is found
+#: lost once its lease expired) or an operator's ``pause`` between attempts; a failed
+#: instance is retried and a paused one resumed, in its place
+KINDS = ("moved", "moved", "not_yet", "sleep", "error", "error", "timeout", "lost", "died", "pause")
 
 
 @pytest.fixture(scope="module")
-def db() -> Iterator[tuple[Engine, Path]]:
+def db() -> Iterator[tuple[Engine, Path, DbClock]]:
+    """One real SQLite file for every example, its clock steerable (the commands read the
+    database's clock: ``runner.store.clock``), so they apply at the simulated time."""
     with tempfile.TemporaryDirectory() as tmp:
         engine = engine_at(Path(tmp))
-        yield engine, Path(tmp)
+        clock = track_server_clock(engine, "the simulated clock")
+        clock.warned = True  # its offset is the point: no skew warning
+        yield engine, Path(tmp), clock
         engine.dispose()
 
 
@@ -172,11 +182,20 @@ states:
 
 
 step = st.tuples(
-    st.sampled_from(OUTCOMES),
+    st.sampled_from(KINDS),
     st.sampled_from(STATES),  # a move's target (an illegal one is an error)
     st.integers(0, 40),  # how long the attempt ran, s
-    st.integers(0, 90),  # the gap before the next claim, s
+    st.integers(0, 90),  # the gap before the next claim or command, s
 )
+
+
+def _command(engine: Engine, clock: DbClock, iid: int, name: str, at: float) -> float:
+    """Apply operator command ``name`` at ``at`` (simulated epoch s); returns a whole
+    second after it."""
+    clock.offset = at - time.time()
+    [res] = commands.submit(engine, [iid], name)
+    assert res.ok, res.message
+    return math.ceil(db_now(engine)) + 1
 
 
 @settings(
@@ -190,10 +209,10 @@ step = st.tuples(
     on_exhausted=st.sampled_from(["failed", "paused", "rescue"]),
     restarts=st.integers(0, 3),
     jitter=st.sampled_from(["none", "equal", "full"]),
-    steps=st.lists(step, max_size=25),
+    steps=st.lists(step, min_size=1, max_size=30),
 )
 def test_explain_replays_to_where_the_worker_ended(
-    db: tuple[Engine, Path],
+    db: tuple[Engine, Path, DbClock],
     max_errors: int,
     window: int,
     on_exhausted: str,
@@ -201,7 +220,7 @@ def test_explain_replays_to_where_the_worker_ended(
     jitter: str,
     steps: list[tuple[str, str, int, int]],
 ) -> None:
-    engine, tmp = db
+    engine, tmp, clock = db
     with engine.begin() as conn:
         for table in ("attempts", "commands", "instances"):
             conn.execute(text(f"DELETE FROM {table}"))
@@ -210,25 +229,29 @@ def test_explain_replays_to_where_the_worker_ended(
     now = 1_800_000_000.0
     with engine.begin() as conn:
         iid = create_instance(conn, flow, {}, at=now)
-    for outcome, target, took, gap in steps:
+    for kind, target, took, gap in steps:
         r = row(engine, iid)
-        if r["status"] not in ("runnable", "sleeping") or r["due_at"] is None:
-            break  # failed, paused or completed: only an operator acts now
+        if r["status"] == "completed":
+            break
+        if r["status"] in ("failed", "paused") or kind == "pause":
+            name = {"failed": "retry", "paused": "resume"}.get(r["status"], "pause")
+            now = _command(engine, clock, iid, name, now + gap)
+            continue
         now = max(now, math.ceil(r["due_at"])) + gap
         with engine.begin() as conn:
             [claim] = leases.claim_batch(conn, "w1", LEASE, 1, at=now)
-        if outcome == "died":  # its worker died: found once the lease expired
+        if kind == "died":  # its worker died: found once the lease expired
             now += LEASE + 1
             with engine.begin() as conn:
                 leases.recover_lost(conn, lambda v, s: flow.states[s].policy, at=now)
             continue
         now += took
         result = AttemptResult(
-            outcome,
+            kind,
             {"n": now},
-            to_state=target if outcome == "moved" else None,
-            error={"error": "exit code 1", "timeout": "timeout (5s)"}.get(outcome, "lost: fence"),
-            sleep_until=now + 1 + took if outcome == "sleep" else None,
+            to_state=target if kind == "moved" else None,
+            error={"error": "exit code 1", "timeout": "timeout (5s)"}.get(kind, "lost: fence"),
+            sleep_until=now + 1 + took if kind == "sleep" else None,
         )
         with engine.begin() as conn:
             out = decide(flow, claim, result, claim.data, now)
