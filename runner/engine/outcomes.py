@@ -90,10 +90,10 @@ def decide(
     verdict = None  # moved: the target's counters start afresh (lifecycle.enter_state)
     if outcome == "not_yet":
         values["data"] = result.data
-        verdict = faults.not_yet(policy, at, claim.state_errors, claim.state_restarts)
+        verdict = faults.not_yet(policy, claim.state_errors, claim.state_restarts, at)
     elif outcome == "sleep":
         values["data"] = result.data
-        verdict = faults.sleep(result.sleep_until, at, claim.state_errors, claim.state_restarts)
+        verdict = faults.sleep(claim.state_errors, claim.state_restarts, at, result.sleep_until)
     elif outcome == "error":
         values["errors"] += 1
         verdict = faults.error(policy, claim.state_errors, claim.state_restarts, at, error, rand)

@@ -23,7 +23,9 @@ The rules:
 - success (a move): the target state's counters start afresh
   (``runner.lifecycle.enter_state``).
 
-Times are float epoch seconds, UTC.
+Every function takes the state's counters as ``errors`` (the times of its errors, epoch
+s; a list, returned as is when nothing is spent) and ``restarts`` (its restarts so far),
+then ``at``, the time of the outcome. Times are float epoch seconds, UTC.
 """
 
 from __future__ import annotations
@@ -77,14 +79,14 @@ class Verdict:
         }
 
 
-def not_yet(policy: Policy, at: float, errors: list[float], restarts: int) -> Verdict:
+def not_yet(policy: Policy, errors: list[float], restarts: int, at: float) -> Verdict:
     """A handler's "not yet" at ``at``: due after ``try_interval``, nothing spent.
 
     ``errors`` and ``restarts`` are the state's counters (kept). Raises nothing."""
     return Verdict("runnable", at + policy.try_interval, errors, restarts)
 
 
-def sleep(until: float | None, at: float, errors: list[float], restarts: int) -> Verdict:
+def sleep(errors: list[float], restarts: int, at: float, until: float | None) -> Verdict:
     """A handler's request to sleep until ``until`` (epoch s; ``None`` or a past time:
     due at once), made at ``at``; nothing spent. Raises nothing."""
     if until is not None and until > at:

@@ -227,7 +227,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
             Entry(a["started_at"], "attempt", f"{head}: took {took}, not yet (nothing spent)", data)
         )
         t.status = "runnable"
-        due = faults.not_yet(pol, at, t.errors, t.restarts).due_at if pol else None
+        due = faults.not_yet(pol, t.errors, t.restarts, at).due_at if pol else None
         wait = None if due is None else due - at
         interval = f"try_interval {secs(wait)}" if wait is not None else "the try_interval"
         _wait(t, at, f"{interval} after the handler said not yet", kind="try_interval", high=wait)

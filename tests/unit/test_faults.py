@@ -109,7 +109,7 @@ def test_a_lost_attempt_of_a_sleeping_instance_counts_and_keeps_its_status(used:
 def test_not_yet_and_sleep_spend_nothing() -> None:
     pol = policy(try_interval=7.0)
     errs = [AT - 1]
-    v = faults.not_yet(pol, AT, errs, 1)
+    v = faults.not_yet(pol, errs, 1, AT)
     assert (v.status, v.due_at, v.state_errors, v.state_restarts, v.reason) == (
         "runnable",
         AT + 7.0,
@@ -117,10 +117,10 @@ def test_not_yet_and_sleep_spend_nothing() -> None:
         1,
         None,
     )
-    asleep = faults.sleep(AT + 60, AT, errs, 1)
+    asleep = faults.sleep(errs, 1, AT, AT + 60)
     assert (asleep.status, asleep.due_at, asleep.event) == ("sleeping", AT + 60, "sleep")
     for past in (AT - 5, AT, None):
-        assert (faults.sleep(past, AT, [], 0).status, faults.sleep(past, AT, [], 0).due_at) == (
+        assert (faults.sleep([], 0, AT, past).status, faults.sleep([], 0, AT, past).due_at) == (
             "runnable",
             AT,
         )
