@@ -262,15 +262,19 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
                 out.append(Entry(at, "restart", f"{verdict.spent}: {verdict.status}", {}))
                 return
         of = f" of {limit}" if limit is not None else ""
+        then = "runs again at once from the last checkpoint"
+        if t.status != "runnable":  # a command put it to sleep first: it stays so
+            then = f"the instance stays {t.status} (a command came first)"
         out.append(
             Entry(
                 at,
                 "restart",
-                f"restart {t.restarts}{of} (no error budget spent): runs again at once "
-                "from the last checkpoint",
+                f"restart {t.restarts}{of} (no error budget spent): {then}",
                 {"restarts": t.restarts, "max_restarts": limit},
             )
         )
+        if t.status != "runnable":
+            return
         cause = (
             "lease expiry of the lost attempt, then a restart" if outcome == "lost" else "a restart"
         )

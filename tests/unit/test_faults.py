@@ -189,11 +189,13 @@ step = st.tuples(
 )
 
 
-def _command(engine: Engine, clock: DbClock, iid: int, name: str, at: float) -> float:
-    """Apply operator command ``name`` at ``at`` (simulated epoch s); returns a whole
-    second after it."""
+def _command(
+    engine: Engine, clock: DbClock, iid: int, name: str, at: float, until: float | None = None
+) -> float:
+    """Apply operator command ``name`` at ``at`` (simulated epoch s; ``until`` for a
+    sleep); returns a whole second after it."""
     clock.offset = at - time.time()
-    [res] = commands.submit(engine, [iid], name)
+    [res] = commands.submit(engine, [iid], name, until=until)
     assert res.ok, res.message
     return math.ceil(db_now(engine)) + 1
 
@@ -263,3 +265,34 @@ def test_explain_replays_to_where_the_worker_ended(
     replayed = (track.state, track.status, track.restarts, track.errors)
     counted = lifecycle.in_window(end["state_errors"], now, pol.window)
     assert replayed == (end["state"], end["status"], end["state_restarts"], counted)
+
+
+def test_a_lost_attempt_of_an_instance_put_to_sleep_meanwhile(
+    db: tuple[Engine, Path, DbClock],
+) -> None:
+    """An operator's sleep arrives while the attempt runs, then its worker dies: the lost
+    attempt counts a restart, the instance stays sleeping (``fail`` is a move from
+    ``runnable`` only), past ``max_restarts`` too; the replay says so."""
+    engine, tmp, clock = db
+    with engine.begin() as conn:
+        for table in ("attempts", "commands", "instances"):
+            conn.execute(text(f"DELETE FROM {table}"))
+    flow = load(write_flow(tmp / "flows", "ps", _flow_body(2, 60, "failed", 0, "none")))
+    now = 1_800_000_000.0
+    with engine.begin() as conn:
+        iid = create_instance(conn, flow, {}, at=now)
+        leases.claim_batch(conn, "w1", LEASE, 1, at=now)
+    wake = now + 3600
+    now = _command(engine, clock, iid, "sleep", now + 5, until=wake)
+    now += LEASE
+    with engine.begin() as conn:
+        [lost] = leases.recover_lost(conn, lambda v, s: flow.states[s].policy, at=now)
+    assert not lost.failed
+    end = row(engine, iid)
+    assert (end["status"], end["due_at"], end["state_restarts"]) == ("sleeping", wake, 1)
+    assert end["last_error"] == "lost: worker w1 stopped renewing its lease mid-attempt"
+    result = explain(instance_rows(engine, iid), lambda v: flow, now)
+    assert result.track is not None
+    assert (result.track.status, result.track.restarts) == ("sleeping", 1)
+    texts = [e.text for e in result.timeline]
+    assert "restart 1 of 0 (no error budget spent): the instance stays sleeping" in " ".join(texts)
