@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from runner import lifecycle
 from runner.flowspec.policy import Policy
@@ -67,7 +68,7 @@ class Verdict:
     spent: str | None = None
     reason: str | None = None
 
-    def columns(self) -> dict:
+    def columns(self) -> dict[str, Any]:
         """The instance columns this verdict sets: ``status``, ``due_at``,
         ``state_errors``, ``state_restarts``, ``last_error``."""
         return {

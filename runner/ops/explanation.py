@@ -137,7 +137,9 @@ def pruned_entry(before: float) -> Entry:
     )
 
 
-def created_entry(inst: dict, event: dict | None, state: str, version: str) -> Entry:
+def created_entry(
+    inst: dict[str, Any], event: dict[str, Any] | None, state: str, version: str
+) -> Entry:
     """The first timeline entry: how instance ``inst`` (an ``instances`` row as a dict) was
     created (by hand or by a rule on sensor ``event``, an ``events`` row or ``None``), in
     ``state`` of flow ``version``."""
@@ -160,7 +162,7 @@ def created_entry(inst: dict, event: dict | None, state: str, version: str) -> E
     )
 
 
-def running_entry(a: dict, inst: dict, now: float) -> Entry:
+def running_entry(a: dict[str, Any], inst: dict[str, Any], now: float) -> Entry:
     """The entry of attempt ``a`` (an ``attempts`` row as a dict) still running at ``now``
     (epoch s) on instance ``inst``: for how long, and its lease."""
     lease = inst.get("locked_until")
