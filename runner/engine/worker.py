@@ -96,6 +96,8 @@ class Worker:
         )
         self.running = self.attempts.running  # by instance id (the same dict, never replaced)
         self.stats = WorkerStats()
+        #: set once the first database cycle is over (its claims started, or it failed)
+        self.first_cycle = asyncio.Event()
         self._wake = WakeUp(clock_of(engine).now)
         self._stopping = False
         self._abort = False
@@ -316,6 +318,7 @@ class Worker:
         try:
             result = self.cycles.collect()
         except DBAPIError as exc:  # its attempts are back: committed with the next cycle
+            self.first_cycle.set()
             if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
                 self._down_at_stop = True  # stopping, down past the grace: _close tries once
                 return
@@ -324,6 +327,7 @@ class Worker:
             return
         self._outage.ok()
         self._took(result)
+        self.first_cycle.set()
         # claim again if this claim got all it asked for (more may be due), or if a
         # wake-up came while the cycle was in flight: its claim may have been read
         # before the new work was committed (the wake-up would be lost)

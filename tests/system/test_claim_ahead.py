@@ -291,13 +291,12 @@ def test_claims_of_a_dead_worker_are_taken_over_once(tmp_path, engine, monkeypat
 def test_prefetch_defaults_to_the_concurrency_on_postgresql(tmp_path, engine) -> None:
     """``--prefetch`` reaches the worker; unset, it claims ahead at most ``--concurrency``
     on PostgreSQL and nothing on SQLite; 0 never claims ahead."""
-    from runner.cli.context import Ctx, worker_config
+    from runner.cli.context import Ctx, WorkerOptions, worker_config
 
     c = Ctx(tmp_path / "flows", "sqlite://", 30.0)
-    options = dict(concurrency=3, worker_id=None, exit_when_idle=False, grace=1.0)
     default = 0 if engine.dialect.name == "sqlite" else 3
     for given, limit in ((None, default), (0, 0), (5, 5)):
-        c.worker_options = {**options, "prefetch": given}
+        c.worker_options = WorkerOptions(concurrency=3, prefetch=given, grace=1.0)
         cfg = worker_config(c)
         assert cfg.prefetch == given
         w = Worker(engine, cfg)
