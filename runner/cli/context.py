@@ -124,6 +124,19 @@ class RetentionOptions:
     prune_every: float | None = 300.0
 
 
+def _sqlite_url(url: str) -> bool:
+    """True when ``url`` names a SQLite database (False for any other, or a URL that does
+    not parse: ``make_engine`` reports that one)."""
+    from sqlalchemy.engine import make_url
+
+    from runner.store.db import normalize_url
+
+    try:
+        return make_url(normalize_url(url)).drivername.startswith("sqlite")
+    except Exception:  # reported by make_engine with one clear line
+        return False
+
+
 class Ctx:
     """What the global options resolve to; the engine is opened on first use.
 
@@ -288,10 +301,19 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 def worker_config(c: Ctx) -> WorkerConfig:
     """The ``WorkerConfig`` the global options in ``c`` describe (lease and grace in
-    seconds)."""
+    seconds).
+
+    Raises:
+        ConfigError: ``--prefetch`` above 0 with a SQLite ``--db`` (exit 2).
+    """
     from runner.engine.config import WorkerConfig
 
     o = c.worker_options
+    if o.prefetch and _sqlite_url(c.db):
+        raise ConfigError(
+            f"--prefetch {o.prefetch}: not on SQLite (a daemon stopped while it holds claims "
+            "ahead can keep the others from taking over; see docs/cli.md); use 0 or leave it out"
+        )
     cfg = WorkerConfig(
         lease=c.lease,
         prefetch=o.prefetch,
