@@ -48,7 +48,7 @@ from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
-from runner.engine.pacing import Pace, plan
+from runner.engine.pacing import plan
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
@@ -351,21 +351,21 @@ class Worker:
         a, cycles = self.attempts, self.cycles
         room, release = self._room(now)
         recover = not self._stopping and self._recover.due(now)
-        pace = Pace(
+        probe = room > 0 and not self._want_claim and self._probe.due(now) and self._may_find(now)
+        step = plan(  # positional: once a turn
             now,
             room,
             bool(release),
             len(a.finished),
-            cycles.flights,
+            len(cycles.flights),
             cycles.most,
             self._want_claim,
-            self._probe_due(now, room),
+            probe,
             recover,
             0 if self._stopping else len(self.running),
             self.config.concurrency,
             self._hold.since,
         )
-        step = plan(pace)
         self._hold.since = step.held_since
         # waiting for a batch: the attempts' ends wake the loop only once there are enough
         # free slots (the hold's timer wakes it anyway)
@@ -380,14 +380,11 @@ class Worker:
             self._recover.restart(now)
         return True
 
-    def _probe_due(self, now: float, room: int) -> bool:
-        """An idle look for due work is due (room, no claim wanted, its timer due) and may
-        find something: on SQLite, skipped while nobody committed since the last look
-        found nothing (then the next look is when the bell rings, or at the next poll).
-        (Read before ``pacing.plan`` decides: the skip is only active on SQLite, where no
-        second cycle is ever in flight.)"""
-        if room <= 0 or self._want_claim or not self._probe.due(now):
-            return False
+    def _may_find(self, now: float) -> bool:
+        """An idle look that is due may find something: on SQLite, False while nobody
+        committed since the last look found nothing (the next look is then when the bell
+        rings, or at the next poll). (Read before ``pacing.plan`` decides: the skip is
+        only active on SQLite, where no second cycle is ever in flight.)"""
         if self._looks.unchanged():
             self._probe.next_at = now + self._looks.next_look(self._probe.interval)
             return False
