@@ -385,8 +385,9 @@ it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
 
 
 def _add_novel_commands() -> None:
-    """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
-    migrate, serve); each module imports its heavy parts inside its command bodies."""
+    """Add the commands that live in modules of their own (explain, sleep/wake, events
+    replay, rules test, migrate, serve, prune); each module imports its heavy parts inside
+    its command bodies."""
     from runner.cli import explain as cli_explain
     from runner.cli import migrate as cli_migrate
     from runner.cli import prune as cli_prune

@@ -18,7 +18,7 @@ def wake_at(until: str | None, for_: str | None, now: float) -> float:
     """The wake time (epoch seconds, UTC) of ``--until T`` (ISO 8601; no zone means UTC)
     or ``--for D`` (a duration from ``now``). Raises ``UserError(..., 2)`` for neither,
     both, or a malformed value."""
-    from runner.control import wake_time
+    from runner.control_channel import wake_time
     from runner.durations import parse_duration
 
     if (until is None) == (for_ is None):

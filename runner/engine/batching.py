@@ -3,11 +3,12 @@
 A cycle costs about the same for one outcome as for ten (the transaction, the commit,
 the claim query; each outcome adds a row or two). When handlers end one at a time, as
 ``exec`` handlers do (each exit is its own event), a worker that started a cycle for
-every exit committed about two outcomes a cycle and spent half its loop in SQLite
-(``docs/performance.md``, issue 13). So while the worker is nearly full (fewer than
-:attr:`Hold.batch` free slots: more attempts are about to end) a finished attempt waits
-up to :data:`HOLD_MAX` seconds for others before its cycle starts. A worker with room to
-spare (little due work, or idle) never waits: it adds no latency there.
+every exit would commit about two outcomes a cycle and spend half its loop in SQLite
+(``docs/performance.md``, "Batches while nearly full"). So while the worker is nearly
+full (fewer than :attr:`Hold.batch` free slots: more attempts are about to end) a
+finished attempt waits up to :data:`HOLD_MAX` seconds for others before its cycle starts.
+A worker with room to spare (little due work, or idle) never waits: it adds no latency
+there.
 """
 
 from __future__ import annotations

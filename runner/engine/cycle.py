@@ -34,6 +34,7 @@ from runner import lifecycle
 from runner.engine.outcomes import decide
 from runner.error_line import error_line
 from runner.errors import UserError
+from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
 from runner.store.clock import db_now
@@ -325,9 +326,7 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
-            recovered = leases.recover_lost(
-                conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
-            )
+            recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)
@@ -387,9 +386,9 @@ def log_lost(recovered: list[leases.Lost]) -> None:
         )
 
 
-def _max_restarts(conn, version: str, state: str) -> int:
-    """The ``max_restarts`` of ``state`` in flow ``version``; 0 if it no longer compiles."""
+def _policy(conn, version: str, state: str) -> Policy | None:
+    """The ``Policy`` of ``state`` in flow ``version``; ``None`` if it no longer compiles."""
     try:
-        return versions.compiled(conn, version).states[state].policy.max_restarts
+        return versions.compiled(conn, version).states[state].policy
     except (UserError, KeyError):
-        return 0
+        return None

@@ -17,7 +17,7 @@ On PostgreSQL a second cycle may be in flight while the first is on the server
 (``overlap``): it runs on a second database thread, over a second pooled connection, so
 that the server works on one batch while the loop runs the attempts another claimed. A
 cycle's work is about half the server's and half the client's (``docs/performance.md``,
-"Overlapped cycles"); one at a time, one core idled. Each finished attempt and each
+"Two cycles in flight"); one at a time, one core would idle. Each finished attempt and each
 claim to give back is in exactly one cycle; the claims of two cycles are distinct rows
 (``FOR UPDATE SKIP LOCKED``, and a claimed row is not due); the worker asks the second
 cycle for no more than the room the first leaves (:meth:`CycleRunner.claiming`).

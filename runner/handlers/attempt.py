@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-EXIT_NOT_YET = 75
 TAIL = 4000
 
 

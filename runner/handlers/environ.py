@@ -2,8 +2,8 @@
 
 Every ``exec`` handler gets the daemon's environment plus a few ``FLOWRUN_*`` variables
 (``runner.handlers.exec_handler.handler_env``, ``runner.handlers.spawn``). Encoding all
-of it to ``b"key=value"`` items per spawn was a fifth of a spawn thread's Python time
-(``docs/performance.md``, issue 13, fourth pass); an :class:`Env` keeps the shared part
+of it to ``b"key=value"`` items per spawn would be a fifth of a spawn thread's Python time
+(``docs/performance.md``, "The environment encoded once"); an :class:`Env` keeps the shared part
 apart, so that only the handler's own variables are encoded per spawn.
 """
 

@@ -26,10 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner import control
+from runner import control_channel
+from runner.control_channel import EXIT_NOT_YET
 from runner.handlers import reaper
 from runner.handlers.attempt import (
-    EXIT_NOT_YET,
     TAIL,
     AttemptResult,
     Cancel,
@@ -162,7 +162,7 @@ class _Supervised:
         self.checkpoint = checkpoint
         self.loop = asyncio.get_running_loop()
         self.goto: str | None = None
-        self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
+        self.sleep: object = None  # a ``sleep`` line's value (runner.control_channel.parse)
         self.bad: str | None = None
         self.last_checkpoint: dict | None = None
         self._pending: list[tuple[dict, dict]] = []  # (data after the line, its values)
@@ -314,7 +314,7 @@ class _Supervised:
 
     def _line(self, line: str) -> None:
         try:
-            kind, value = control.parse(line)
+            kind, value = control_channel.parse(line)
         except ValueError as exc:
             self.bad = str(exc)
             return

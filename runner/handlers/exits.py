@@ -5,10 +5,10 @@ started it, into an ``epoll`` set of its loop's own (:class:`_ExitSet`); that se
 descriptor is one reader of the loop's selector (an epoll set is itself pollable), so an
 exit wakes the loop directly: it collects the exit status at once (``poll()`` of the
 ``spawn.Proc`` or ``Popen``: no zombie is left, and the leader is no longer counted by
-``runner.handlers.reaper``) and calls the handler's callback. Until the fourth pass of
-issue 13 a thread waited on one set for every loop and handed exits over through
-``call_soon_threadsafe``: two more thread wake-ups and GIL hand-overs an attempt, about
-35 µs of CPU (``docs/performance.md``).
+``runner.handlers.reaper``) and calls the handler's callback. No thread hands exits over
+through ``call_soon_threadsafe``: that would cost two more thread wake-ups and GIL
+hand-overs an attempt, about 35 µs of CPU (``docs/performance.md``, "Exits on the loop's
+own epoll set").
 
 A loop that closes while some of its handlers still run (a worker that aborted, a test's
 ``asyncio.run``) is found by a thread (:data:`ADOPT_EVERY` seconds) that then watches its

@@ -10,7 +10,7 @@ error pipe), and the child's pidfd. Each event loop has a ``_spawn.Spawner``: th
 submits spawns without waiting (:func:`submit`) and collects the finished ones in
 batches when the spawner's eventfd is readable. 70-90 µs less of the daemon's CPU an
 attempt than the Python path, and a third of its context switches (``docs/performance.md``,
-issue 13, fifth pass).
+"The C spawn extension"; why three spawn paths: ``docs/handlers.md``).
 
 The extension is optional (``setup.py``: a machine without a C compiler installs flowrun
 without it). :func:`path_in_use` says which path runs (``flowrun --version`` prints it);

@@ -13,13 +13,14 @@ between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds
 while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
 Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
 every call, cost as much of the parent's CPU as the spawn itself
-(``docs/performance.md``, issue 13). Should that private function not take the arguments
-it takes in CPython 3.11-3.13, ``Popen`` is used instead. The spawn blocks its thread
-until the child has exec'd, so it runs in a small pool of threads (:func:`spawn`) while
-the event loop goes on; the started children reach the loop in batches, one wake-up for
-all those started meanwhile. The pipes are plain descriptors: the read ends are read by
-the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
-transport or stream per process.
+(``docs/performance.md``, "The Python spawn path"). Should that private function not
+take the arguments it takes in CPython 3.11-3.13, ``Popen`` is used instead (why three
+spawn paths: ``docs/handlers.md``). The spawn blocks its thread until the child has
+exec'd, so it runs in a small pool of threads (:func:`spawn`) while the event loop goes
+on; the started children reach the loop in batches, one wake-up for all those started
+meanwhile. The pipes are plain descriptors: the read ends are read by the loop itself,
+only when ready (``runner.handlers.exec_handler``), with no asyncio transport or stream
+per process.
 
 Instance data reaches the handler as ``runner.handlers.data`` encodes it.
 """
@@ -37,7 +38,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runner import control
+from runner import control_channel
 from runner.handlers import exits, native, reaper
 from runner.handlers.data import data_env, remove_data_file
 from runner.handlers.environ import add_env, encode_env
@@ -141,7 +142,7 @@ def _start(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
-    add_env(env, {control.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
+    add_env(env, {control_channel.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
             proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w, setup)
@@ -413,7 +414,7 @@ async def spawn(
     fut = loop.create_future()
     try:
         if native.ext is not None:
-            add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
+            add_env(env, {control_channel.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
             key = (fut, token, argv[0], cwd)
             native.submit(loop, key, argv, cwd, env, _collected, setup and setup.native())
         else:

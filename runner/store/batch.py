@@ -5,10 +5,11 @@ of a cycle sends the batch as one statement: its rows travel as JSON documents (
 kind of row, turned back into rows by ``json_to_recordset``); an ``UPDATE ... FROM``
 them fences and writes every outcome and says (``RETURNING``) which instances were still
 held, and an ``INSERT ... SELECT`` writes the finished attempts' rows of those only, all
-in one statement (data-modifying CTEs). Before, one ``UPDATE`` and one ``INSERT`` per row
+in one statement (data-modifying CTEs). One ``UPDATE`` and one ``INSERT`` per row
 (``executemany``, pipelined) cost 3.3 and 2.7 ms per 64 rows here, after a fence read
 (``SELECT ... FOR UPDATE``); arrays of each column (``unnest``) instead of JSON cost
-psycopg 20 us a row to dump, JSON 4 us. See ``docs/performance.md``.
+psycopg 20 us a row to dump, JSON 4 us (``docs/performance.md``, "One statement for a
+PostgreSQL batch").
 
 The rows are built here (:func:`batch_rows`, from the ``rows.Outcome`` list
 :func:`runner.store.commit.commit_outcomes` gets), with short keys and nothing the

@@ -8,9 +8,9 @@ SQLAlchemy's ``text()`` accept. One :class:`Reader` runs them; there are two:
   (``file:...?mode=ro``), a 30 s busy timeout and plain deferred ``BEGIN`` snapshots
   (under WAL a read never blocks a writer), as ``runner.store.db.read_engine``. It needs
   neither SQLAlchemy nor SQLModel: ``flowrun ls`` on SQLite starts in a third of the time
-  (``docs/performance.md``). :func:`open_sqlite` opens one only on a file whose schema is
-  at this flowrun's revision; anything else is left to ``make_engine`` (which creates,
-  upgrades or refuses it with one clear line, as before).
+  (``docs/performance.md``, "The read side without SQLAlchemy"). :func:`open_sqlite`
+  opens one only on a file whose schema is at this flowrun's revision; anything else is
+  left to ``make_engine`` (which creates, upgrades or refuses it with one clear line).
 - :class:`EngineReader`: a SQLAlchemy ``Engine`` (PostgreSQL, the console's read engine,
   every caller that holds an engine), each snapshot one ``runner.store.db.reading``
   connection.

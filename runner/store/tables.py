@@ -44,7 +44,7 @@ JSONType = JSONOrJSONB()
 #: use instead of when the class is made (``defer_build``). flowrun writes and reads the
 #: tables through their SQLAlchemy ``Table`` (Core statements), never through a pydantic
 #: validation or dump, so a daemon builds none: 7 ms less to its first claim
-#: (``docs/performance.md``, "First claim, keeping SQLModel").
+#: (``docs/performance.md``, "A light start").
 TABLE_CONFIG = ConfigDict(defer_build=True)
 
 
