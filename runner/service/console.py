@@ -139,7 +139,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
     flows_dir = c.flows if c.flows.is_dir() else None
     embedded = None
     if not attach:
-        from runner.service.daemon import load_registry
+        from runner.service.startup import load_registry
 
         if flows_dir is None:
             from runner.errors import ConfigError
@@ -156,7 +156,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
     if not attach:
         embedded = EmbeddedWorker(engine, registry, config, c.listen_db)
         embedded.start()
-    stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
+    stopper = ConsoleStopper(embedded, c.worker_options.grace) if embedded else None
     app = FlowrunApp(
         engine, flows_dir=flows_dir, readonly=readonly, clock=time.time, stopper=stopper
     )
@@ -164,6 +164,6 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
         app.run()
     finally:
         if embedded is not None:
-            embedded.stop(timeout=c.worker_options["grace"] + 5)
+            embedded.stop(timeout=c.worker_options.grace + 5)
     if embedded is not None and embedded.error is not None:
         raise embedded.error
