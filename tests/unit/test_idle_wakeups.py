@@ -169,6 +169,9 @@ def test_the_reaper_sleeps_while_no_attempt_runs(monkeypatch) -> None:
         return real()
 
     monkeypatch.setattr(reaper, "sweep", counting)
+    # attempts earlier tests in this process left marked running are not this test's
+    monkeypatch.setattr(reaper, "_running", set())
+    monkeypatch.setattr(reaper, "_signalled", {})
     reaper.start()
     try:
         # nothing left from earlier tests in this process (a child still exiting under
