@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner import lifecycle
 from runner.errors import IllegalMove
@@ -49,7 +49,7 @@ def decide(
     flow: CompiledFlow,
     claim: Claim,
     result: AttemptResult,
-    durable_data: dict,
+    durable_data: dict[str, Any],
     at: float,
     rand: Callable[[], float] = random.random,
 ) -> Outcome:
@@ -64,7 +64,7 @@ def decide(
     """
     state = flow.states[claim.state]
     policy = state.policy
-    values: dict = {
+    values: dict[str, Any] = {
         "state": claim.state,
         "status": "runnable",
         "data": durable_data,
@@ -78,6 +78,7 @@ def decide(
     }
     outcome, to_state, error = result.outcome, result.to_state, result.error
     if outcome == "moved":
+        assert to_state is not None  # a move names its target (AttemptResult)
         try:
             check_move(flow, claim.state, to_state)
         except IllegalMove as exc:

@@ -49,7 +49,7 @@ from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
 from runner.engine.pacing import plan
-from runner.engine.running import RunningAttempts
+from runner.engine.running import Running, RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
@@ -446,7 +446,7 @@ class Worker:
         """Free slots for new attempts (none while stopping)."""
         return 0 if self._stopping else self.config.concurrency - len(self.running)
 
-    def _room(self, now: float) -> tuple[int, list]:
+    def _room(self, now: float) -> tuple[int, list[Running]]:
         """``(room, release)`` at ``now`` (monotonic seconds): how many instances the next
         cycle may claim (free slots, and claims to hold ahead of them
         (``ahead.ClaimAhead``), less those waiting and those the cycles in flight may
@@ -463,7 +463,11 @@ class Worker:
         return max(0, free + ahead - len(a.waiting) - self.cycles.claiming()), []
 
     def _request(
-        self, free: int, probe: bool = False, recover: bool = False, release: list | None = None
+        self,
+        free: int,
+        probe: bool = False,
+        recover: bool = False,
+        release: list[Running] | None = None,
     ) -> CycleRequest:
         """The next cycle's :class:`CycleRequest`: every attempt finished so far, with
         ``free`` slots (claims ahead included), giving back ``release`` (waiting

@@ -42,7 +42,7 @@ from runner.ops.views import waits_for
 
 
 def explain(
-    rows: dict, flow_of: Callable[[str], Any], now: float, *, window_entries: bool = True
+    rows: dict[str, Any], flow_of: Callable[[str], Any], now: float, *, window_entries: bool = True
 ) -> Explanation:
     """The timeline and forecast of one instance.
 
@@ -87,7 +87,7 @@ def explain(
                     )
                 )
 
-    stream: list[tuple[float, float, str, dict]] = []
+    stream: list[tuple[float, float, str, dict[str, Any]]] = []
     for a in rows["attempts"]:
         stream.append((a["started_at"] or 0.0, 1, "start", a))
         if a["outcome"] is not None:  # a chained attempt starts when the one before ends
@@ -120,7 +120,7 @@ def explain(
     )
 
 
-def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
+def _end_at(a: dict[str, Any], cmds: list[dict[str, Any]]) -> tuple[float, float]:
     """Where attempt ``a``'s end goes in the replay: ``(time, order)``, order 0 sorting
     before a start (1) and a command (2) at the same time (an attempt that took no time:
     1, right after its own start).
@@ -151,7 +151,7 @@ def _safe_flow(flow_of: Callable[[str], Any], version: str) -> Any:
         return None
 
 
-def _first_state(rows: dict, flow_of, version: str) -> str:
+def _first_state(rows: dict[str, Any], flow_of, version: str) -> str:
     atts = rows["attempts"]
     if atts:
         return atts[0]["state"]
@@ -159,12 +159,12 @@ def _first_state(rows: dict, flow_of, version: str) -> str:
     return flow.initial if flow is not None else rows["instance"]["state"]
 
 
-def _summary(inst: dict) -> dict:
+def _summary(inst: dict[str, Any]) -> dict[str, Any]:
     keys = ("id", "flow", "label", "version", "state", "status", "due_at", "attempts", "errors")
     return {k: inst.get(k) for k in (*keys, "restarts", "state_restarts", "running_attempt")}
 
 
-def _close_wait(out: list[Entry], t: Track, at: float, a: dict) -> None:
+def _close_wait(out: list[Entry], t: Track, at: float, a: dict[str, Any]) -> None:
     if t.wait_from is None:
         return
     waited = at - t.wait_from
@@ -193,7 +193,7 @@ def _enter(t: Track, state: str, flow: Any = None) -> None:
         t.status = "completed" if flow.states[state].kind == "terminal" else "runnable"
 
 
-def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> None:
+def _ended(out: list[Entry], t: Track, a: dict[str, Any], pol: Policy | None, flow_of) -> None:
     at = a["finished_at"] or a["started_at"]
     took = secs(at - a["started_at"]) if a["started_at"] is not None else "?"
     outcome, head = a["outcome"], f"attempt {a['attempt']} in {a['state']!r} on {a['worker']}"
@@ -347,7 +347,7 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
         _wait(t, at, f"entered {verdict.enter!r} (on_exhausted), due at once", kind="on_exhausted")
 
 
-def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
+def _command(out: list[Entry], t: Track, c: dict[str, Any], flow_of) -> None:
     source = c["source"] or "cli"
     who = f"rule {source[5:]}" if source.startswith("rule:") else source
     kind = "rule" if source.startswith("rule:") else "command"

@@ -23,7 +23,7 @@ from runner.ops.explanation import (
 )
 
 
-def forecast(inst: dict, flow: Any, now: float, t: Track | None = None) -> list[Entry]:
+def forecast(inst: dict[str, Any], flow: Any, now: float, t: Track | None = None) -> list[Entry]:
     """What happens next to ``inst`` (an ``instances`` row as a dict) under ``flow`` (its
     ``CompiledFlow``, or ``None`` when its version no longer compiles) at ``now``.
 
@@ -96,7 +96,7 @@ def forecast(inst: dict, flow: Any, now: float, t: Track | None = None) -> list[
     return out
 
 
-def _due(inst: dict, flow: Any, now: float, t: Track | None) -> Entry:
+def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
     iid, status, due = inst["id"], inst["status"], inst["due_at"]
     why = t.wait_cause if t is not None and t.wait_cause else None
     data: dict[str, Any] = {"status": status, "due_at": due, "why": why}

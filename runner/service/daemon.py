@@ -180,7 +180,7 @@ class Daemon:
     idle: asyncio.Event = field(init=False)  # after the first cycle, the worker was quiet
     aborted_by: int | None = field(init=False, default=None)  # the second signal's number
     ticked: float | None = field(init=False, default=None)  # the worker loop's last turn
-    worker_task: asyncio.Future | None = field(init=False, default=None)
+    worker_task: asyncio.Future[None] | None = field(init=False, default=None)
     outer_tick: Callable[[], None] | None = field(init=False, default=None)  # config's own
     base: Any = field(init=False, default=None)  # the progress line's baseline
     started: float = field(init=False, default=0.0)  # monotonic s, the parts' start
@@ -358,6 +358,7 @@ class Daemon:
             return
         from runner.sensors.hub import SensorHub
 
+        assert self.registry is not None  # with_hub() said so
         hub = SensorHub(self.engine, self.registry, self.config.worker_id, self.config.lease)
         hub.on_work = self.worker.wake
         if self.listener is not None:  # other daemons' events: notifications
@@ -401,7 +402,7 @@ class Daemon:
             from runner.service.pruner import Pruner
 
             opts = self.options
-            assert opts.prune_every is not None
+            assert opts.prune_every is not None and self.registry is not None
             self.pruner = Pruner(
                 self.engine,
                 self.registry,
@@ -441,7 +442,7 @@ class Daemon:
                 log.warning("progress: cannot count the instances yet; counting later")
         sup = self.supervisor
         self.worker_task = asyncio.ensure_future(sup.keep("worker", self.worker.run, restart=False))
-        side: list[asyncio.Future] = []
+        side: list[asyncio.Future[None]] = []
         if self.with_hub:
             side.append(asyncio.ensure_future(self.start_hub()))
         self.started = time.monotonic()
@@ -468,7 +469,7 @@ class Daemon:
             code = 0
         return Served(self.worker, code, sup, self.metrics.port if self.metrics else None)
 
-    async def _wind_down(self, side: list[asyncio.Future]) -> None:
+    async def _wind_down(self, side: list[asyncio.Future[None]]) -> None:
         """The worker ended: give the other parts a moment to end (10 s; 0.5 s when the
         database does not answer, their statements then broken off), cancel the rest,
         log what failed."""
@@ -499,7 +500,7 @@ async def serve(
     *,
     install_signals: bool = True,
     sensors: bool = True,
-    worker_ready: asyncio.Future | None = None,
+    worker_ready: asyncio.Future[Worker] | None = None,
     options: ServiceOptions | None = None,
 ) -> Served:
     """Run a :class:`Daemon` until stopped or idle: a worker (and, with ``sensors``, the

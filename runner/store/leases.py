@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
@@ -205,7 +206,7 @@ def recover_lost(
             error,
             status=r["status"],
         )
-        values: dict = {
+        values: dict[str, Any] = {
             "restarts": i.restarts + 1,
             "state_restarts": verdict.state_restarts,
             "fence": i.fence + 1,
