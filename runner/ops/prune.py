@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Engine
@@ -37,7 +37,7 @@ class Pacing:
     Attributes:
         batch: rows written per transaction, about (an instance's child rows go in its
             transaction; the number of instances per transaction follows the rows per
-            instance of the last one).
+            instance of the last one). ``None``: :func:`default_batch` of the database.
         rest: after a write transaction of ``t`` seconds, sleep ``rest * t`` (at least
             ``min_rest``): the pruner holds the database at most ``1 / (1 + rest)`` of
             the time.
@@ -45,7 +45,7 @@ class Pacing:
         stopped: asked between transactions; ``True`` ends the prune early.
     """
 
-    batch: int = 500
+    batch: int | None = None
     rest: float = 3.0
     min_rest: float = 0.002
     sleep: Callable[[float], Any] = time.sleep
@@ -100,6 +100,17 @@ class _Run:
             self.wrote(lambda c=items[i : i + size]: step(c), kind)
 
 
+#: Rows per write transaction by default: on SQLite (one writer at a time: a worker's
+#: claim waits for the whole transaction, then for SQLite's busy-wait steps of 1, 2, 5,
+#: 10, 15... ms) a short one; on PostgreSQL (row locks) the issue's bound.
+BATCH = {"sqlite": 100, "postgresql": 500}
+
+
+def default_batch(engine: Engine) -> int:
+    """:data:`BATCH` for ``engine``'s database (500 for any other)."""
+    return BATCH.get(engine.dialect.name, 500)
+
+
 def rules_for(
     flows: Iterable[Any],
     default: Retention = DEFAULT,
@@ -145,9 +156,10 @@ def prune(
     Returns ``{kind: rows}`` for every kind of ``runner.retention.KINDS``. Raises
     SQLAlchemy's ``DBAPIError`` when the database fails (what went before is committed).
     """
-    run = _Run(
-        engine, rules, time.time() if now is None else now, dry_run, pacing or Pacing(), on_step
-    )
+    pacing = pacing or Pacing()
+    if pacing.batch is None:
+        pacing = replace(pacing, batch=default_batch(engine))
+    run = _Run(engine, rules, time.time() if now is None else now, dry_run, pacing, on_step)
     names = sorted(set(sql.flows_stored(engine)) | set(rules.flows or {}))
     if flow is not None:
         names = [n for n in names if n == flow]

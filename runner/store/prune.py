@@ -53,7 +53,8 @@ def candidates(
 ) -> list[tuple[int, int | None, str]]:
     """The next ``limit`` instances of ``flow`` in ``status`` last changed before
     ``cutoff`` (epoch seconds) and unlocked, with ``id > after``, by id: ``(id, event_id,
-    version)`` each (one read; SQLite walks ``ix_instances_flow_status`` in rowid order)."""
+    version)`` each (one read: an ordered range of ``ix_instances_flow_status``, on
+    ``(flow, status, id)``)."""
     stmt = (
         select(instances.c.id, instances.c.event_id, instances.c.version)
         .where(instances.c.flow == flow, instances.c.id > after, *_deletable(status, cutoff))
