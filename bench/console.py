@@ -10,6 +10,7 @@ Usage::
 
     .venv/bin/python bench/console.py                 # 1k, 100k, 1M
     .venv/bin/python bench/console.py --sizes 1000 --frames 50
+    .venv/bin/python bench/console.py --db KEPT/big/flowrun.db   # a bench/scale.py database
 
 Prints p50/p95 per size of the frame (page + sparkline + render), for the top of the
 list and for the middle, and of the counts per status, which run on their own
@@ -121,19 +122,25 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-async def _measure(path: str, frames: int, deep: bool) -> tuple[list[float], list[float]]:
-    """Frame times (page + sparkline + render of every visible line) and counts times."""
+async def _measure(
+    path: str, frames: int, deep: bool, now: float = NOW
+) -> tuple[list[float], list[float], float]:
+    """Frame times (page + sparkline + render of every visible line), counts times, and
+    the first paint (ms from opening the database to the first page shown, in-process:
+    the console's imports are not counted)."""
     from runner.tui.app import FlowrunApp
     from runner.tui.widgets.instance_table import InstanceTable
 
+    t_open = time.perf_counter()
     engine = make_engine("sqlite:///" + path)
-    app = FlowrunApp(engine, clock=lambda: NOW, live=False)
+    app = FlowrunApp(engine, clock=lambda: now, live=False)
     frame_ms: list[float] = []
     count_ms: list[float] = []
     async with app.run_test(size=(160, 45)) as pilot:
         await pilot.pause()
         await app.workers.wait_for_complete()
         await pilot.pause()
+        first_paint_ms = (time.perf_counter() - t_open) * 1000
         table = app.screen.query_one(InstanceTable)
         data = app.data
         query = table.query_spec()
@@ -150,7 +157,7 @@ async def _measure(path: str, frames: int, deep: bool) -> tuple[list[float], lis
             # what the refresh worker reads (in a thread in the app; timed inline here)
             off, limit = table.window()
             page = data.page(query, off, limit, total=table.total)
-            spark = data.throughput(NOW)
+            spark = data.throughput(now)
             # what the UI loop does with it: install the page, render every visible line
             table.set_page(page)
             app.screen.header.set_spark(spark)
@@ -159,7 +166,22 @@ async def _measure(path: str, frames: int, deep: bool) -> tuple[list[float], lis
             frame_ms.append((time.perf_counter() - t0) * 1000)
         assert table.page is not None and table.page.get(int(table.scroll_y)) is not None
     engine.dispose()
-    return frame_ms, count_ms
+    return frame_ms, count_ms, first_paint_ms
+
+
+def _measure_file(path: str, frames: int) -> int:
+    """Frame and first-paint times on an existing database file; prints one JSON line."""
+    out = {"db": path}
+    for deep in (False, True):
+        t, c, first = asyncio.run(_measure(path, frames, deep, time.time()))
+        out["middle" if deep else "top"] = {
+            "first_paint_ms": round(first, 1),
+            "frame_p50_ms": round(statistics.median(t), 1),
+            "frame_p95_ms": round(_pct(t, 0.95), 1),
+            "counts_p95_ms": round(_pct(c, 0.95), 1),
+        }
+    print(json.dumps(out))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,100000,1000000")
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--keep", help="folder to keep the databases in (reused if present)")
+    ap.add_argument(
+        "--db", help="measure this SQLite file instead (e.g. one bench/scale.py --keep built)"
+    )
     args = ap.parse_args(argv)
+    if args.db:
+        return _measure_file(args.db, args.frames)
     folder = Path(args.keep or tempfile.mkdtemp(prefix="flowrun-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     results = []
@@ -184,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         for deep in (False, True):
-            t, c = asyncio.run(_measure(str(path), args.frames, deep))
+            t, c, _first = asyncio.run(_measure(str(path), args.frames, deep))
             row = {
                 "instances": size,
                 "page": "middle" if deep else "top",

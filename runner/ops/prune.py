@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,7 +41,7 @@ class Pacing:
     Attributes:
         batch: rows written per transaction, about (an instance's child rows go in its
             transaction; the number of instances per transaction follows the rows per
-            instance of the last one).
+            instance of the last one). ``None``: :func:`default_batch` of the database.
         rest: after a write transaction of ``t`` seconds, sleep ``rest * t`` (at least
             ``min_rest``): the pruner holds the database at most ``1 / (1 + rest)`` of
             the time.
@@ -49,7 +49,7 @@ class Pacing:
         stopped: asked between transactions; ``True`` ends the prune early.
     """
 
-    batch: int = 500
+    batch: int | None = None
     rest: float = 3.0
     min_rest: float = 0.002
     sleep: Callable[[float], Any] = time.sleep
@@ -70,6 +70,12 @@ class _Run:
     counts: Counter[str] = field(default_factory=Counter)
     gone_events: Counter[int] = field(default_factory=Counter)
     gone_versions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def batch(self) -> int:
+        """Rows per transaction (``prune`` resolves :attr:`Pacing.batch` before the run)."""
+        assert self.pacing.batch is not None
+        return self.pacing.batch
 
     def wrote(self, step: Callable[[], Counter[str] | int], kind: str | None = None) -> None:
         """Run one write ``step`` (its counts, or an int of ``kind``), count it, rest."""
@@ -104,9 +110,20 @@ class _Run:
         kind: str | None = None,
     ) -> None:
         """:meth:`wrote` ``step`` on each :attr:`Pacing.batch` of ``items`` in turn."""
-        size = self.pacing.batch
+        size = self.batch
         for i in range(0, len(items), size):
             self.wrote(partial(step, items[i : i + size]), kind)
+
+
+#: Rows per write transaction by default: on SQLite (one writer at a time: a worker's
+#: claim waits for the whole transaction, then for SQLite's busy-wait steps of 1, 2, 5,
+#: 10, 15... ms) a short one; on PostgreSQL (row locks) the issue's bound.
+BATCH = {"sqlite": 100, "postgresql": 500}
+
+
+def default_batch(engine: Engine) -> int:
+    """:data:`BATCH` for ``engine``'s database (500 for any other)."""
+    return BATCH.get(engine.dialect.name, 500)
 
 
 def rules_for(
@@ -154,9 +171,10 @@ def prune(
     Returns ``{kind: rows}`` for every kind of ``runner.retention.KINDS``. Raises
     SQLAlchemy's ``DBAPIError`` when the database fails (what went before is committed).
     """
-    run = _Run(
-        engine, rules, time.time() if now is None else now, dry_run, pacing or Pacing(), on_step
-    )
+    pacing = pacing or Pacing()
+    if pacing.batch is None:
+        pacing = replace(pacing, batch=default_batch(engine))
+    run = _Run(engine, rules, time.time() if now is None else now, dry_run, pacing, on_step)
     names = sorted(set(sql.flows_stored(engine)) | set(rules.flows or {}))
     if flow is not None:
         names = [n for n in names if n == flow]
@@ -176,7 +194,7 @@ def prune(
 def _instances(run: _Run, flow: str, status: str, cutoff: float) -> None:
     after, per = 0, 1.0
     while not run.pacing.stopped():
-        n = max(1, min(run.pacing.batch, int(run.pacing.batch / per)))
+        n = max(1, min(run.batch, int(run.batch / per)))
         rows = sql.candidates(run.engine, flow, status, cutoff, after, n)
         if not rows:
             return

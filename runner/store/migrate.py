@@ -102,9 +102,16 @@ def _has_index(conn: Connection, table: str, name: str) -> bool:
     return name in {i.get("name") for i in inspect(conn).get_indexes(table)}
 
 
+def _index_columns(conn: Connection, table: str, name: str) -> int:
+    """How many columns the index ``name`` of ``table`` has (0: no such index)."""
+    found = [i for i in inspect(conn).get_indexes(table) if i.get("name") == name]
+    return len(found[0]["column_names"]) if found else 0
+
+
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0010", lambda c: _index_columns(c, "instances", "ix_instances_flow_status") == 3),
     ("0006", lambda c: _has_column(c, "instances", "history_from")),
     ("0005", lambda c: _has_column(c, "workers", "pid_started")),
     ("0004", lambda c: _has_column(c, "workers", "heartbeat_every")),

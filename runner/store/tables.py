@@ -77,7 +77,8 @@ class Instance(SQLModel, table=True):
     model_config = TABLE_CONFIG
     __table_args__ = (
         Index("ix_instances_claim", "status", "due_at"),
-        Index("ix_instances_flow_status", "flow", "status"),
+        # ``id`` too: PostgreSQL reads one flow and status in id order (the pruner)
+        Index("ix_instances_flow_status", "flow", "status", "id"),
         Index("ix_instances_locked_by", "locked_by"),
         # partial (only the instances an event started); the migration (0006) makes it
         # partial on PostgreSQL too, where naming ``postgresql_where`` here would load
