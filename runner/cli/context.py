@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay ligh
 #: that does not exist they say so and never create it (the listings ``ls``, ``events``
 #: and ``workers`` then list nothing, exit 0; the others exit 1).
 READ_ONLY = frozenset(
-    {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send"}
+    {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send", "logs"}
 )
 
 

@@ -380,6 +380,7 @@ def _add_novel_commands() -> None:
     """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
+    from runner.cli import logs as cli_logs
     from runner.cli import migrate as cli_migrate
     from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
@@ -387,7 +388,7 @@ def _add_novel_commands() -> None:
     from runner.cli import sleep as cli_sleep
 
     novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
-    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
+    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS, *cli_logs.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group
