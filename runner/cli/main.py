@@ -160,6 +160,15 @@ FLOWRUN_RETENTION, ...).
     "(a duration or forever).",
 )
 @click.option(
+    "--log-store-max",
+    envvar="FLOWRUN_LOG_STORE_MAX",
+    default=None,
+    callback=lambda _ctx, _param, value: _log_store_max(value),
+    help="--daemon: bytes all attempt logs may take (e.g. 1GiB, none); past it the pruner "
+    "deletes the oldest terminal instances' logs first.  [default: 1GiB on SQLite, none on "
+    "PostgreSQL]",
+)
+@click.option(
     "--prune-every",
     type=click.FloatRange(min=0),
     default=300.0,
@@ -215,6 +224,7 @@ def main_group(
     retention=DEFAULT_RETENTION,
     event_retention=EVENT_WINDOW,
     prune_every=300.0,
+    log_store_max=None,
     db_pooler="auto",
     listen_db=None,
 ):
@@ -242,6 +252,7 @@ def main_group(
     ctx.obj.retention = dict(
         retention=retention, event_retention=event_retention, prune_every=prune_every or None
     )
+    ctx.obj.retention["log_store_max"] = log_store_max
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -256,6 +267,20 @@ def _retention(value: str | Retention) -> Retention:
         return parse_retention(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--retention") from None
+
+
+def _log_store_max(value: str | int | None) -> int | None:
+    """``--log-store-max``'s callback: bytes; 0 for ``none``; ``None`` when not given."""
+    if value is None or isinstance(value, int):
+        return value
+    if value.strip().lower() in ("none", "0"):
+        return 0
+    from runner.flowspec.spec_handler import parse_size
+
+    try:
+        return parse_size(value.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--log-store-max") from None
 
 
 def _window(value: str | float | None) -> float | None:
@@ -326,6 +351,7 @@ def _run_daemon(c: Ctx) -> int:
             prune_every=c.retention["prune_every"],
             retention=c.retention["retention"],
             event_retention=c.retention["event_retention"],
+            log_store_max=c.retention["log_store_max"],
             listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))

@@ -115,7 +115,7 @@ class Context:
     env: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("flowrun.handler"))
-    _attempt_log: object = field(default=None, repr=False)  # store.log_writer.AttemptLog
+    _attempt_log: object = field(default=None, repr=False)  # runner.log_buffer.AttemptLog
     _checkpoint: CheckpointFn | None = field(default=None, repr=False)
     _signal: Callable[[], None] = field(default=lambda: None, repr=False)
     _cancelled: bool = field(default=False, repr=False)

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from runner.store.log_writer import STDERR, STDOUT, AttemptLog
+from runner.log_buffer import STDERR, STDOUT, AttemptLog
 
 #: The attempt log of the handler running in this task or thread (``None``: none).
 current: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(

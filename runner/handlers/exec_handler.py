@@ -45,7 +45,7 @@ from runner.handlers.environ import Env
 from runner.handlers.process_setup import ProcSetup, limit_reached
 from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
-from runner.store.log_writer import STDERR, STDOUT, AttemptLog
+from runner.log_buffer import STDERR, STDOUT, AttemptLog
 from runner.templating import render
 
 #: Seconds after its start from which a handler's pipes are read as data comes.

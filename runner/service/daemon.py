@@ -128,6 +128,7 @@ class ServiceOptions:
     retention: Retention = DEFAULT
     event_retention: float | None = EVENT_WINDOW
     listen_url: str | None = None
+    log_store_max: int | None = None  # wiring: logs (--log-store-max; None: 1 GiB on SQLite)
 
 
 @dataclass
@@ -462,6 +463,7 @@ async def serve(
                         default=opts.retention,
                         events=opts.event_retention,
                         every=opts.prune_every,
+                        log_store_max=opts.log_store_max,  # wiring: logs
                     )
                 )
                 if collector is not None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
+from runner.log_buffer import END
 from runner.store.db import reading
-from runner.store.log_writer import END
 from runner.store.tables import attempt_logs, attempts, instances
 
 STREAMS = {1: "stdout", 2: "stderr"}
