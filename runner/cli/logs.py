@@ -21,7 +21,7 @@ from runner.errors import UserError
 from runner.literal import literal
 
 #: Seconds between two looks for new output while following.
-POLL = 0.2
+POLL = 0.1
 #: Seconds a follower still waits for the last output once the attempt has ended.
 END_GRACE = 2.0
 TERMINAL = ("completed", "failed", "killed")

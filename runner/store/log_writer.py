@@ -26,7 +26,7 @@ from runner.store.tables import attempt_logs
 log = logging.getLogger("flowrun.logs")
 
 #: Seconds between the writer's batches (a follower sees output at most this late).
-EVERY = 0.2
+EVERY = 0.1
 
 CAPTURE = os.environ.get("FLOWRUN_LOG_CAPTURE", "on").lower() not in ("off", "0", "no")
 
