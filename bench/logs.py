@@ -10,7 +10,11 @@ In one run, on SQLite and (``--pg URL``) PostgreSQL:
 3. one handler writing 100 MB: the daemon's wall time against ``cat > /dev/null`` of the
    same bytes, and the daemon's peak RSS (``ru_maxrss``) with capture on and off;
 4. ``flowrun logs -f`` latency: a handler prints its clock every 50 ms for 3 s; the
-   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms).
+   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms);
+5. the loop under load: 20 handlers writing at full speed (``yes``) for the whole
+   measure while 40 ``/bin/true`` instances are created one every 50 ms; their start
+   latency (attempt started - instance created) p50/p99 against the same with no noisy
+   handler (goal p99 under 2x idle).
 
 A rate is attempts / (last attempt finished - first started), read from the attempts
 table, of one ``flowrun --daemon --exit-when-idle`` draining N instances.
@@ -178,6 +182,68 @@ def _follow(db: str, tmp: Path) -> list[float]:
     return lags[5:]  # past what was stored before the follower's first look
 
 
+NOISY = """\
+import sys, time
+end = time.time() + {secs}
+b = b'z' * 65535 + b'\\n'
+while time.time() < end:
+    sys.stdout.buffer.write(b)
+"""
+
+
+def _start_latency(db: str, tmp: Path, noisy: int, secs: float = 8.0) -> list[float]:
+    """Start latencies (seconds) of 40 quick instances created one every 50 ms while
+    ``noisy`` handlers write at full speed."""
+    from sqlalchemy import text
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instance, create_instances
+
+    quick, qname = _world(db, tmp, ["/bin/true"], 0)
+    (quick / "noisy.py").write_text(NOISY.format(secs=secs))
+    (quick / "noisy.yaml").write_text(FLOW.format(name=f"{qname}n", argv=["python", "noisy.py"]))
+    engine = _engine(db)
+    qflow = load_flow(quick / f"{qname}.yaml")
+    nflow = load_flow(quick / "noisy.yaml")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "--flows", str(quick), "--db", db, "--daemon",
+         "--prune-every", "0"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(2.0)  # the daemon's start-up
+        if noisy:
+            with engine.begin() as conn:
+                create_instances(conn, nflow, [{} for _ in range(noisy)])
+            time.sleep(1.0)
+        ids = []
+        for _ in range(40):
+            with engine.begin() as conn:
+                ids.append(create_instance(conn, qflow, {}))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                rows = (
+                    conn.execute(
+                        text(
+                            "SELECT a.started_at - i.created_at FROM attempts a JOIN instances i "
+                            "ON i.id = a.instance_id WHERE i.flow = :f"
+                        ),
+                        {"f": qname},
+                    )
+                    .scalars()
+                    .all()
+                )
+            if len(rows) >= len(ids):
+                return list(rows)
+            time.sleep(0.2)
+        return list(rows)
+    finally:
+        daemon.terminate()
+        daemon.wait()
+
+
 def _cat(nbytes: int) -> float:
     t0 = time.perf_counter()
     subprocess.run(f"head -c {nbytes} /dev/zero | cat > /dev/null", shell=True, check=True)
@@ -227,6 +293,14 @@ def main() -> None:
                 p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
                 print(f"[{label}] logs -f latency over {len(lags)} lines: p50 {p50:.0f} ms, "
                       f"p99 {p99:.0f} ms (goal p99 <= 500 ms)")  # fmt: skip
+            idle = sorted(_start_latency(db, tmp, 0))
+            busy = sorted(_start_latency(db, tmp, 20))
+            if idle and busy:
+                p = [x[min(len(x) - 1, int(len(x) * q))] * 1000 for x in (idle, busy)
+                     for q in (0.5, 0.99)]  # fmt: skip
+                print(f"[{label}] start latency idle p50 {p[0]:.0f} ms p99 {p[1]:.0f} ms; with "
+                      f"20 handlers writing at full speed p50 {p[2]:.0f} ms p99 {p[3]:.0f} ms "
+                      f"(ratio of p99s {p[3] / max(p[1], 1e-9):.2f}, goal < 2)")  # fmt: skip
 
 
 if __name__ == "__main__":

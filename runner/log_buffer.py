@@ -130,14 +130,32 @@ class AttemptLog:
                 self._tail.append([self.seq, END, time.time(), self.offset, bytearray()])
                 self._queue()
 
-    def take(self) -> tuple[list[list], int, bool]:
-        """For the writer: ``(rows not stored yet, in order; the offset before which the
-        bytes past the head go; ended)``, the rows handed over."""
+    def take(self, budget: int | None = None) -> tuple[list[list], int, bool]:
+        """For the writer: ``(rows handed over, in order; the offset before which the
+        bytes past the head go; whether rows are left)``. With a ``budget``, rows up to
+        about that many bytes (at least one); the rest stays for the next batch (and
+        may still be dropped by the cap)."""
         with self._lock:
-            rows = self._head + list(self._tail)
-            self._head = []
-            self._tail.clear()
-            self._tail_bytes = 0
-            self._queued = False
+            if budget is None:
+                rows = self._head + list(self._tail)
+                self._head = []
+                self._tail.clear()
+                self._tail_bytes = 0
+            else:
+                rows, used, n = [], 0, 0
+                for row in self._head:
+                    if used >= budget and rows:
+                        break
+                    rows.append(row)
+                    used += len(row[4])
+                    n += 1
+                del self._head[:n]
+                while not self._head and self._tail and (used < budget or not rows):
+                    row = self._tail.popleft()
+                    rows.append(row)
+                    used += len(row[4])
+                    self._tail_bytes -= len(row[4])
+            left = bool(self._head or self._tail)
+            self._queued = left
             keep_from = max(self.cut, self.offset - self.tail_max, self.head)
-            return rows, keep_from, self._ended
+            return rows, keep_from, left
