@@ -23,7 +23,7 @@ from runner.literal import literal
 #: Seconds between two looks for new output while following.
 POLL = 0.1
 #: Seconds a follower still waits for the last output once the attempt has ended.
-END_GRACE = 2.0
+END_GRACE = 1.5
 TERMINAL = ("completed", "failed", "killed")
 
 
@@ -157,11 +157,15 @@ def _show(engine, instance_id: int, number: int, out: _Out, tail: int | None, fo
                 continue
         if not follow or walk.ended:
             break
-        ended, _outcome = log_reader.outcome_of(engine, instance_id, number)
+        ended, finished_at = log_reader.outcome_of(engine, instance_id, number)
         if ended:
+            # its last output (and the end row, when it wrote any) is stored within a
+            # writer's batch of the end: wait that long, no longer
             now = time.monotonic()
             ended_at = ended_at or now
-            if walk.expected is None or now - ended_at > END_GRACE:
+            if finished_at is not None and time.time() - finished_at > END_GRACE:
+                break
+            if now - ended_at > END_GRACE:
                 break  # no output at all, or the end row never came (a lost attempt)
         time.sleep(POLL)
     out.done()

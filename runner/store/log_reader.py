@@ -61,17 +61,18 @@ def attempts_of(engine: Engine, instance_id: int) -> list[AttemptInfo] | None:
     return out
 
 
-def outcome_of(engine: Engine, instance_id: int, attempt: int) -> tuple[bool, str | None]:
-    """``(ended, outcome)`` of one attempt now: ended once its row has an outcome, or the
-    instance runs another attempt or none (an attempt whose row was never written)."""
+def outcome_of(engine: Engine, instance_id: int, attempt: int) -> tuple[bool, float | None]:
+    """``(ended, finished_at)`` of one attempt now: ended once its row has an outcome, or
+    the instance runs another attempt or none (an attempt whose row was never written;
+    ``finished_at`` is then ``None``; else epoch seconds UTC)."""
     with reading(engine) as conn:
-        outcome = conn.execute(
-            select(attempts.c.outcome).where(
+        row = conn.execute(
+            select(attempts.c.outcome, attempts.c.finished_at).where(
                 attempts.c.instance_id == instance_id, attempts.c.attempt == attempt
             )
-        ).scalar()
-        if outcome is not None:
-            return True, outcome
+        ).first()
+        if row is not None and row.outcome is not None:
+            return True, row.finished_at
         running = conn.execute(
             select(instances.c.running_attempt).where(instances.c.id == instance_id)
         ).scalar()

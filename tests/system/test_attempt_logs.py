@@ -260,3 +260,38 @@ def test_logs_help_lists_its_options() -> None:
     )
     for opt in ("--attempt", "--state", "--stream", "--follow", "--follow-next", "--tail"):
         assert opt in res.stdout
+
+
+def test_follow_next_follows_the_next_attempts_until_the_instance_ends(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    name = unique("next")
+    go = tmp_path / "go"
+    fr.flows.mkdir(parents=True, exist_ok=True)
+    (fr.flows / f"{name}.py").write_text(WAITER)
+    body = f"""\
+initial: a
+states:
+  a:
+    exec: {json.dumps(["python", f"{name}.py", str(go)])}
+    next: b
+  b:
+    exec: [python, -c, "print('second')"]
+    next: done
+  done:
+    terminal: true
+"""
+    write_flow(fr.flows, name, body)
+    iid = _start(fr, name)
+    follower = subprocess.Popen(
+        fr.argv("logs", str(iid), "--follow-next"), env=fr.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with daemon_running(fr, "next"):
+            assert follower.stdout.readline() == "first\n"
+            go.write_text("")
+            assert follower.stdout.readline() == "last\n"
+            assert follower.stdout.readline() == "second\n"
+            assert follower.wait(60) == 0
+    finally:
+        follower.kill()
+        follower.wait()
