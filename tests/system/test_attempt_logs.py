@@ -151,10 +151,10 @@ def test_a_sigkilled_daemons_attempt_keeps_what_was_stored(tmp_path: Path) -> No
     fr = Flowrun(tmp_path)
     name = unique("killed")
     go = tmp_path / "go"
-    _flow(fr, name, WAITER, str(go))
+    _flow(fr, name, WAITER, str(go), extra="    max_restarts: 3\n")
     iid = _start(fr, name)
     engine = engine_at(tmp_path)
-    daemon = fr.daemon(worker_id=unique("victim"))
+    daemon = fr.daemon(worker_id=unique("victim"), lease=2.0)
     try:
         poll(
             lambda: sql(engine, "SELECT count(*) FROM attempt_logs WHERE instance_id = :i", i=iid)[
@@ -166,10 +166,19 @@ def test_a_sigkilled_daemons_attempt_keeps_what_was_stored(tmp_path: Path) -> No
         daemon.signal(signal.SIGKILL)
         daemon.wait(30)
     finally:
-        go.write_text("")  # the orphaned handler ends
+        go.write_text("")  # the orphaned handler ends, and so will the next attempt
         daemon.stop()
     res = fr("logs", str(iid))
     assert res.returncode == 0 and res.stdout == "first\n", res
+    # another daemon records the attempt lost and runs the next one
+    res = fr("--lease", "2", "--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    outcomes = sql(
+        engine, "SELECT attempt, outcome FROM attempts WHERE instance_id = :i ORDER BY 1", i=iid
+    )
+    assert outcomes == [(1, "lost"), (2, "moved")]
+    assert fr("logs", str(iid), "--attempt", "1").stdout == "first\n"
+    assert fr("logs", str(iid)).stdout == "first\nlast\n"
 
 
 CALLS = """
