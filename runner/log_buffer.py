@@ -54,7 +54,7 @@ class AttemptLog:
 
     __slots__ = (
         "writer", "instance_id", "attempt", "head", "tail_max", "offset", "seq", "cut",
-        "_head", "_tail", "_tail_bytes", "_lock", "_queued", "_ended", "deleted_to",
+        "_head", "_tail", "_tail_bytes", "_lock", "_queued", "_ended", "deleted_to", "secrets",
     )  # fmt: skip
 
     def __init__(self, writer: Queue, instance_id: int, attempt: int, log_max: int) -> None:
@@ -73,6 +73,9 @@ class AttemptLog:
         self._lock = threading.Lock()
         self._queued = False
         self._ended = False
+        #: secret values a ``call`` handler's text is redacted of before it is written
+        #: (``runner.handlers.capture``; an ``exec`` handler's pipes are redacted as read)
+        self.secrets: tuple[str, ...] = ()
 
     def write(self, stream: int, data: bytes) -> None:
         """Add ``data`` written on ``stream`` (:data:`STDOUT` or :data:`STDERR`) now.

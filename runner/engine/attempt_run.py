@@ -84,6 +84,7 @@ async def run_attempt(
     log = None
     if writer is not None:
         log = writer.open(claim.id, claim.attempt, state.policy.log_max)
+        log.secrets = hidden
     if state.kind == "exec":
         event = await load_event() if uses_event(state.argv) else None
         try:

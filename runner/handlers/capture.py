@@ -13,6 +13,7 @@ Once :func:`install` ran (the first ``call`` attempt with capture on):
   stream as before;
 - the root logger gets a handler that copies every record logged from inside a handler
   (any logger) to its attempt's log, on stderr, as ``LEVEL name: message``;
+- secret values of the state (``ctx.secrets``) are written as ``***``;
 - ``ctx.log`` (:func:`handler_logger`) is the logger ``flowrun.handler.<flow>.<state>``:
   its records go to the attempt's log only (not the daemon's own log).
 
@@ -28,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from runner.handlers.redact import redact_text
 from runner.log_buffer import STDERR, STDOUT, AttemptLog
 
 #: The attempt log of the handler running in this task or thread (``None``: none).
@@ -54,7 +56,8 @@ class _Stream:
         log = current.get()
         if log is None:
             return self._real.write(text)
-        log.write(self._stream, text.encode("utf-8", "backslashreplace"))
+        shown = redact_text(text, log.secrets) if log.secrets else text
+        log.write(self._stream, shown.encode("utf-8", "backslashreplace"))
         return len(text)
 
     def flush(self) -> None:
@@ -75,6 +78,8 @@ class _Route(logging.Handler):
                 line = _FORMAT.format(record) + "\n"
             except Exception:  # noqa: BLE001 - a bad format string is the handler's
                 line = f"{record.levelname} {record.name}: {record.msg!r}\n"
+            if log.secrets:
+                line = redact_text(line, log.secrets)
             log.write(STDERR, line.encode("utf-8", "backslashreplace"))
 
 

@@ -193,7 +193,7 @@ async def chatty(ctx):
     return True
 
 def blocking(ctx):
-    print(f"sync {ctx.data['who']}")
+    print(f"sync {ctx.data['who']} token={ctx.secrets['TOKEN']}")
     ctx.log.warning("sync log %s", ctx.data["who"])
     return True
 """
@@ -207,10 +207,11 @@ def test_call_handlers_output_goes_to_their_own_attempt(tmp_path: Path) -> None:
 initial: a
 states:
   a: {{call: "{mod}:chatty", next: b}}
-  b: {{call: "{mod}:blocking", next: done}}
+  b: {{call: "{mod}:blocking", next: done, secrets: {{TOKEN: {{file: token.txt}}}}}}
   done: {{terminal: true}}
 """
     write_flow(fr.flows, name, body, {mod: CALLS})
+    (fr.flows / "token.txt").write_text("s3cr3t-value")
     ids = []
     for who in ("x", "y", "z"):
         res = fr("start", name, f"who={who}")
@@ -229,7 +230,8 @@ states:
         out = {c["stream"] for c in chunks if "print" in c["text"]}
         assert out == {"stdout"}
         second = fr("logs", str(iid), "--state", "b").stdout
-        assert f"sync {who}\n" in second and f"sync log {who}" in second
+        assert f"sync {who} token=***\n" in second and f"sync log {who}" in second
+        assert "s3cr3t" not in second
 
 
 @pytest.mark.postgres
