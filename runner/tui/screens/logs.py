@@ -32,6 +32,7 @@ POLL = 0.5
 
 _STDERR = Style(color="red")
 _MATCH = Style(reverse=True)
+_BOLD = Style(bold=True)
 _SHOW = ((1, 2), (1,), (2,))  # the streams shown, as ``s`` cycles
 _SHOW_NAMES = ("stdout+stderr", "stdout", "stderr")
 
@@ -68,18 +69,22 @@ class LogLines:
             dec = self._decoders[chunk.stream] = codecs.getincrementaldecoder("utf-8")(
                 "surrogateescape"
             )
-        parts = dec.decode(chunk.data).split("\n")
+        parts = literal(dec.decode(chunk.data), lines=True).split("\n")
         last = self._open.pop(chunk.stream, None)
         if last is not None:
             stream, text = self.lines[last]
-            self.lines[last] = (stream, text + literal(parts[0]))
+            self.lines[last] = (stream, text + parts[0])
             parts = parts[1:]
-        for i, part in enumerate(parts):
-            if i == len(parts) - 1 and part == "":
-                break  # the chunk ended its last line
-            self.lines.append((chunk.stream, literal(part)))
-        if parts and parts[-1] != "":
-            self._open[chunk.stream] = len(self.lines) - 1
+            if not parts:  # the line goes on still
+                self._open[stream] = last
+                return
+        ended = parts and parts[-1] == ""
+        if ended:
+            parts.pop()  # the chunk ended its last line
+        stream = chunk.stream
+        self.lines.extend([(stream, part) for part in parts])
+        if parts and not ended:
+            self._open[stream] = len(self.lines) - 1
 
 
 class LogView(ScrollView, can_focus=True):
@@ -126,21 +131,31 @@ class LogView(ScrollView, can_focus=True):
                 return r
         return 0
 
+    def render_lines(self, crop):
+        # worked out once a frame, not once a line (each walks the widget's styles)
+        self._frame = (self.scroll_offset, self.scrollable_content_region.width, self.rich_style)
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
+        frame = getattr(self, "_frame", None)
+        if frame is None:
+            frame = (self.scroll_offset, self.scrollable_content_region.width, self.rich_style)
+        (scroll_x, scroll_y), width, base = frame
         r = scroll_y + y
-        width = self.scrollable_content_region.width
         if r >= len(self._rows):
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, base)
         i, start, end = self._rows[r]
         stream, text = self.source.lines[i]
-        piece = text[start:end]
-        if not self.wrap:
-            piece = piece[scroll_x : scroll_x + width]
-        style = _MATCH if i == self.match else (_STDERR if stream == 2 else Style())
-        if stream == 0:
-            style = Style(bold=True)
-        return Strip([Segment(piece, self.rich_style + style)]).extend_cell_length(width)
+        piece = text[start:end] if self.wrap else text[scroll_x : scroll_x + width]
+        if i == self.match:
+            style = base + _MATCH
+        elif stream == 2:
+            style = base + _STDERR
+        elif stream == 0:
+            style = base + _BOLD
+        else:
+            style = base
+        return Strip([Segment(piece, style)]).extend_cell_length(width, base)
 
 
 class LogScreen(GuardedScreen):
