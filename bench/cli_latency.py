@@ -6,7 +6,7 @@ console script (the one next to this interpreter), after one warm-up run, with t
 ``python -c pass`` is measured in the same run, interleaved, so the ratios hold on a
 shared, noisy machine.
 
-Cases (goals from issue 12):
+Cases (with their goals, as ``docs/performance.md`` lists them):
 
 - ``flowrun --help`` (≤ 150 ms)
 - ``flowrun ls --limit 50`` on a 10,000-instance SQLite database (≤ 300 ms); where ``ls``

@@ -1,5 +1,6 @@
 """How long and how much memory ``flowrun check`` needs to refuse each hostile flow file
-of issue 18 (alias bomb, 10,000-deep list, 10 MB file, recursive alias, Latin-1, NUL, C1).
+(``tests/support/hostile.py``: alias bomb, 10,000-deep list, 10 MB file, recursive alias,
+Latin-1, NUL, C1).
 
 For each file: the wall time and peak RSS of a real ``flowrun check`` subprocess, and the
 in-process time of ``load_flow`` alone (the subprocess time is mostly Python start-up

@@ -131,7 +131,7 @@ def child(server: str, n: int, batch: int, setup: list[str]) -> dict:
                     s1, c1 = _backend_ns(pid), time.process_time()
                     recover = 0 if at - last_recover < 1.0 else 1
                     if recover:
-                        leases.recover_lost(conn, lambda v, s: 0)
+                        leases.recover_lost(conn, lambda v, s: None)  # None: no restart allowed
                         last_recover = at
                     s2, c2 = _backend_ns(pid), time.process_time()
                     claims = leases.claim_batch(conn, "w0", 60.0, batch)

@@ -166,7 +166,7 @@ def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
     from runner.flowspec.registry import FlowRegistry
     from runner.sensors.events import record_events
     from runner.sensors.rules import RuleEngine
-    from runner.service.daemon import load_registry
+    from runner.service.startup import load_registry
     from runner.store.db import make_engine
 
     engine = make_engine(url)

@@ -7,16 +7,16 @@ process on a SQLite file; a "transition" is one committed attempt that moved an 
 The rate is transitions / (last attempt finished - first attempt started), read back from
 the attempts table; the wall time of the whole process (start-up included) is printed too.
 
-huey (the peer): the same N no-op tasks through ``SqliteHuey`` with 2 worker threads (as
-issue 2 specifies; ``--huey-workers 1`` runs huey's own consumer default, which is the
-faster one on a 2-core machine), at huey's defaults and again with ``synchronous=NORMAL``
-to match flowrun (``huey_peer.py``).
+huey (the peer): the same N no-op tasks through ``SqliteHuey`` with 2 worker threads (the
+comparison's fixed peer configuration; ``--huey-workers 1`` runs huey's own consumer
+default, which is the faster one on a 2-core machine), at huey's defaults and again with
+``synchronous=NORMAL`` to match flowrun (``huey_peer.py``).
 
-Case ``fail_once`` (issue 3): every handler/task fails on its first try and succeeds on
+Case ``fail_once``: every handler/task fails on its first try and succeeds on
 the second (flowrun: backoff 0, the error is recorded and spent from the budget; huey:
 ``retries=1, retry_delay=0``).
 
-Case ``exec`` (issue 13; N defaults to 2,000): both states run ``exec: [/bin/true]``;
+Case ``exec`` (N defaults to 2,000): both states run ``exec: [/bin/true]``;
 huey's task calls ``subprocess.run(["/bin/true"])``, in each of its worker configurations
 (1 and 2 threads, 2 processes; storage defaults and ``synchronous=NORMAL``), and its best
 is the peer. The *spawn ceiling* is the fastest of a sequential ``subprocess.run`` loop and
@@ -349,7 +349,7 @@ def main() -> None:
         "--huey-workers",
         type=int,
         default=2,
-        help="huey consumer threads (default 2, as issue 2 specifies; huey's own consumer "
+        help="huey consumer threads (default 2, the fixed peer configuration; huey's own consumer "
         "default is 1, which is faster on this 2-core machine)",
     )
     ap.add_argument(
@@ -410,7 +410,7 @@ def main() -> None:
 
 def compare_options(args: argparse.Namespace) -> None:
     """flowrun plain vs flowrun with ``--vs-args``, interleaved; prints the medians and
-    their ratio per case (issue 15: no case may get more than 5 % slower)."""
+    their ratio per case (an option such as ``--metrics`` may cost no case more than 5 %)."""
     extra = tuple(args.vs_args.split())
     cases = ["noop", "fail_once"] if args.case == "both" else [args.case]
     for case in cases:

@@ -1,7 +1,8 @@
 """``call`` handlers of the ``csv_ingest`` example flow: ``summarise`` and ``archive``.
 
-Both take flowrun's handler context (``ctx.data``, ``ctx.instance_id``, ``ctx.cancelled``,
-``ctx.checkpoint(dict)``, ``ctx.keepalive()``) and return the name of the next state.
+Both take flowrun's handler context (``runner.control.Context``: ``ctx.data``,
+``ctx.instance_id``, ``ctx.cancelled``, ``ctx.checkpoint(dict)``, ``ctx.keepalive()``) and
+return the name of the next state.
 Relative paths in the instance data resolve against the flows folder (this file's
 folder), whatever the daemon's working directory is.
 """
@@ -17,23 +18,14 @@ import statistics
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.control import Context
 
 FLOWS = Path(__file__).resolve().parent
 #: Rows between two ``ctx.keepalive()`` calls while summarising.
 KEEPALIVE_ROWS = 2000
-
-
-class Context(Protocol):
-    """The part of flowrun's handler context these handlers use."""
-
-    data: dict[str, Any]
-    instance_id: int
-    cancelled: bool
-
-    def checkpoint(self, data: dict[str, Any]) -> None: ...
-
-    def keepalive(self) -> None: ...
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:

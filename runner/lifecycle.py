@@ -120,7 +120,9 @@ def in_window(error_times: list[float] | None, now: float, window: float | None)
     return [t for t in error_times or [] if t > now - window]
 
 
-def budget(error_times: list[float] | None, now: float, policy: Any, restarts: int) -> dict:
+def budget(
+    error_times: list[float] | None, now: float, policy: Any, restarts: int
+) -> dict[str, Any]:
     """The error budget of a state under ``policy`` (a ``runner.flowspec.policy.Policy``;
     typed ``Any`` because this ground module imports no upper layer): used, left, max,
     window (s), on_exhausted, and restarts used out of ``max_restarts``."""
@@ -136,7 +138,7 @@ def budget(error_times: list[float] | None, now: float, policy: Any, restarts: i
     }
 
 
-def enter_state(flow: Any, target: str, at: float) -> dict:
+def enter_state(flow: Any, target: str, at: float) -> dict[str, Any]:
     """Instance column values for entering state ``target`` of ``flow`` (a
     ``runner.flowspec.compiled.CompiledFlow``) at ``at`` (epoch s).
 

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*$")
 
@@ -88,7 +89,7 @@ def _text(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def lookup(context: Mapping, path: str) -> object:
+def lookup(context: Mapping[str, Any], path: str) -> object:
     """Return the value at dotted ``path`` (``"data.path"``) in nested mappings.
 
     Raises:
@@ -102,7 +103,7 @@ def lookup(context: Mapping, path: str) -> object:
     return value
 
 
-def render(template: str, context: Mapping) -> str:
+def render(template: str, context: Mapping[str, Any]) -> str:
     """Replace each ``{a.b.c}`` in ``template`` with the value at that key path in ``context``.
 
     Args:
@@ -126,7 +127,7 @@ def render(template: str, context: Mapping) -> str:
     return "".join(out)
 
 
-def render_value(template: str, context: Mapping) -> object:
+def render_value(template: str, context: Mapping[str, Any]) -> object:
     """A rule's ``data`` value: a template that is exactly one placeholder (``"{event.size}"``)
     gives the value itself, its type kept (a number stays a number, a list a list);
     anything else is :func:`render`-ed to a string.
@@ -151,7 +152,7 @@ def event_refs(pattern: str) -> list[str]:
     return _EVENT_REF.findall(pattern)
 
 
-def render_event_refs(pattern: str, event: Mapping) -> str:
+def render_event_refs(pattern: str, event: Mapping[str, Any]) -> str:
     """``pattern`` (a regex) with each ``{event.field}`` replaced by the field's value,
     ``re.escape``-d so it matches literally (``None`` becomes ``""``).
 
@@ -159,7 +160,7 @@ def render_event_refs(pattern: str, event: Mapping) -> str:
         KeyError: ``event.<field>`` when the event has no such field.
     """
 
-    def value(m: re.Match) -> str:
+    def value(m: re.Match[str]) -> str:
         if m.group(1) not in event:
             raise KeyError(f"event.{m.group(1)}")
         return re.escape(_text(event[m.group(1)]))
@@ -180,7 +181,7 @@ def _short(value: object) -> str:
     return text
 
 
-def render_label(template: str, context: Mapping, width: int = LABEL_WIDTH) -> str | None:
+def render_label(template: str, context: Mapping[str, Any], width: int = LABEL_WIDTH) -> str | None:
     """An instance's label: ``template`` rendered over ``context`` (``{"data": ...}``),
     each path-like value shortened to ``folder/name`` and the whole cut to ``width``
     characters (the last one ``…``).

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +13,16 @@ import click
 
 from runner.errors import ConfigError, FlowErrors, UserError
 from runner.literal import literal
+from runner.retention import DEFAULT as DEFAULT_RETENTION
+from runner.retention import EVENT_WINDOW, Retention
 
 if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay light
+    from sqlalchemy import Engine
+
     from runner.engine.config import WorkerConfig
+    from runner.flowspec.compiled import CompiledFlow
     from runner.flowspec.registry import FlowRegistry
+    from runner.store.reader import Reader
 
 #: Subcommands that only read or act on existing instances: on a SQLite database file
 #: that does not exist they say so and never create it (the listings ``ls``, ``events``
@@ -76,6 +83,67 @@ def missing_sqlite_file(url: str) -> Path | None:
     return None if path.exists() else path
 
 
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The worker's global options (set by the ``flowrun`` group).
+
+    Attributes:
+        concurrency: ``--concurrency`` (``None``: ``runner.engine.config.default_concurrency``).
+        prefetch: ``--prefetch`` (``None``: the engine's default).
+        worker_id: ``--worker-id`` (``None``: host:pid).
+        exit_when_idle: ``--exit-when-idle``.
+        log_format: ``"text"`` or ``"json"`` (``--log-format``).
+        grace: seconds running attempts get at a stop (``--grace``).
+        idle_poll: seconds between idle looks when woken by notifications (``--idle-poll``;
+            ``None``: half the lease, ``0``: never).
+    """
+
+    concurrency: int | None = None
+    prefetch: int | None = None
+    worker_id: str | None = None
+    exit_when_idle: bool = False
+    log_format: str = "text"
+    grace: float = 30.0
+    idle_poll: float | None = None
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    """The ``--daemon``-only global options: ``log_level`` (``"debug"`` ... ``"error"``),
+    ``log_attempts`` (one INFO line per finished attempt) and ``metrics`` (the
+    ``[HOST:]PORT`` text as given, ``None``: no metrics)."""
+
+    log_level: str = "info"
+    log_attempts: bool = False
+    metrics: str | None = None
+
+
+@dataclass(frozen=True)
+class RetentionOptions:
+    """``--retention`` (the policy for flows without their own), ``--event-retention``
+    (seconds, ``None``: forever), ``--prune-every`` (seconds, ``None``: no pruner) and
+    ``--log-store-max`` (bytes; 0: no bound; ``None``: 1 GiB on SQLite, none on
+    PostgreSQL)."""
+
+    retention: Retention = DEFAULT_RETENTION
+    event_retention: float | None = EVENT_WINDOW
+    prune_every: float | None = 300.0
+    log_store_max: int | None = None
+
+
+def _sqlite_url(url: str) -> bool:
+    """True when ``url`` names a SQLite database (False for any other, or a URL that does
+    not parse: ``make_engine`` reports that one)."""
+    from sqlalchemy.engine import make_url
+
+    from runner.store.db import normalize_url
+
+    try:
+        return make_url(normalize_url(url)).drivername.startswith("sqlite")
+    except Exception:  # reported by make_engine with one clear line
+        return False
+
+
 class Ctx:
     """What the global options resolve to; the engine is opened on first use.
 
@@ -85,21 +153,19 @@ class Ctx:
         lease: seconds a claim lasts without renewal (``--lease``).
         pool: PostgreSQL: the most connections the engine opens (``--pool-size``).
 
-    ``worker_options`` (set by the ``flowrun`` group) holds ``concurrency`` (int, or
-    ``None``: ``runner.engine.config.default_concurrency``),
-    ``prefetch`` (int or ``None``),
-    ``worker_id`` (str or ``None``), ``exit_when_idle`` (bool), ``log_format``
-    (``"text"``/``"json"``) and ``grace`` (seconds).
+    ``worker_options``, ``daemon_options`` and ``retention`` (set by the ``flowrun``
+    group) are a :class:`WorkerOptions`, a :class:`DaemonOptions` and a
+    :class:`RetentionOptions`.
     """
 
     def __init__(self, flows: Path, db: str, lease: float, pool: int = 2):
         self.flows, self.db, self.lease, self.pool = flows, db, lease, pool
         #: PostgreSQL: how this process's connections are named in ``pg_stat_activity``.
         self.application_name = "flowrun"
-        self.worker_options: dict[str, Any] = {}
-        #: ``retention`` (a ``runner.retention.Retention``), ``event_retention`` (seconds or
-        #: ``None``) and ``prune_every`` (seconds or ``None``): ``--retention`` & co.
-        self.retention: dict[str, Any] = {}
+        self.worker_options = WorkerOptions()
+        self.daemon_options = DaemonOptions()
+        #: ``--retention``, ``--event-retention``, ``--prune-every``
+        self.retention = RetentionOptions()
         #: PostgreSQL: ``auto``, ``transaction`` or ``none`` (``--db-pooler``,
         #: ``runner.store.pooler``).
         self.pooler = "auto"
@@ -108,8 +174,10 @@ class Ctx:
         self.listen_db: str | None = None
         #: Set for ``READ_ONLY`` subcommands: never create a database.
         self.read_only = False
-        self._engine = None
-        self._reader = None
+        self._engine: Engine | None = None
+        self._reader: Reader | None = None
+        #: ``log_level``, ``log_attempts``, ``metrics``: the daemon's options.
+        self.service_options: dict[str, Any] = {}
 
     @property
     def engine(self):
@@ -197,7 +265,7 @@ class Ctx:
         return reg
 
 
-def flow_to_start(c: Ctx, name: str) -> Any:
+def flow_to_start(c: Ctx, name: str) -> CompiledFlow:
     """The ``CompiledFlow`` ``flowrun start NAME`` creates an instance of.
 
     The flows folder's version when it loads; when the flow's file has errors, those are
@@ -242,19 +310,28 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 def worker_config(c: Ctx) -> WorkerConfig:
     """The ``WorkerConfig`` the global options in ``c`` describe (lease and grace in
-    seconds); raises ``KeyError`` if ``c.worker_options`` was never set."""
+    seconds).
+
+    Raises:
+        ConfigError: ``--prefetch`` above 0 with a SQLite ``--db`` (exit 2).
+    """
     from runner.engine.config import WorkerConfig
 
     o = c.worker_options
+    if o.prefetch and _sqlite_url(c.db):
+        raise ConfigError(
+            f"--prefetch {o.prefetch}: not on SQLite (a daemon stopped while it holds claims "
+            "ahead can keep the others from taking over; see docs/cli.md); use 0 or leave it out"
+        )
     cfg = WorkerConfig(
         lease=c.lease,
-        prefetch=o.get("prefetch"),
-        grace=o["grace"],
-        exit_when_idle=o["exit_when_idle"],
-        idle_poll=o.get("idle_poll"),
+        prefetch=o.prefetch,
+        grace=o.grace,
+        exit_when_idle=o.exit_when_idle,
+        idle_poll=o.idle_poll,
     )
-    if o["worker_id"]:
-        cfg.worker_id = o["worker_id"]
-    if o["concurrency"] is not None:  # else the default, 16 per core
-        cfg.concurrency = o["concurrency"]
+    if o.worker_id:
+        cfg.worker_id = o.worker_id
+    if o.concurrency is not None:  # else the default, 16 per core
+        cfg.concurrency = o.concurrency
     return cfg

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Any
 
 from runner.errors import UserError
 
@@ -85,7 +86,7 @@ def strict_json(text: str, what: str):
         raise UserError(f"{what}: nested too deep", 2) from None
 
 
-def parse_data(data_json: str | None, pairs: tuple[str, ...]) -> dict:
+def parse_data(data_json: str | None, pairs: tuple[str, ...]) -> dict[str, Any]:
     """The data of ``flowrun start``: the ``--data`` object, updated by ``key=value`` pairs.
 
     A pair's value that is strict JSON is decoded, any other value kept as its string.
@@ -101,7 +102,7 @@ def parse_data(data_json: str | None, pairs: tuple[str, ...]) -> dict:
             "docs/limits.md; pass a file path and read it in the handler instead)",
             2,
         )
-    data: dict = {}
+    data: dict[str, Any] = {}
     if data_json:
         data = strict_json(data_json, "--data")
         if not isinstance(data, dict):

@@ -21,7 +21,16 @@ import click
 from runner.cli import flows as cli_flows
 from runner.cli import init as cli_init
 from runner.cli import operator as cli_operator
-from runner.cli.context import READ_ONLY, Ctx, credential_db, pass_ctx, worker_config
+from runner.cli.context import (
+    READ_ONLY,
+    Ctx,
+    DaemonOptions,
+    RetentionOptions,
+    WorkerOptions,
+    credential_db,
+    pass_ctx,
+    worker_config,
+)
 from runner.errors import (
     ConfigError,
     FlowErrors,
@@ -239,7 +248,7 @@ def main_group(
     ctx.obj.pooler, ctx.obj.listen_db = db_pooler, listen_db
     ctx.obj.application_name = f"flowrun {ctx.invoked_subcommand or 'console'}"
     ctx.obj.read_only = ctx.invoked_subcommand in READ_ONLY
-    ctx.obj.worker_options = dict(
+    ctx.obj.worker_options = WorkerOptions(
         concurrency=concurrency,
         prefetch=prefetch,
         worker_id=worker_id,
@@ -248,11 +257,10 @@ def main_group(
         grace=grace,
         idle_poll=idle_poll,
     )
-    ctx.obj.service_options = dict(log_level=log_level, log_attempts=log_attempts, metrics=metrics)
-    ctx.obj.retention = dict(
-        retention=retention, event_retention=event_retention, prune_every=prune_every or None
+    ctx.obj.daemon_options = DaemonOptions(log_level, log_attempts, metrics)
+    ctx.obj.retention = RetentionOptions(
+        retention, event_retention, prune_every or None, log_store_max
     )
-    ctx.obj.retention["log_store_max"] = log_store_max
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -314,23 +322,24 @@ def run_daemon(c: Ctx) -> int:
 def _run_daemon(c: Ctx) -> int:
     import asyncio
 
-    from runner.service.daemon import ServiceOptions, load_registry, serve
+    from runner.service.daemon import ServiceOptions, serve
     from runner.service.logs import setup_logging
+    from runner.service.startup import load_registry
 
-    so = c.service_options
+    so, wo, kept = c.daemon_options, c.worker_options, c.retention
     config = worker_config(c)
     c.application_name = f"flowrun {config.worker_id}"  # its connections in pg_stat_activity
-    setup_logging(c.worker_options["log_format"], so["log_level"], so["log_attempts"])
+    setup_logging(wo.log_format, so.log_level, so.log_attempts)
     log = logging.getLogger("flowrun.daemon")
     try:
         address = None
-        if so["metrics"]:
+        if so.metrics:
             from runner.service.metrics import parse_address  # prometheus_client: only here
 
             try:
-                address = parse_address(so["metrics"])
+                address = parse_address(so.metrics)
             except ValueError as exc:
-                raise ConfigError(f"--metrics {so['metrics']}: {exc}") from None
+                raise ConfigError(f"--metrics {so.metrics}: {exc}") from None
         if not c.flows.is_dir():
             raise ConfigError(
                 f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
@@ -346,23 +355,23 @@ def _run_daemon(c: Ctx) -> int:
             )
         options = ServiceOptions(
             metrics=address,
-            progress=c.worker_options["exit_when_idle"],
-            log_attempts=so["log_attempts"],
-            prune_every=c.retention["prune_every"],
-            retention=c.retention["retention"],
-            event_retention=c.retention["event_retention"],
-            log_store_max=c.retention["log_store_max"],
+            progress=wo.exit_when_idle,
+            log_attempts=so.log_attempts,
+            prune_every=kept.prune_every,
+            retention=kept.retention,
+            event_retention=kept.event_retention,
+            log_store_max=kept.log_store_max,
             listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
     except FlowErrors as exc:
-        if c.worker_options["log_format"] != "json":
+        if wo.log_format != "json":
             raise  # one plain line each: file:line:col: message
         for e in exc.errors:
             log.error("%s", e, extra={"file": e.file, "line": e.line, "col": e.col})
         return 2
     except (ConfigError, UserError) as exc:
-        if c.worker_options["log_format"] != "json":
+        if wo.log_format != "json":
             raise
         log.error("flowrun: %s", exc)
         return exc.exit_code
@@ -403,8 +412,9 @@ it was written; trying again later may work (``EX_TEMPFAIL`` of sysexits.h)."""
 
 
 def _add_novel_commands() -> None:
-    """Add the commands of issue 17 (explain, sleep/wake, events replay, rules test,
-    migrate, serve); each module imports its heavy parts inside its command bodies."""
+    """Add the commands that live in modules of their own (explain, sleep/wake, events
+    replay, rules test, migrate, serve, prune); each module imports its heavy parts inside
+    its command bodies."""
     from runner.cli import explain as cli_explain
     from runner.cli import logs as cli_logs
     from runner.cli import migrate as cli_migrate
@@ -413,7 +423,11 @@ def _add_novel_commands() -> None:
     from runner.cli import serve as cli_serve
     from runner.cli import sleep as cli_sleep
 
-    novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
+    novel: tuple[click.Command, ...] = (
+        *cli_explain.COMMANDS,
+        *cli_sleep.COMMANDS,
+        *cli_migrate.COMMANDS,
+    )
     novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS, *cli_logs.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)

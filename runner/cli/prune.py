@@ -14,7 +14,7 @@ from runner.retention import parse_window
 
 def _policy_text(c: Ctx) -> str:
     """The ``--retention`` in force, as text."""
-    return c.retention["retention"].text()
+    return c.retention.retention.text()
 
 
 def _older_than(_ctx, _param, value: str | None) -> float | None:
@@ -85,9 +85,7 @@ def prune(
             err=True,
         )
     opts = c.retention
-    rules = rules_for(
-        loaded, opts["retention"], events=opts["event_retention"], older_than=older_than
-    )
+    rules = rules_for(loaded, opts.retention, events=opts.event_retention, older_than=older_than)
     engine = c.engine
     if flow is not None and flow not in {f.name for f in loaded} | set(
         store_prune.flows_stored(engine)

@@ -13,6 +13,7 @@ import shutil
 import textwrap
 import time
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -56,7 +57,7 @@ def terminal_width(width: int | None = None) -> int:
     return width if width is not None else shutil.get_terminal_size((80, 24)).columns
 
 
-def json_lines_array(items: list) -> str:
+def json_lines_array(items: list[Any]) -> str:
     """A JSON array with one item per line: valid JSON, readable, and written by the
     ``json`` module's C encoder (``indent`` falls back to its pure-Python encoder, which
     took 1.2 s for 10,000 instances)."""
@@ -133,7 +134,8 @@ def fit_columns(
         gap: cells between two columns.
     """
     least = {key: (m if m is not None else widths[key]) for _h, key, m, _r in columns}
-    droppable = [c[1] for c in sorted((c for c in columns if c[3] is not None), key=lambda c: c[3])]
+    ranked = sorted((c for c in columns if c[3] is not None), key=lambda c: c[3] or 0)
+    droppable = [c[1] for c in ranked]
     for dropped in range(len(droppable) + 1):
         gone = set(droppable[:dropped])
         out = {key: widths[key] for _h, key, _m, _r in columns if key not in gone}
@@ -155,7 +157,10 @@ def waiting(events: tuple[str, ...] | list[str]) -> str:
 
 
 def instance_table(
-    rows: list[dict], *, width: int | None = None, waits: dict[int, tuple[str, ...]] | None = None
+    rows: list[dict[str, Any]],
+    *,
+    width: int | None = None,
+    waits: dict[int, tuple[str, ...]] | None = None,
 ) -> None:
     """Print instances (``runner.ops.queries.read_instances`` rows with ``TABLE_KEYS``,
     times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
@@ -267,7 +272,7 @@ def _field(grid, key: str, value: object, *, lines: bool = False) -> None:
     grid.add_row(key, "-" if value is None else literal(value, lines=lines))
 
 
-def instance_detail(item: dict) -> None:
+def instance_detail(item: dict[str, Any]) -> None:
     """Print one instance (``runner.ops.detail.get_instance``): its fields, what it waits
     for, its error budget, data, checkpoints, attempt history and commands. Stored text
     (label, data, errors, commands' results) is shown literally."""
@@ -358,7 +363,7 @@ def _handled(created: str | None, handled: str | None) -> str:
     return "+" + fmt.span(delay.total_seconds())
 
 
-def events_table(rows: list[dict], *, width: int | None = None) -> None:
+def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> None:
     """Print sensor events (``runner.ops.queries.list_events``): id, sensor, what
     happened (the line, the file; one line), when it was stored, how long after the rules
     handled it (or ``pending``) and what they did, shown literally and fitted to
@@ -395,7 +400,7 @@ WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
 )
 
 
-def workers_table(rows: list[dict], *, width: int | None = None) -> None:
+def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
     attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and

@@ -42,7 +42,7 @@ def _since(text: str) -> float:
     """``--since``: an ISO 8601 time (no zone means UTC) or a duration ago (``1h``)."""
     import time
 
-    from runner.control import wake_time
+    from runner.control_channel import wake_time
     from runner.durations import parse_duration
 
     try:

@@ -18,7 +18,7 @@ def wake_at(until: str | None, for_: str | None, now: float) -> float:
     """The wake time (epoch seconds, UTC) of ``--until T`` (ISO 8601; no zone means UTC)
     or ``--for D`` (a duration from ``now``). Raises ``UserError(..., 2)`` for neither,
     both, or a malformed value."""
-    from runner.control import wake_time
+    from runner.control_channel import wake_time
     from runner.durations import parse_duration
 
     if (until is None) == (for_ is None):
@@ -26,7 +26,7 @@ def wake_at(until: str | None, for_: str | None, now: float) -> float:
     try:
         if for_ is not None:
             return now + parse_duration(for_)
-        return wake_time(until, now)
+        return wake_time(until, now)  # type: ignore[arg-type]  # one of the two is given
     except ValueError as exc:
         raise UserError(f"sleep: {exc}", 2) from None
 

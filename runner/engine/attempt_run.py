@@ -14,6 +14,7 @@ import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any, cast
 
 from sqlalchemy import Engine, select
 
@@ -36,12 +37,12 @@ async def run_attempt(
     engine: Engine,
     claim: rows.Claim,
     cancel: Cancel,
-    durable: list,
+    durable: list[dict[str, Any]],
     *,
     worker_id: str,
     kill_grace: float,
     threads: Executor,
-    load_event: Callable[[], Awaitable[dict | None]],
+    load_event: Callable[[], Awaitable[dict[str, Any] | None]],
 ) -> AttemptResult:
     """Run the handler of ``claim``'s state and return what it produced.
 
@@ -71,9 +72,11 @@ async def run_attempt(
         return AttemptResult("error", claim.data, error=str(exc))
     hidden = tuple(secrets.values())
 
-    def checkpoint(new_data: dict, values: dict) -> bool:
+    def checkpoint(new_data: dict[str, Any], values: dict[str, Any]) -> bool:
         if hidden:  # a secret's value is never stored
-            new_data, values = redact_value(new_data, hidden), redact_value(values, hidden)
+            # a dict stays a dict (each string in it redacted)
+            new_data = cast("dict[str, Any]", redact_value(new_data, hidden))
+            values = cast("dict[str, Any]", redact_value(values, hidden))
         with engine.begin() as conn:
             ok = commit.save_checkpoint(conn, worker_id, claim, new_data, values)
         if ok:
@@ -160,10 +163,10 @@ def redacted(result: AttemptResult, secrets: tuple[str, ...]) -> AttemptResult:
     return result
 
 
-_prepared_cache: dict[tuple[str, str, float], tuple] = {}
+_prepared_cache: dict[tuple[str, str, float], tuple[Any, ...]] = {}
 
 
-def _prepared(engine: Engine, version: str, state_name: str, kill_grace: float) -> tuple:
+def _prepared(engine: Engine, version: str, state_name: str, kill_grace: float) -> tuple[Any, ...]:
     """``(flow, state, limits, cwd)`` of one state of one flow version, worked out once per
     process (a version never changes); ``state`` is ``None`` when the state has no handler.
 
@@ -181,7 +184,7 @@ def _prepared(engine: Engine, version: str, state_name: str, kill_grace: float) 
     return found
 
 
-def load_event_payload(engine: Engine, event_id: int | None) -> dict | None:
+def load_event_payload(engine: Engine, event_id: int | None) -> dict[str, Any] | None:
     """The payload of sensor event ``event_id`` (``None`` when there is none)."""
     if event_id is None:
         return None
@@ -195,7 +198,7 @@ def flow_dir(path: str) -> Path:
     return Path(path).resolve().parent
 
 
-def own_copy(data: dict) -> dict:
+def own_copy(data: dict[str, Any]) -> dict[str, Any]:
     """A copy the handler may change freely: nested values are copied too (else a change
     deep inside would also change the claim's data and look like no change at all)."""
     for v in data.values():

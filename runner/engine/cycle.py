@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError
@@ -34,12 +34,16 @@ from runner import lifecycle
 from runner.engine.outcomes import decide
 from runner.error_line import error_line
 from runner.errors import UserError
+from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
+
+if TYPE_CHECKING:
+    from runner.engine.running import Running
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -141,7 +145,7 @@ class WorkerStats:
 
 def decide_finished(
     engine: Engine,
-    batch: Sequence[tuple[Any, AttemptResult]],
+    batch: Sequence[tuple[Running, AttemptResult]],
     request: CycleRequest,
     *,
     stopping: bool,
@@ -289,7 +293,7 @@ def _warn(claim: Claim, kind: str, text: str, **fields: Any) -> None:
 
 def run_inline(
     loop: asyncio.AbstractEventLoop, no_wait: Engine, request: CycleRequest
-) -> asyncio.Future | None:
+) -> asyncio.Future[CycleResult] | None:
     """Run one cycle right now, on the calling thread (the worker's loop), through
     ``no_wait`` (an engine that never waits for the SQLite write lock,
     ``db.no_wait_engine``); returns a future already done (its :class:`CycleResult`, or
@@ -325,9 +329,7 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         recovered = []
         if request.recover:
-            recovered = leases.recover_lost(
-                conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
-            )
+            recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)
@@ -387,9 +389,9 @@ def log_lost(recovered: list[leases.Lost]) -> None:
         )
 
 
-def _max_restarts(conn, version: str, state: str) -> int:
-    """The ``max_restarts`` of ``state`` in flow ``version``; 0 if it no longer compiles."""
+def _policy(conn, version: str, state: str) -> Policy | None:
+    """The ``Policy`` of ``state`` in flow ``version``; ``None`` if it no longer compiles."""
     try:
-        return versions.compiled(conn, version).states[state].policy.max_restarts
+        return versions.compiled(conn, version).states[state].policy
     except (UserError, KeyError):
-        return 0
+        return None

@@ -17,7 +17,7 @@ On PostgreSQL a second cycle may be in flight while the first is on the server
 (``overlap``): it runs on a second database thread, over a second pooled connection, so
 that the server works on one batch while the loop runs the attempts another claimed. A
 cycle's work is about half the server's and half the client's (``docs/performance.md``,
-"Overlapped cycles"); one at a time, one core idled. Each finished attempt and each
+"Two cycles in flight"); one at a time, one core would idle. Each finished attempt and each
 claim to give back is in exactly one cycle; the claims of two cycles are distinct rows
 (``FOR UPDATE SKIP LOCKED``, and a claimed row is not due); the worker asks the second
 cycle for no more than the room the first leaves (:meth:`CycleRunner.claiming`).
@@ -36,7 +36,8 @@ from sqlalchemy.exc import DBAPIError
 from runner.engine import cycle
 from runner.engine.cycle import CycleRequest, CycleResult
 from runner.engine.db_thread import DatabaseThread
-from runner.engine.running import RunningAttempts
+from runner.engine.running import Running, RunningAttempts
+from runner.handlers.attempt import AttemptResult
 from runner.store.db import no_wait_engine
 from runner.store.wal import WalCheckpointer
 
@@ -53,10 +54,10 @@ class Flight:
     (``released``), both handed back if it fails, the ``thread`` it runs on and when it
     ``started`` (``time.monotonic()``)."""
 
-    future: asyncio.Future
+    future: asyncio.Future[CycleResult]
     request: CycleRequest
-    sent: list = field(default_factory=list)
-    released: list = field(default_factory=list)
+    sent: list[tuple[Running, AttemptResult]] = field(default_factory=list)
+    released: list[Running] = field(default_factory=list)
     thread: DatabaseThread | None = None
     started: float = 0.0
 
@@ -98,8 +99,8 @@ class CycleRunner:
         size = getattr(engine.pool, "size", None)
         if overlap and self.no_wait is None and callable(size) and size() >= 2:
             self._threads.append(DatabaseThread("flowrun-cycles", db.said, timeout=timeout))
-        self._sent: list = []  # the finished attempts of the request being made
-        self._released: list = []  # the waiting claims it gives back
+        self._sent: list[tuple[Running, AttemptResult]] = []  # the request's finished attempts
+        self._released: list[Running] = []  # the waiting claims it gives back
 
     @property
     def most(self) -> int:
@@ -113,7 +114,7 @@ class CycleRunner:
             self.wal = WalCheckpointer(self.no_wait.url.database or "").start()
 
     def request(
-        self, request: CycleRequest, *, stopping: bool, release: list | None = None
+        self, request: CycleRequest, *, stopping: bool, release: list[Running] | None = None
     ) -> CycleRequest:
         """Fill ``request`` with every attempt finished so far (``cycle.decide_finished``;
         they are held until the cycle that commits them is done) and the waiting claims
@@ -124,7 +125,7 @@ class CycleRunner:
         request.release = [r.claim for r in self._released]
         return cycle.decide_finished(self.engine, self._sent, request, stopping=stopping)
 
-    def submit(self, request: CycleRequest) -> asyncio.Future:
+    def submit(self, request: CycleRequest) -> asyncio.Future[CycleResult]:
         """Start one cycle (a new :class:`Flight`; at most :attr:`most` at once): right
         here on the loop through the no-wait engine (SQLite), or, on PostgreSQL or while
         another process holds the SQLite write lock, on a database thread no other
@@ -144,7 +145,7 @@ class CycleRunner:
         self._sent, self._released = [], []
         return fut
 
-    def _ended(self, _fut: asyncio.Future) -> None:
+    def _ended(self, _fut: asyncio.Future[CycleResult]) -> None:
         if self.on_done is not None:
             self.on_done()
 
@@ -210,7 +211,9 @@ class CycleRunner:
             self._give_back(sent, released)
             raise
 
-    def _give_back(self, sent: list, released: list) -> None:
+    def _give_back(
+        self, sent: list[tuple[Running, AttemptResult]], released: list[Running]
+    ) -> None:
         """The attempts of a failed cycle go back, ahead of those finished since, and the
         claims it was to give back wait again."""
         self.attempts.put_back(sent)
@@ -234,7 +237,7 @@ class CycleRunner:
             self.no_wait.dispose()
 
 
-def _forget(fut: asyncio.Future) -> None:
+def _forget(fut: asyncio.Future[CycleResult]) -> None:
     """Retrieve a left-behind cycle's outcome, so its error is not reported as unseen."""
     if not fut.cancelled():
         fut.exception()

@@ -43,6 +43,12 @@ CALL_TIMEOUT = STATEMENT_TIMEOUT + 0.5
 HURRY_TIMEOUT = 1.0
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    """Set ``fut``'s result (``None``) unless it is done already."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 class DaemonThreads(ThreadPoolExecutor):
     """An executor of up to ``size`` daemon threads named ``name``, started as needed,
     running each call once (with ``size`` 1: in order).
@@ -62,9 +68,9 @@ class DaemonThreads(ThreadPoolExecutor):
     def __init__(
         self, name: str, size: int = 1, initializer: Callable[[], None] | None = None
     ) -> None:  # no super().__init__(): nothing of ThreadPoolExecutor's own is used
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._name, self._size, self._initializer = name, size, initializer
-        self._threads: list[threading.Thread] = []
+        self._started: list[threading.Thread] = []
         self._idle = 0
         self._lock = threading.Lock()
         self.busy_since: float | None = None
@@ -72,31 +78,31 @@ class DaemonThreads(ThreadPoolExecutor):
         if size == 1:
             self._grow()
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Queue ``fn(*args, **kwargs)``; returns its ``concurrent.futures.Future``."""
-        fut: Future = Future()
+        fut: Future[Any] = Future()
         self._queue.put((fut, fn, args, kwargs))
-        if self._idle == 0 and len(self._threads) < self._size:
+        if self._idle == 0 and len(self._started) < self._size:
             self._grow()
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the threads after the calls queued so far (never waits for them)."""
-        for _ in self._threads:
+        for _ in self._started:
             self._queue.put(None)
 
     def _grow(self) -> None:
         with self._lock:
-            if len(self._threads) >= self._size:
+            if len(self._started) >= self._size:
                 return
             started = threading.Event()
             thread = threading.Thread(
                 target=self._work,
                 args=(started,),
-                name=f"{self._name}_{len(self._threads)}",
+                name=f"{self._name}_{len(self._started)}",
                 daemon=True,
             )
-            self._threads.append(thread)
+            self._started.append(thread)
             thread.start()
         started.wait()
 
@@ -155,9 +161,9 @@ class DatabaseThread:
         self._pending = 0
         self._timer: asyncio.TimerHandle | None = None
         #: set when the calls made before :meth:`hurry` and still waiting are given up
-        self._gone: asyncio.Future | None = None
+        self._gone: asyncio.Future[None] | None = None
 
-    def submit(self, fn: Callable, *args: Any) -> asyncio.Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Start ``fn(*args)`` on the thread; returns the running loop's future of it."""
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.pool, fn, *args)
@@ -168,7 +174,7 @@ class DatabaseThread:
                 self._timer = loop.call_later(self._limit(), self._check)
         return fut
 
-    async def call(self, fn: Callable, *args: Any) -> Any:
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the thread; its exceptions propagate. Once the worker hurries
         (:meth:`hurry`), a call still waiting :data:`HURRY_TIMEOUT` seconds later raises
         ``OperationalError`` (a ``DBAPIError``: an outage), its thread left behind (stuck
@@ -210,7 +216,7 @@ class DatabaseThread:
         if self._gone is None:
             self._gone = loop.create_future()
         gone = self._gone
-        loop.call_later(wait + HURRY_TIMEOUT, lambda: gone.done() or gone.set_result(None))
+        loop.call_later(wait + HURRY_TIMEOUT, _resolve, gone)
 
     @property
     def down(self) -> bool:
@@ -223,7 +229,7 @@ class DatabaseThread:
         assert self.timeout is not None
         return HURRY_TIMEOUT if time.monotonic() >= self.hurry_at else self.timeout
 
-    def _settled(self, _fut: asyncio.Future) -> None:
+    def _settled(self, _fut: asyncio.Future[Any]) -> None:
         self._pending -= 1
 
     def _check(self) -> None:
@@ -242,7 +248,7 @@ class DatabaseThread:
                 wait = since + limit - now
         self._timer = asyncio.get_running_loop().call_later(max(0.05, wait), self._check)
 
-    async def guard(self, fn: Callable, *args: Any) -> Any:
+    async def guard(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the thread; a database error (``DBAPIError``) is reported to
         ``said`` (one line, repeats folded) and ``None`` returned; the first success after
         one logs the return."""
@@ -254,7 +260,9 @@ class DatabaseThread:
         self.said.back()
         return result
 
-    async def retrying(self, fn: Callable, *args: Any, give_up: Callable[[], bool]) -> Any:
+    async def retrying(
+        self, fn: Callable[..., Any], *args: Any, give_up: Callable[[], bool]
+    ) -> Any:
         """``fn(*args)`` on the thread, retried with :class:`OutageBackoff` while the
         database is away; the error propagates once ``give_up()`` is true."""
         backoff = OutageBackoff(self.said)

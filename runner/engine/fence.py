@@ -28,7 +28,10 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.engine.running import Running
 
 #: The most seconds kept between a fenced handler's SIGKILL and its lease's end (a tenth
 #: of the lease when that is less).
@@ -51,8 +54,8 @@ class SelfFence:
         lease: float,
         kill_grace: float,
         *,
-        held: Callable[[], Iterable[Any]],
-        lapse: Callable[[Any], None],
+        held: Callable[[], Iterable[Running]],
+        lapse: Callable[[Running], None],
     ) -> None:
         self.lease = lease
         #: seconds between SIGTERM and SIGKILL of a fenced ``exec`` handler
@@ -71,7 +74,7 @@ class SelfFence:
         ``since`` (monotonic seconds)."""
         return since + self.lease - self.margin
 
-    def set(self, runs: Iterable[Any], since: float) -> None:
+    def set(self, runs: Iterable[Running], since: float) -> None:
         """The leases of ``runs`` were set (claimed or renewed) by a statement sent after
         ``since`` (monotonic seconds): move their deadlines (never back) and make sure the
         check runs by the earliest one. Call on the loop."""

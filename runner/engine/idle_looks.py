@@ -6,7 +6,7 @@ the look would find nothing either and is skipped (a due time that look planned 
 the loop anyway). On Linux the loop does not even poll the counter: every commit writes
 the file's ``-wal``, an inotify watch on it (the commit bell) is read by the event loop
 while the looks are skipped, and its ring makes the next look due at once
-(``docs/performance.md``, "An idle daemon's CPU"). PostgreSQL workers are woken by
+(``docs/performance.md``, "Idle looks skipped"). PostgreSQL workers are woken by
 notifications instead and do not use this.
 """
 

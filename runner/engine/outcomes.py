@@ -1,19 +1,13 @@
-"""Turn one attempt's result into the instance's next row: the fault model's policy.
+"""Turn one attempt's result into the instance's next row, by the fault model.
 
-Pure functions (no I/O), so every rule is tested directly:
+What each outcome does to the instance (the error budget, the backoff, the restarts, the
+try interval, a handler's sleep) is decided in one place, ``runner.flowspec.faults``; this
+module applies its verdict to the claim's row. Pure (no I/O), so it is tested directly:
 
 - moved → the target, checked against the flow's compiled ``transitions`` machine; an
   illegal target is an *error* with a clear text, never a crash;
-- not yet → due again after the state's ``try_interval``; nothing spent (Stator);
-- sleep → ``sleeping`` in the same state until the handler's time (Metafora's ``Sleep``);
-  nothing spent; a time already past is due at once;
-- error → one error in the state's sliding window (Metafora's DefaultErrHandler: 8 in
-  4 h by default); with budget left the instance sleeps for the backoff
-  (``compiler.Backoff.delay``: ``initial * factor**(n-1)``, capped at ``max``, with
-  full/equal/no jitter, after AWS's "Exponential Backoff and Jitter"); with the budget
-  spent it goes to ``on_exhausted``;
-- timeout / missed keepalive → a restart (majordomo): tried again at once from the last
-  checkpoint until ``max_restarts`` is spent, then ``failed``.
+- not yet, sleep, error, timeout / missed keepalive / lost (the worker's self-fence) →
+  ``faults.not_yet``, ``faults.sleep``, ``faults.error``, ``faults.restart``.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from runner import lifecycle
 from runner.errors import IllegalMove
+from runner.flowspec import faults
 from runner.handlers.attempt import AttemptResult
 from runner.store.rows import Claim, Outcome
 
@@ -92,26 +87,23 @@ def decide(
             values["data"] = result.data
             if values["status"] == "completed":
                 lifecycle.check("runnable", "complete")
+    verdict = None  # moved: the target's counters start afresh (lifecycle.enter_state)
     if outcome == "not_yet":
         values["data"] = result.data
-        values["due_at"] = at + policy.try_interval
+        verdict = faults.not_yet(policy, claim.state_errors, claim.state_restarts, at)
     elif outcome == "sleep":
         values["data"] = result.data
-        until = result.sleep_until if result.sleep_until is not None else at
-        if until > at:
-            values.update(status=lifecycle.check("runnable", "sleep"), due_at=until)
+        verdict = faults.sleep(claim.state_errors, claim.state_restarts, at, result.sleep_until)
     elif outcome == "error":
-        _spend_error(flow, values, policy, error, at, rand)
+        values["errors"] += 1
+        verdict = faults.error(policy, claim.state_errors, claim.state_restarts, at, error, rand)
     elif outcome in ("timeout", "lost"):  # lost: ended by the worker's self-fence
         values["restarts"] += 1
-        values["state_restarts"] += 1
-        values["last_error"] = error
-        if values["state_restarts"] > policy.max_restarts:
-            values.update(status=lifecycle.check("runnable", "fail"), due_at=None)
-            values["last_error"] = (
-                f"restarts spent ({values['state_restarts']} > max_restarts "
-                f"{policy.max_restarts}); last: {error}"
-            )
+        verdict = faults.restart(policy, claim.state_errors, claim.state_restarts, at, error)
+    if verdict is not None:
+        values.update(verdict.columns())
+        if verdict.enter is not None:
+            values.update(lifecycle.enter_state(flow, verdict.enter, at))
     unchanged: tuple[str, ...] = ()
     data, errors = values["data"], values["state_errors"]
     if data is claim.data or data == claim.data:
@@ -129,24 +121,3 @@ def decide(
             "checkpoint": result.checkpoint,
         },
     )
-
-
-def _spend_error(flow, values: dict, policy, error: str | None, at: float, rand) -> None:
-    window = lifecycle.in_window(values["state_errors"], at, policy.window)
-    window.append(at)
-    values["errors"] += 1
-    values["state_errors"] = window
-    values["last_error"] = error
-    if len(window) < policy.max_errors:
-        values["status"] = lifecycle.check("runnable", "backoff")
-        values["due_at"] = at + policy.backoff.delay(len(window), rand)
-        return
-    spent = f"error budget spent ({len(window)} errors in {policy.window:g}s): {error}"
-    target = policy.on_exhausted
-    if target == "failed":
-        values.update(status=lifecycle.check("runnable", "exhaust_fail"), due_at=None)
-    elif target == "paused":
-        values.update(status=lifecycle.check("runnable", "exhaust_pause"), due_at=None)
-    else:
-        values.update(lifecycle.enter_state(flow, target, at))
-    values["last_error"] = spent

@@ -41,9 +41,9 @@ class Running:
     ``fenced`` once that deadline ended it."""
 
     claim: rows.Claim
-    task: asyncio.Task
+    task: asyncio.Task[None]
     cancel: Cancel
-    durable: list
+    durable: list[dict[str, Any]]
     until: float = math.inf
     fenced: bool = False
 

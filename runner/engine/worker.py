@@ -22,9 +22,9 @@ named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short 
 below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
 ``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
 a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
-``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when the loop
-decides, which waits a moment for a batch while the worker is nearly full
-(``batching.Hold``); the attempts in progress are a ``running.RunningAttempts``; blocking
+``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when
+``pacing.plan`` decides (claim-ahead, batch waiting, the overlapped second cycle,
+chaining); the attempts in progress are a ``running.RunningAttempts``; blocking
 calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``;
 the loop sleeps until a ``wakeup.WakeUp``.
 :meth:`Worker.run_single_cycle` runs one cycle for tests.
@@ -45,9 +45,10 @@ from runner.engine import batching, cycle
 from runner.engine.ahead import WAIT_MAX, ClaimAhead
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
-from runner.engine.cycle_runner import OVERLAP_MIN, CycleRunner
+from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
+from runner.engine.pacing import plan
 from runner.engine.running import RunningAttempts
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
@@ -70,7 +71,8 @@ class Worker:
     ``idle_hint`` is an optional callable returning True while something outside the
     instance table (a sensor still settling files, unhandled events) may still create
     work; ``--exit-when-idle`` waits for it. ``stats`` (:class:`cycle.WorkerStats`) counts
-    what it did.
+    what it did; ``first_cycle`` (an ``asyncio.Event``) is set once its first database
+    cycle is over (what it claimed started, or it failed).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class Worker:
         )
         self.running = self.attempts.running  # by instance id (the same dict, never replaced)
         self.stats = WorkerStats()
+        self.first_cycle = asyncio.Event()
         self._wake = WakeUp(clock_of(engine).now)
         self._stopping = False
         self._abort = False
@@ -316,6 +319,7 @@ class Worker:
         try:
             result = self.cycles.collect()
         except DBAPIError as exc:  # its attempts are back: committed with the next cycle
+            self.first_cycle.set()
             if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
                 self._down_at_stop = True  # stopping, down past the grace: _close tries once
                 return
@@ -324,6 +328,7 @@ class Worker:
             return
         self._outage.ok()
         self._took(result)
+        self.first_cycle.set()
         # claim again if this claim got all it asked for (more may be due), or if a
         # wake-up came while the cycle was in flight: its claim may have been read
         # before the new work was committed (the wake-up would be lost)
@@ -341,55 +346,48 @@ class Worker:
             await asyncio.sleep(min(left, 0.1))
 
     def _start_cycle(self, now: float) -> bool:
-        """Start the next database cycle when there are finished attempts to commit,
-        claims to give back, lost attempts to look for, or room (free slots, claims to
-        hold ahead) and reason to claim; True if one started.
-
-        Two cycles in flight (PostgreSQL, ``cycle_runner``): while one is in flight a
-        second starts for claims to give back, for ``OVERLAP_MIN`` finished attempts or
-        more, or to claim ``OVERLAP_MIN`` or more where the last claim left off; it
-        claims at most the room the first leaves. A cycle that starts alone while
-        attempts end in bulk claims half the room, and the second claims the rest, so
-        that the loop runs one half while the server works on the other.
-        """
-        self.attempts.quiet_above = None
+        """Start the next database cycle if ``pacing.plan`` says so; True if one started
+        (the decision: claim-ahead, batch waiting, the overlapped second cycle, chaining)."""
+        a, cycles = self.attempts, self.cycles
         room, release = self._room(now)
-        flights, finished = self.cycles.flights, len(self.attempts.finished)
-        if flights and not (
-            release or finished >= OVERLAP_MIN or (self._want_claim and room >= OVERLAP_MIN)
-        ):
-            return False
-        probe = room > 0 and not self._want_claim and self._probe.due(now)
-        if probe and self._looks.unchanged():
-            # nothing committed since nothing was due: look again when the bell rings
-            # (or at the next poll without one)
-            self._probe.next_at = now + self._looks.next_look(self._probe.interval)
-            probe = False
         recover = not self._stopping and self._recover.due(now)
-        wanted = room > 0 and (self._want_claim or probe)
-        if not (finished or release or recover or wanted):
-            self._hold.reset()
-            return False
-        if recover or release or flights:
-            self._hold.reset()
-        elif self._hold.wait(now, 0 if self._stopping else len(self.running)):
-            # nearly full (claims waiting refill the slots that free): more attempts end
-            # soon, commit them together (their ends wake the loop only once there are
-            # enough free slots; the hold's timer wakes it anyway)
-            self.attempts.quiet_above = self.config.concurrency - self._hold.batch
-            return False
-        split = (
-            self.cycles.most > 1
-            and not flights
-            and finished >= OVERLAP_MIN
-            and room >= 2 * OVERLAP_MIN
+        probe = room > 0 and not self._want_claim and self._probe.due(now) and self._may_find(now)
+        step = plan(  # positional: once a turn
+            now,
+            room,
+            bool(release),
+            len(a.finished),
+            len(cycles.flights),
+            cycles.most,
+            self._want_claim,
+            probe,
+            recover,
+            0 if self._stopping else len(self.running),
+            self.config.concurrency,
+            self._hold.since,
         )
-        self.cycles.submit(self._request(room // 2 if split else room, probe, recover, release))
-        self._want_claim = split  # the second cycle claims the other half
-        if probe:
+        self._hold.since = step.held_since
+        # waiting for a batch: the attempts' ends wake the loop only once there are enough
+        # free slots (the hold's timer wakes it anyway)
+        a.quiet_above = step.quiet_above
+        if not step.start:
+            return False
+        cycles.submit(self._request(step.claim, step.probe, recover, release))
+        self._want_claim = step.split  # the second cycle claims the other half
+        if step.probe:
             self._probe.restart(now)
         if recover:
             self._recover.restart(now)
+        return True
+
+    def _may_find(self, now: float) -> bool:
+        """An idle look that is due may find something: on SQLite, False while nobody
+        committed since the last look found nothing (the next look is then when the bell
+        rings, or at the next poll). (Read before ``pacing.plan`` decides: the skip is
+        only active on SQLite, where no second cycle is ever in flight.)"""
+        if self._looks.unchanged():
+            self._probe.next_at = now + self._looks.next_look(self._probe.interval)
+            return False
         return True
 
     def _rung(self) -> None:

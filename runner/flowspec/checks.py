@@ -88,7 +88,12 @@ def _check_process_keys(spec: FlowSpec, err: Report) -> None:
 
 
 def _target(
-    spec: FlowSpec, err: Report, value: str, loc: tuple, what: str, gaps: Gaps = NO_GAPS
+    spec: FlowSpec,
+    err: Report,
+    value: str,
+    loc: tuple[str | int, ...],
+    what: str,
+    gaps: Gaps = NO_GAPS,
 ) -> None:
     """Report ``value`` (at ``loc``, described as ``what``) unless it names a state (or a
     state left out for its own field errors)."""
@@ -183,7 +188,7 @@ def _check_exhausted(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
     """An explicit ``on_exhausted`` is ``failed``, ``paused`` or a state of this flow."""
     names = list(spec.states)
 
-    def exhausted(value: str, loc: tuple) -> None:
+    def exhausted(value: str, loc: tuple[str | int, ...]) -> None:
         if value not in STATUS_OUTCOMES and value not in spec.states and value not in gaps.states:
             err(
                 f"on_exhausted '{value}' must be failed, paused or a state of this flow"
@@ -247,7 +252,8 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
             continue  # reported by _check_rules
         fields = event_fields(sensor)
         kind = _KIND_NAMES.get(sensor.kind, sensor.kind)
-        used: list[tuple[str, tuple, str, bool]] = []  # (field, loc, shown, at the key)
+        # (field, loc, shown, at the key)
+        used: list[tuple[str, tuple[str | int, ...], str, bool]] = []
         for field in rule.match or {}:
             used.append((field, ("rules", i, "match", field), f"match key '{field}'", True))
         for key, template in (rule.data or {}).items():
@@ -260,13 +266,13 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
             sel = getattr(rule, rule.action)
             for key, pattern in (sel.data or {}).items():
                 for name in event_refs(pattern):
-                    loc = ("rules", i, rule.action, "data", key)
+                    loc: tuple[str | int, ...] = ("rules", i, rule.action, "data", key)
                     used.append((name, loc, f"{{event.{name}}}", False))
-        for name, loc, shown, key in used:
+        for name, loc, shown, at_key in used:
             if name not in fields:
                 err(
                     f"{shown} is not a field of {kind} sensor '{rule.when}' events"
                     f"{did_you_mean(name, fields)} (fields: {', '.join(fields)})",
                     loc,
-                    key=key,
+                    key=at_key,
                 )

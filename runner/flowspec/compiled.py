@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from transitions import Machine, MachineError
 
@@ -47,7 +47,7 @@ class CompiledState:
     kind: str
     argv: tuple[str, ...] | None
     call: str | None
-    func: Callable | None
+    func: Callable[..., Any] | None
     next: str | None
     to: tuple[str, ...]
     on: dict[str, str]
@@ -187,7 +187,8 @@ class CompiledFlow:
         for name, ev in self.machine.events.items():
             label = None if name.startswith("goto:") else name
             for transitions in ev.transitions.values():
-                out.extend((t.source, t.dest, label) for t in transitions)
+                # every transition the compiler adds has a dest (None: internal ones)
+                out.extend((t.source, cast(str, t.dest), label) for t in transitions)
         for name, st in self.states.items():
             if st.exhausted_target is not None:
                 out.append((name, st.exhausted_target, EXHAUSTED))

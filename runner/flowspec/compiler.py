@@ -16,6 +16,7 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transitions import Machine
 
@@ -29,7 +30,7 @@ from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
 
 
-def _import(call: str, folder: str) -> tuple[Callable | None, str | None]:
+def _import(call: str, folder: str) -> tuple[Callable[..., Any] | None, str | None]:
     """Import ``module:function`` with ``folder`` on ``sys.path``; return (func, error)."""
     module_name, func_name = call.split(":", 1)
     if folder not in sys.path:
@@ -66,7 +67,7 @@ def _machine(spec: FlowSpec) -> Machine:
         for t in dict.fromkeys([*([st.next_] if st.next_ else []), *st.to]):
             sources.setdefault(t, []).append(name)
     for t, srcs in sources.items():
-        machine.add_transition(f"goto:{t}", srcs, t)
+        machine.add_transition(f"goto:{t}", [*srcs], t)
     for name, st in spec.states.items():
         for ev, t in st.on_.items():
             machine.add_transition(ev, name, t)
@@ -90,7 +91,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
     if spec is None:
         raise FlowErrors(errors)
 
-    def err(message: str, loc: tuple, *, key: bool = False) -> None:
+    def err(message: str, loc: tuple[str | int, ...], *, key: bool = False) -> None:
         if left.touches(loc):
             return  # about a part left out for its field error: maybe not a mistake
         line, col = spec.position(loc, key=key)

@@ -173,7 +173,7 @@ class _Guard:
         self.deadline = time.thread_time() + seconds
         self.nodes = 0
         # open collections: [anchor, size, {key: first line}, next scalar is a key, is map]
-        self.stack: list[list] = []
+        self.stack: list[list[Any]] = []
         self.sizes: dict[str, int] = {}  # anchor -> expanded size of what it names
 
     def tick(self, mark: Any) -> None:
@@ -319,5 +319,5 @@ def guarded_yaml(file: str, errors: list[FlowError], seconds: float = MAX_SECOND
     yaml.allow_duplicate_keys = True
     yaml.Scanner = _Scanner
     yaml.Parser = _Parser
-    yaml.flowrun_guard = _Guard(file, errors, seconds)
+    yaml.flowrun_guard = _Guard(file, errors, seconds)  # type: ignore[attr-defined]  # ours
     return yaml

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,11 @@ from runner.flowspec.partial import LeftOut, cut_for, leave_out
 from runner.flowspec.spec import FlowSpec
 from runner.flowspec.spec_types import NAME_RE
 
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
+    from runner.errors import FlowError
+
 _Pos = tuple[int, int]
 
 
@@ -32,16 +37,18 @@ class Positions:
     """1-based positions of every key and value of a loaded flow file, by location tuple."""
 
     def __init__(self) -> None:
-        self.nodes: dict[tuple, tuple[_Pos, _Pos, bool]] = {(): ((1, 1), (1, 1), True)}
+        self.nodes: dict[tuple[str | int, ...], tuple[_Pos, _Pos, bool]] = {
+            (): ((1, 1), (1, 1), True)
+        }
         #: The nodes left out to validate a file with field errors: ``find`` takes
         #: locations in the data validated (list indexes shifted) and maps them back.
         self.left: LeftOut | None = None
 
-    def add(self, loc: tuple, key: _Pos, value: _Pos, container: bool) -> None:
+    def add(self, loc: tuple[str | int, ...], key: _Pos, value: _Pos, container: bool) -> None:
         """Record the key and value positions of the node at ``loc``."""
         self.nodes[loc] = (key, value, container)
 
-    def find(self, loc: tuple, *, key: bool | None = False) -> tuple[int, int]:
+    def find(self, loc: tuple[str | int, ...], *, key: bool | None = False) -> tuple[int, int]:
         """Position of the deepest known node on ``loc``.
 
         Args:
@@ -62,7 +69,9 @@ def _mark(mark: Any) -> _Pos:
     return (mark.line + 1, mark.column + 1)
 
 
-def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> Any:
+def _plain(
+    node: Any, loc: tuple[str | int, ...], pos: Positions, file: str, errors: list[FlowError]
+) -> Any:
     """Convert ruamel round-trip objects to plain Python, recording positions."""
     import datetime as dt
 
@@ -70,7 +79,7 @@ def _plain(node: Any, loc: tuple, pos: Positions, file: str, errors: list) -> An
 
     if isinstance(node, dict):
         out: dict[str, Any] = {}
-        lc = getattr(node, "lc", None)
+        lc: Any = getattr(node, "lc", None)  # ruamel's positions (None: caught below)
         for k, v in node.items():
             try:
                 kl, kc = lc.key(k)
@@ -135,7 +144,7 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The pydantic model class that validates the mapping at ``loc`` (or None)."""
     import typing
 
@@ -173,7 +182,7 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _describe(err: dict, loc: tuple) -> tuple[str, bool | None]:
+def _describe(err: ErrorDetails, loc: tuple[str | int, ...]) -> tuple[str, bool | None]:
     """Message for one pydantic error, and which position to use (key/value/auto)."""
     typ = err["type"]
     where = ".".join(str(s) for s in loc)
@@ -236,7 +245,7 @@ class Loaded:
     """
 
     spec: FlowSpec | None
-    errors: list
+    errors: list[FlowError]
     left: LeftOut = field(default_factory=LeftOut)
     data: Any = None
 
@@ -325,11 +334,13 @@ def load_flow_partial(text: str, path: str | Path) -> Loaded:
     return Loaded(spec, _sorted(errors), left, data)
 
 
-def _sorted(errors: list) -> list:
+def _sorted(errors: list[FlowError]) -> list[FlowError]:
     return sorted(errors, key=lambda e: (e.line or 0, e.col or 0))
 
 
-def _field_error(err: dict, loc: tuple, positions: Positions, file: str) -> Any:
+def _field_error(
+    err: ErrorDetails, loc: tuple[str | int, ...], positions: Positions, file: str
+) -> FlowError:
     """The ``FlowError`` of one pydantic error at ``loc`` (a location in the file)."""
     from runner.errors import FlowError
 

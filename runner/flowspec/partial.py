@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-Loc = tuple
+Loc = tuple[str | int, ...]
 """A location in the file: YAML keys and list indexes, e.g. ``("states", "a", "next")``."""
 
 
@@ -48,7 +48,7 @@ class LeftOut:
 
     def in_file(self, loc: Loc) -> Loc:
         """``loc`` in the data validated (list indexes shifted) as a location in the file."""
-        out: list = []
+        out: list[Any] = []
         for seg in loc:
             kept = self.moved.get(tuple(out))
             if isinstance(seg, int) and kept is not None and 0 <= seg < len(kept):
@@ -69,7 +69,8 @@ class LeftOut:
             if (section,) in self.nodes:
                 names = data.get(section) if isinstance(data, dict) else None
                 return frozenset(names) if isinstance(names, dict) else frozenset()
-            return frozenset(n[1] for n in self.nodes if len(n) == 2 and n[0] == section)
+            names = (n[1] for n in self.nodes if len(n) == 2 and n[0] == section)
+            return frozenset(n for n in names if isinstance(n, str))  # a name is a key
 
         return Gaps(whole("states"), whole("sensors"), any(map(_edge_node, self.nodes)))
 

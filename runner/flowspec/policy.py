@@ -42,14 +42,20 @@ class Backoff:
             errors: consecutive errors so far (``>= 1``; smaller counts as 1).
             rand: a source of floats in ``[0, 1)`` for the jitter (tests inject one).
 
-        Returns the delay in seconds (``>= 0``); raises nothing.
+        Returns the delay in seconds (``>= 0``), drawn from :meth:`bounds`; raises nothing.
         """
+        base, low, high = self.bounds(errors)
+        return low + (high - low) * rand() if high > low else base
+
+    def bounds(self, errors: int) -> tuple[float, float, float]:
+        """``(base, low, high)`` in seconds: the base delay after the ``errors``-th
+        consecutive error and the range its jittered delay is drawn from. Raises nothing."""
         base = min(self.max, self.initial * self.factor ** max(0, errors - 1))
         if self.jitter == "full":
-            return base * rand()
+            return base, 0.0, base
         if self.jitter == "equal":
-            return base / 2 + base / 2 * rand()
-        return base
+            return base, base / 2, base
+        return base, base, base
 
 
 @dataclass(frozen=True)

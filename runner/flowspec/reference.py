@@ -87,9 +87,8 @@ def _schema_type(p: dict[str, Any]) -> str:
         return "identifier"
     if pattern == spec_types.CALL_RE:
         return "module:function"
-    return {"string": "text", "boolean": "true/false", "integer": "integer"}.get(
-        kind, kind or "any"
-    )
+    names: dict[Any, str] = {"string": "text", "boolean": "true/false", "integer": "integer"}
+    return names.get(kind, kind or "any")
 
 
 def _type(model: type[BaseModel], key: str) -> str:
@@ -150,7 +149,7 @@ def update(text: str) -> str:
     wanted = blocks()
     found = set()
 
-    def fill(m: re.Match) -> str:
+    def fill(m: re.Match[str]) -> str:
         found.add(m.group(2))
         return m.group(1) + wanted.get(m.group(2), m.group(3)) + m.group(4)
 

@@ -153,7 +153,7 @@ class FlowRegistry:
         """Cross-flow problems of the candidate set, by file path."""
         problems: dict[str, list[FlowError]] = {}
 
-        def err(flow: CompiledFlow, message: str, loc: tuple) -> None:
+        def err(flow: CompiledFlow, message: str, loc: tuple[str | int, ...]) -> None:
             line, col = flow.spec.position(loc) if flow.spec else (1, 1)
             problems.setdefault(flow.path, []).append(FlowError(message, flow.path, line, col))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.errors import FlowError
 from runner.flowspec.compiled import CompiledFlow
-from runner.flowspec.spec_handler import CREDENTIALS_ENV
+from runner.flowspec.spec_handler import CREDENTIALS_ENV, SecretSpec
 
 
 def setup_warnings(flow: CompiledFlow) -> list[FlowError]:
@@ -20,6 +20,7 @@ def setup_warnings(flow: CompiledFlow) -> list[FlowError]:
         return []
     folder = Path(flow.path).resolve().parent
     out: list[FlowError] = []
+    places: list[tuple[tuple[str, ...], dict[str, SecretSpec] | None]]
     places = [(("defaults",), flow.spec.defaults.secrets)]
     places += [(("states", n), st.secrets) for n, st in flow.spec.states.items()]
     for loc, secrets in places:
@@ -47,6 +48,7 @@ def privilege_errors(flow: CompiledFlow) -> list[FlowError]:
         for key, value in (("user", st.user), ("group", st.group)):
             if value is None:
                 continue
+            problem: str | None
             if os.geteuid() != 0:
                 problem = (
                     f"{key} {value!r} needs a daemon running as root "

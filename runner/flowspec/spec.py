@@ -189,7 +189,7 @@ class RetentionSpec(Strict):
     def overrides(self) -> dict[str, float | None]:
         """``{status: seconds or None for forever}`` of the statuses given."""
         return {
-            k: (None if v == "forever" else v)
+            k: (None if isinstance(v, str) else v)  # the only text a window holds: forever
             for k, v in (
                 ("completed", self.completed),
                 ("failed", self.failed),
@@ -243,7 +243,9 @@ class FlowSpec(Strict):
         """The flow file path given to ``load_flow_text``."""
         return self._path
 
-    def position(self, loc: tuple, *, key: bool = False) -> tuple[int | None, int | None]:
+    def position(
+        self, loc: tuple[str | int, ...], *, key: bool = False
+    ) -> tuple[int | None, int | None]:
         """1-based ``(line, col)`` of the node at ``loc`` (YAML key names, list indexes).
 
         Args:

@@ -52,7 +52,8 @@ OptDuration = Annotated[
 def _window(value: Any) -> float | str:
     if isinstance(value, str) and value.strip().lower() == "forever":
         return "forever"
-    return parse_window(value)
+    seconds = parse_window(value)
+    return "forever" if seconds is None else seconds
 
 
 Window = Annotated[

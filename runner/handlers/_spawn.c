@@ -15,8 +15,8 @@
  *
  * The reaper (runner.handlers.reaper) must never reap a handler the loop has not taken
  * over yet: such pids are "pending" until forget(), and hold_reaps() keeps new spawns
- * back while the reaper looks at its children. docs/performance.md, issue 13, fifth
- * pass, has the measurements.
+ * back while the reaper looks at its children. The measurements: docs/performance.md,
+ * "The C spawn extension".
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-EXIT_NOT_YET = 75
 TAIL = 4000
 
 
 #: ``(new_data, checkpoint) -> bool``: durably store a checkpoint; False when the lease is lost.
-CheckpointFn = Callable[[dict, dict], bool]
+CheckpointFn = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 
 class LeaseLost(Exception):
@@ -37,10 +37,10 @@ class AttemptResult:
     """
 
     outcome: str
-    data: dict
+    data: dict[str, Any]
     to_state: str | None = None
     error: str | None = None
-    checkpoint: dict | None = None
+    checkpoint: dict[str, Any] | None = None
     sleep_until: float | None = None
 
 
@@ -79,7 +79,7 @@ def epoch(when: datetime | float | int) -> float:
     raise TypeError(f"sleep until needs a datetime or epoch seconds, not {type(when).__name__}")
 
 
-def slept(sleep: Sleep, data: dict, checkpoint: dict | None) -> AttemptResult:
+def slept(sleep: Sleep, data: dict[str, Any], checkpoint: dict[str, Any] | None) -> AttemptResult:
     """The ``sleep`` result of an attempt that asked to sleep until ``sleep.until``; its
     ``error`` column says until when (ISO 8601 UTC), for ``show`` and ``explain``."""
     from datetime import UTC
@@ -107,7 +107,7 @@ class Context:
     ``runner.handlers.capture``).
     """
 
-    data: dict
+    data: dict[str, Any]
     instance_id: int
     flow: str
     state: str
@@ -119,7 +119,7 @@ class Context:
     _checkpoint: CheckpointFn | None = field(default=None, repr=False)
     _signal: Callable[[], None] = field(default=lambda: None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
-    _last_checkpoint: dict | None = field(default=None, repr=False)
+    _last_checkpoint: dict[str, Any] | None = field(default=None, repr=False)
     _sleep: Sleep | None = field(default=None, repr=False)
 
     def sleep_until(self, when: datetime | float) -> Sleep:
@@ -142,7 +142,7 @@ class Context:
         """Reset the state's keepalive deadline."""
         self._signal()
 
-    def checkpoint(self, values: dict) -> None:
+    def checkpoint(self, values: dict[str, Any]) -> None:
         """Merge ``values`` into ``data`` and store it durably before returning.
 
         Raises ``LeaseLost`` when the instance was taken away (paused, killed, lease lost).
@@ -222,7 +222,9 @@ class Cancel:
             self._callbacks.append(cb)
 
 
-async def supervise(done: asyncio.Future, watch: Watch, cancel: Cancel) -> tuple[str, str | None]:
+async def supervise(
+    done: asyncio.Future[Any], watch: Watch, cancel: Cancel
+) -> tuple[str, str | None]:
     """Wait for ``done``, a cancel, or a deadline: ("done"|"cancelled"|"timeout", why).
 
     Built from callbacks and one future per attempt (no extra tasks), since it runs for

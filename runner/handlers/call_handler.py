@@ -149,7 +149,7 @@ async def _run_coroutine(
         return _raised(exc, ctx)
     finally:
         verdict.append(("done", None))  # a late cancel must not hit the finished task
-        if deadlines is not None:
+        if deadlines is not None and watch is not None:
             deadlines.remove(watch)
     return _returned(value, ctx, next_state)
 
@@ -162,7 +162,9 @@ class _Deadlines:
     """
 
     TICK = 0.05
-    _per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
+        weakref.WeakKeyDictionary()
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop_ref = weakref.ref(loop)  # weak: the sweeper must not keep its loop alive
@@ -225,8 +227,9 @@ def _raised(exc: BaseException, ctx: Context) -> AttemptResult:
 
 def _returned(value: Any, ctx: Context, next_state: str | None) -> AttemptResult:
     """Interpret a handler's return value (see the module docstring)."""
-    if isinstance(value, Sleep) or (value is None and ctx._sleep is not None):
-        return slept(value or ctx._sleep, ctx.data, ctx._last_checkpoint)
+    sleep = value if isinstance(value, Sleep) else ctx._sleep if value is None else None
+    if sleep is not None:
+        return slept(sleep, ctx.data, ctx._last_checkpoint)
     if value is None:
         return AttemptResult("not_yet", ctx.data, checkpoint=ctx._last_checkpoint)
     if value is True:

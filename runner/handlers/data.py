@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Any
 
 #: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -21,7 +22,7 @@ DATA_ENV = "FLOWRUN_DATA"
 DATA_FILE_ENV = "FLOWRUN_DATA_FILE"
 
 
-def data_env(data: dict) -> tuple[dict[str, str], str | None]:
+def data_env(data: dict[str, Any]) -> tuple[dict[str, str], str | None]:
     """``({FLOWRUN_DATA: json} or {FLOWRUN_DATA_FILE: path}, path or None)``.
 
     Large data is written to a file readable by the owner only, in the system's temporary

@@ -2,21 +2,22 @@
 
 Every ``exec`` handler gets the daemon's environment plus a few ``FLOWRUN_*`` variables
 (``runner.handlers.exec_handler.handler_env``, ``runner.handlers.spawn``). Encoding all
-of it to ``b"key=value"`` items per spawn was a fifth of a spawn thread's Python time
-(``docs/performance.md``, issue 13, fourth pass); an :class:`Env` keeps the shared part
+of it to ``b"key=value"`` items per spawn would be a fifth of a spawn thread's Python time
+(``docs/performance.md``, "The environment encoded once"); an :class:`Env` keeps the shared part
 apart, so that only the handler's own variables are encoded per spawn.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 #: ``id(base) -> (base, [b"key=value", ...])`` for the bases of :class:`Env` objects
-_encoded: dict[int, tuple[dict, list[bytes]]] = {}
+_encoded: dict[int, tuple[dict[str, Any], list[bytes]]] = {}
 _FS_ENCODING = sys.getfilesystemencoding()
 
 
-class Env(dict):
+class Env(dict[str, str]):
     """A handler's environment: ``base`` plus ``added`` (a plain ``dict`` to read).
 
     ``base`` (a dict that never changes afterwards: the daemon's environment) is encoded
@@ -41,22 +42,22 @@ class Env(dict):
     def __setitem__(self, key: str, value: str) -> None:
         self.add({key: value})
 
-    def update(self, *args, **kwargs) -> None:  # type: ignore[override]
+    def update(self, *args, **kwargs) -> None:
         self.add(dict(*args, **kwargs))
 
     def __delitem__(self, key: str) -> None:
         self.base = None
         super().__delitem__(key)
 
-    def pop(self, *args):  # type: ignore[override]
+    def pop(self, *args):
         self.base = None
         return super().pop(*args)
 
-    def popitem(self):  # type: ignore[override]
+    def popitem(self):
         self.base = None
         return super().popitem()
 
-    def setdefault(self, *args):  # type: ignore[override]
+    def setdefault(self, *args):
         self.base = None
         return super().setdefault(*args)
 
@@ -64,7 +65,7 @@ class Env(dict):
         self.base = None
         super().clear()
 
-    def __ior__(self, other):  # type: ignore[override]
+    def __ior__(self, other):  # type: ignore[misc]
         self.base = None
         return super().__ior__(other)
 

@@ -25,11 +25,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
-from runner import control
+from runner import control_channel
+from runner.control_channel import EXIT_NOT_YET
 from runner.handlers import reaper
 from runner.handlers.attempt import (
-    EXIT_NOT_YET,
     TAIL,
     AttemptResult,
     Cancel,
@@ -57,7 +58,9 @@ def interpreter(arg0: str) -> str:
     return sys.executable if arg0 in ("python", "python3") else arg0
 
 
-def render_argv(argv: tuple[str, ...], data: dict, event: dict | None) -> list[str]:
+def render_argv(
+    argv: tuple[str, ...], data: dict[str, Any], event: dict[str, Any] | None
+) -> list[str]:
     """Render each argument on its own; never joined, never given to a shell."""
     context = {"data": data, "event": event or {}}
     return [render(a, context) for a in argv]
@@ -68,7 +71,7 @@ async def run_exec(
     *,
     cwd: Path,
     env: dict[str, str],
-    data: dict,
+    data: dict[str, Any],
     limits: Limits,
     cancel: Cancel,
     checkpoint: CheckpointFn,
@@ -115,7 +118,7 @@ async def run_exec(
         return AttemptResult("timeout", data, error=_with_tail(why, stderr), checkpoint=last)
     if how == "cancelled":
         return AttemptResult("cancelled", data, error=cancel.reason or why, checkpoint=last)
-    code = child.proc.returncode
+    code = cast(int, child.proc.returncode)  # the process has exited
     if io.sleep is not None and code in (0, EXIT_NOT_YET) and not io.bad:
         return slept(Sleep(io.sleep), data, last)
     if code == 0:
@@ -156,7 +159,7 @@ class _Supervised:
     def __init__(
         self,
         child: Child,
-        data: dict,
+        data: dict[str, Any],
         watch: Watch,
         cancel: Cancel,
         checkpoint: CheckpointFn,
@@ -172,11 +175,12 @@ class _Supervised:
         self.checkpoint = checkpoint
         self.loop = asyncio.get_running_loop()
         self.goto: str | None = None
-        self.sleep: object = None  # a ``sleep`` line's value (runner.control.parse)
+        self.sleep: float | None = None  # a ``sleep`` line's value (runner.control_channel.parse)
         self.bad: str | None = None
-        self.last_checkpoint: dict | None = None
-        self._pending: list[tuple[dict, dict]] = []  # (data after the line, its values)
-        self._storing: asyncio.Task | None = None
+        self.last_checkpoint: dict[str, Any] | None = None
+        # (data after the line, its values)
+        self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._storing: asyncio.Task[None] | None = None
         self._bufs = {child.out: bytearray(), child.err: bytearray(), child.control: bytearray()}
         self._open = set(self._bufs)
         #: with secrets: each pipe's redactor (made at its first chunk), which what is read
@@ -184,7 +188,7 @@ class _Supervised:
         self._secrets = secrets
         self._redactors: dict[int, Redactor] = {}
         self._reading = False
-        self.exited: asyncio.Future = self.loop.create_future()
+        self.exited: asyncio.Future[int] = self.loop.create_future()  # the exit code
         code = child.exit_code
         if code is not None:  # it exited before we got here
             self.exited.set_result(code)
@@ -327,19 +331,21 @@ class _Supervised:
 
     def _line(self, line: str) -> None:
         try:
-            kind, value = control.parse(line)
+            kind, value = control_channel.parse(line)
         except ValueError as exc:
             self.bad = str(exc)
             return
         self.watch.signal()
+        # control_channel.parse: goto's value is a str, sleep's a float, checkpoint's a dict
         if kind == "goto":
-            self.goto = value  # type: ignore[assignment]
+            self.goto = cast(str, value)
         elif kind == "sleep":
-            self.sleep = value
+            self.sleep = cast(float, value)
         elif kind == "checkpoint":
-            self.data.update(value)  # type: ignore[arg-type]
-            self.last_checkpoint = value  # type: ignore[assignment]
-            self._pending.append((dict(self.data), dict(value)))  # type: ignore[arg-type]
+            values = cast(dict[str, Any], value)
+            self.data.update(values)
+            self.last_checkpoint = values
+            self._pending.append((dict(self.data), dict(values)))
             if self._storing is None or self._storing.done():
                 self._storing = self.loop.create_task(self._store())
 

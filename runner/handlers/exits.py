@@ -5,10 +5,10 @@ started it, into an ``epoll`` set of its loop's own (:class:`_ExitSet`); that se
 descriptor is one reader of the loop's selector (an epoll set is itself pollable), so an
 exit wakes the loop directly: it collects the exit status at once (``poll()`` of the
 ``spawn.Proc`` or ``Popen``: no zombie is left, and the leader is no longer counted by
-``runner.handlers.reaper``) and calls the handler's callback. Until the fourth pass of
-issue 13 a thread waited on one set for every loop and handed exits over through
-``call_soon_threadsafe``: two more thread wake-ups and GIL hand-overs an attempt, about
-35 µs of CPU (``docs/performance.md``).
+``runner.handlers.reaper``) and calls the handler's callback. No thread hands exits over
+through ``call_soon_threadsafe``: that would cost two more thread wake-ups and GIL
+hand-overs an attempt, about 35 µs of CPU (``docs/performance.md``, "Exits on the loop's
+own epoll set").
 
 A loop that closes while some of its handlers still run (a worker that aborted, a test's
 ``asyncio.run``) is found by a thread (:data:`ADOPT_EVERY` seconds) that then watches its
@@ -26,9 +26,17 @@ import os
 import select
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from runner.handlers import reaper
+
+if TYPE_CHECKING:
+    from subprocess import Popen
+
+    from runner.handlers.spawn import Proc
+
+#: A started handler process (``runner.handlers.spawn``'s ``Child.proc``).
+Process: TypeAlias = "Proc | Popen[bytes]"
 
 #: Seconds between two looks for closed loops whose handlers still run.
 ADOPT_EVERY = 0.25
@@ -42,7 +50,7 @@ _lock = threading.Lock()
 #: the exit set of each loop that starts handlers (until it closes)
 _sets: dict[asyncio.AbstractEventLoop, _ExitSet] = {}
 #: ``pidfd -> (process, loop, callback)`` watched by the thread itself (no loop set)
-_waiting: dict[int, tuple[Any, asyncio.AbstractEventLoop, Callable]] = {}
+_waiting: dict[int, tuple[Process, asyncio.AbstractEventLoop, Callable[[int], None]]] = {}
 #: ``epoll fd -> set`` of closed loops, watched by the thread
 _adopted: dict[int, _ExitSet] = {}
 _epoll: select.epoll | None = None  # the thread's
@@ -57,10 +65,10 @@ class _ExitSet:
         self.loop = loop
         self.ep = select.epoll()
         self.closed = False  # set (under ``_lock``) once the thread dropped it
-        self.waiting: dict[int, tuple[Any, Callable[[int], None]]] = {}
+        self.waiting: dict[int, tuple[Process, Callable[[int], None]]] = {}
         loop.add_reader(self.ep.fileno(), self.collect)
 
-    def add(self, pidfd: int, proc: Any, callback: Callable[[int], None]) -> bool:
+    def add(self, pidfd: int, proc: Process, callback: Callable[[int], None]) -> bool:
         """Watch ``pidfd`` (thread-safe); False if this set is closed."""
         with _lock:
             if self.closed:
@@ -101,7 +109,7 @@ def on_loop_closed(closer: Callable[[asyncio.AbstractEventLoop], None]) -> None:
 
 
 def watch(
-    proc: Any,
+    proc: Process,
     loop: asyncio.AbstractEventLoop,
     callback: Callable[[int], None],
     pidfd: int | None = None,
@@ -130,7 +138,7 @@ def watch(
     return True
 
 
-def _reap(proc: Any) -> int:
+def _reap(proc: Process) -> int:
     """The exit status of ``proc``, whose pidfd said it exited; no longer a leader."""
     code = proc.poll()
     if code is None:  # a readable pidfd means it exited; never seen, but be safe
@@ -155,7 +163,7 @@ def _run(ep: select.epoll) -> None:
             events = ep.poll(ADOPT_EVERY)
         except InterruptedError:
             continue
-        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for fd, _ in events:
             adopted = _adopted.get(fd)
             if adopted is not None:
@@ -195,6 +203,6 @@ def _adopt(ep: select.epoll) -> None:
         exit_set.ep.close()
 
 
-def _deliver(batch: list) -> None:
+def _deliver(batch: list[Any]) -> None:
     for callback, code in batch:
         callback(code)

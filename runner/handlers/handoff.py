@@ -2,9 +2,9 @@
 
 ``loop.run_in_executor`` costs a wake-up of the loop (a write to its self-pipe, a read,
 a callback) for every result. Spawn threads finish an ``exec`` handler's start every few
-hundred microseconds, so that was a large part of the loop's time per attempt
-(``docs/performance.md``, issue 13). A :class:`Handoff` queues results and wakes each
-loop once for all the results queued until it runs.
+hundred microseconds, so that would be a large part of the loop's time per attempt
+(``docs/performance.md``, "Spawn threads and hand-offs"). A :class:`Handoff` queues
+results and wakes each loop once for all the results queued until it runs.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ class Handoff:
     def __init__(self, discard: Callable[[Any], None] | None = None) -> None:
         self.discard = discard
         self._lock = threading.Lock()
-        self._queues: dict[asyncio.AbstractEventLoop, list] = {}
+        self._queues: dict[asyncio.AbstractEventLoop, list[Any]] = {}
 
     def put(
         self,
         loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future,
+        fut: asyncio.Future[Any],
         result: Any,
         exc: BaseException | None,
     ) -> None:

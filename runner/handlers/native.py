@@ -10,7 +10,7 @@ error pipe), and the child's pidfd. Each event loop has a ``_spawn.Spawner``: th
 submits spawns without waiting (:func:`submit`) and collects the finished ones in
 batches when the spawner's eventfd is readable. 70-90 µs less of the daemon's CPU an
 attempt than the Python path, and a third of its context switches (``docs/performance.md``,
-issue 13, fifth pass).
+"The C spawn extension"; why three spawn paths: ``docs/handlers.md``).
 
 The extension is optional (``setup.py``: a machine without a C compiler installs flowrun
 without it). :func:`path_in_use` says which path runs (``flowrun --version`` prints it);
@@ -24,9 +24,12 @@ import fcntl
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.handlers.environ import encode_parts
+
+if TYPE_CHECKING:
+    from runner.handlers._spawn import Spawner
 
 #: ``FLOWRUN_SPAWN``: ``python`` forces the Python path even where the extension is built
 SWITCH_ENV = "FLOWRUN_SPAWN"
@@ -54,7 +57,7 @@ STAGE_SETUP = 4
 #: Python path's spawn threads and the spawn ceiling of ``bench/throughput.py``
 THREADS = int(os.environ.get("FLOWRUN_SPAWN_THREADS", 0)) or 2 * (os.cpu_count() or 1)
 _devnull: int | None = None  # /dev/null, opened once (4 or above: 0-3 are the child's)
-_spawners: dict[asyncio.AbstractEventLoop, Any] = {}  # each loop's ``_spawn.Spawner``
+_spawners: dict[asyncio.AbstractEventLoop, Spawner] = {}  # each loop's ``_spawn.Spawner``
 
 
 def path_in_use() -> str:
@@ -95,8 +98,8 @@ def submit(
     argv: list[str],
     cwd: str,
     env: dict[str, str],
-    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
-    setup: tuple | None = None,
+    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple[Any, ...]]], None],
+    setup: tuple[tuple[tuple[int, int, int], ...], int, int, int] | None = None,
 ) -> None:
     """Start ``argv`` in ``cwd`` with ``env`` (which must already name :data:`CONTROL_FD`)
     on the extension's threads; returns at once. ``deliver(loop, results)`` is later
@@ -132,8 +135,8 @@ def forget(pids: list[int]) -> None:
 
 def _new_spawner(
     loop: asyncio.AbstractEventLoop,
-    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple]], None],
-) -> Any:
+    deliver: Callable[[asyncio.AbstractEventLoop, list[tuple[Any, ...]]], None],
+) -> Spawner:
     """``loop``'s spawner, its eventfd read by ``loop`` (closed by :func:`drop`)."""
     ext.set_threads(THREADS)  # type: ignore[union-attr]
     spawner = ext.Spawner()  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ import pwd
 import resource
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 MIB = 1 << 20
 
@@ -41,15 +42,16 @@ class ProcSetup:
     uid: int = -1
     gid: int = -1
 
-    def native(self) -> tuple:
+    def native(self) -> tuple[tuple[tuple[int, int, int], ...], int, int, int]:
         """The argument of ``runner.handlers._spawn.Spawner.submit``: ``(rlimits, nice
         or -1, uid, gid)``."""
         return (self.rlimits, -1 if self.nice is None else self.nice, self.uid, self.gid)
 
-    def posix(self) -> tuple:
+    def posix(self) -> tuple[Any, ...]:
         """``(gid, extra_groups, uid, preexec_fn)`` for ``_posixsubprocess.fork_exec``
         (and ``Popen``'s ``group``, ``extra_groups``, ``user``, ``preexec_fn``): ``None``
         for each that does not apply."""
+        groups: list[int] | None
         gid, groups = (self.gid, []) if self.gid >= 0 else (None, None)
         uid = self.uid if self.uid >= 0 else None
         preexec = self.preexec if self.rlimits or self.nice is not None else None

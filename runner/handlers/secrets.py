@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runner.flowspec.setup import HandlerSetup
 from runner.flowspec.spec_handler import CREDENTIALS_ENV, SecretSpec
@@ -24,7 +25,10 @@ class SetupError(Exception):
 
 
 def attempt_vars(
-    setup: HandlerSetup, data: dict, flows_dir: Path, environ: Mapping[str, str] = os.environ
+    setup: HandlerSetup,
+    data: dict[str, Any],
+    flows_dir: Path,
+    environ: Mapping[str, str] = os.environ,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """``(env, secrets)``: the state's ``env`` templates rendered over ``data`` and its
     secrets' values (``name -> value``), read now.
@@ -70,7 +74,7 @@ def read_secret(
     return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
-def working_dir(setup: HandlerSetup, data: dict, flows_dir: Path) -> Path:
+def working_dir(setup: HandlerSetup, data: dict[str, Any], flows_dir: Path) -> Path:
     """The folder an ``exec`` handler of ``setup`` starts in: ``flows_dir`` unless the
     state has a ``working_dir`` (its template rendered over ``data``; relative to
     ``flows_dir``), created first (with its parents) when the state says ``create``.

@@ -13,13 +13,14 @@ between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds
 while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
 Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
 every call, cost as much of the parent's CPU as the spawn itself
-(``docs/performance.md``, issue 13). Should that private function not take the arguments
-it takes in CPython 3.11-3.13, ``Popen`` is used instead. The spawn blocks its thread
-until the child has exec'd, so it runs in a small pool of threads (:func:`spawn`) while
-the event loop goes on; the started children reach the loop in batches, one wake-up for
-all those started meanwhile. The pipes are plain descriptors: the read ends are read by
-the loop itself, only when ready (``runner.handlers.exec_handler``), with no asyncio
-transport or stream per process.
+(``docs/performance.md``, "The Python spawn path"). Should that private function not
+take the arguments it takes in CPython 3.11-3.13, ``Popen`` is used instead (why three
+spawn paths: ``docs/handlers.md``). The spawn blocks its thread until the child has
+exec'd, so it runs in a small pool of threads (:func:`spawn`) while the event loop goes
+on; the started children reach the loop in batches, one wake-up for all those started
+meanwhile. The pipes are plain descriptors: the read ends are read by the loop itself,
+only when ready (``runner.handlers.exec_handler``), with no asyncio transport or stream
+per process.
 
 Instance data reaches the handler as ``runner.handlers.data`` encodes it.
 """
@@ -36,8 +37,9 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from runner import control
+from runner import control_channel
 from runner.handlers import exits, native, reaper
 from runner.handlers.data import data_env, remove_data_file
 from runner.handlers.environ import add_env, encode_env
@@ -47,7 +49,7 @@ from runner.handlers.process_setup import ProcSetup
 try:
     from _posixsubprocess import fork_exec as _posix_fork_exec
 except ImportError:  # not POSIX CPython
-    _posix_fork_exec = None
+    _posix_fork_exec = None  # type: ignore[assignment]
 
 #: Threads that run the spawns (each blocks for one fork/exec at a time): 2 x cores, as
 #: the spawn ceiling of ``bench/throughput.py --case exec`` (on 2 busy cores, 0 (spawn on
@@ -57,7 +59,7 @@ SPAWN_THREADS = 2 * (os.cpu_count() or 1)
 #: spawns waiting for a spawn thread (``_start_and_hand_over`` arguments); a plain queue
 #: and threads of our own: ``ThreadPoolExecutor``'s futures and conditions cost a tenth
 #: of a spawn thread's time
-_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
 _NATIVE_CONTROL = str(native.CONTROL_FD)
 _threads_lock = threading.Lock()
@@ -90,14 +92,14 @@ class Proc:
 
     def wait(self) -> int:
         """Wait for the process to exit; ``returncode``."""
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             try:
                 _, status = os.waitpid(self.pid, 0)
             except ChildProcessError:
                 self.returncode = 255
             else:
                 self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        return code
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Child:
     one was written.
     """
 
-    proc: Proc | subprocess.Popen
+    proc: Proc | subprocess.Popen[bytes]
     out: int
     err: int
     control: int
@@ -141,7 +143,7 @@ def _start(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
-    add_env(env, {control.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
+    add_env(env, {control_channel.ENV: str(ctl_w), reaper.TOKEN_ENV: token})
     try:
         with reaper.spawning():  # the reaper never takes a fresh leader for an orphan
             proc = _spawn(argv, cwd, env, out_w, err_w, ctl_w, setup)
@@ -166,7 +168,7 @@ def _spawn(
     err: int,
     ctl: int,
     setup: ProcSetup | None = None,
-) -> Proc | subprocess.Popen:
+) -> Proc | subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, stdin ``/dev/null``, stdout ``out``, stderr
     ``err``, ``ctl`` kept open, every other descriptor closed, ``setup`` applied. Raises
     ``OSError`` (``SubprocessError`` when a limit cannot be set)."""
@@ -177,7 +179,7 @@ def _spawn(
         try:
             return _fork_exec(argv, cwd, env, _devnull, out, err, ctl, setup)
         except TypeError:  # not the signature of CPython 3.11-3.13: Popen from now on
-            _posix_fork_exec = None
+            _posix_fork_exec = None  # type: ignore[assignment]
     ids = {}
     if setup is not None:
         ids = dict(zip(("group", "extra_groups", "user", "preexec_fn"), setup.posix(), strict=True))
@@ -262,7 +264,7 @@ def _call_fork_exec(
     setup: ProcSetup | None = None,
 ) -> int:
     gid, groups, uid, preexec = setup.posix() if setup is not None else (None,) * 4
-    return _posix_fork_exec(  # type: ignore[misc]
+    return _posix_fork_exec(
         argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd, encode_env(env),
         stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
         True, True, -1, gid, groups, uid, -1, preexec, True,
@@ -283,10 +285,10 @@ def _lasting_error_pipe() -> tuple[int, int] | None:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     try:
-        pid = _posix_fork_exec(  # type: ignore[misc]
-            [b"/"], (b"/",), True, (write_end,), None, [],
+        pid = _posix_fork_exec(  # typeshed says str and a callable; CPython takes None
+            [b"/"], (b"/",), True, (write_end,), None, [],  # type: ignore[arg-type]
             -1, -1, -1, -1, -1, -1, read_end, write_end,
-            True, False, -1, None, None, None, -1, None, True,
+            True, False, -1, None, None, None, -1, None, True,  # type: ignore[arg-type]
         )  # fmt: skip
     except (TypeError, OSError):
         told = b""
@@ -335,7 +337,7 @@ def _orphan(child: Child) -> None:
     reaper.ended(child.token)
 
 
-def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple]) -> None:
+def _collected(loop: asyncio.AbstractEventLoop, results: list[tuple[Any, ...]]) -> None:
     """Spawns the C extension finished (``native.submit``), on ``loop``: each child is
     registered with the reaper and the exits, then handed to its attempt's future."""
     pids = []
@@ -380,7 +382,7 @@ def _start_and_hand_over(
     env: dict[str, str],
     token: str,
     loop: asyncio.AbstractEventLoop,
-    fut: asyncio.Future,
+    fut: asyncio.Future[Any],
     setup: ProcSetup | None = None,
 ) -> None:
     """:func:`_start` on a spawn thread; its child (or error) reaches ``fut`` on ``loop``."""
@@ -393,7 +395,11 @@ def _start_and_hand_over(
 
 
 async def spawn(
-    argv: list[str], cwd: str, env: dict[str, str], data: dict, setup: ProcSetup | None = None
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    data: dict[str, Any],
+    setup: ProcSetup | None = None,
 ) -> Child:
     """Start ``argv`` in ``cwd`` as a new session with ``env`` plus the ``FLOWRUN_DATA*``,
     control and reaper variables, ``setup`` applied in the child before its ``exec``, on
@@ -413,9 +419,9 @@ async def spawn(
     fut = loop.create_future()
     try:
         if native.ext is not None:
-            add_env(env, {control.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
+            add_env(env, {control_channel.ENV: _NATIVE_CONTROL, reaper.TOKEN_ENV: token})
             key = (fut, token, argv[0], cwd)
-            native.submit(loop, key, argv, cwd, env, _collected, setup and setup.native())
+            native.submit(loop, key, argv, cwd, env, _collected, setup.native() if setup else None)
         else:
             if len(_threads) < SPAWN_THREADS:
                 _add_thread()

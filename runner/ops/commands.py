@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
@@ -73,7 +74,7 @@ def apply(
     event: str | None = None,
     source: str = "rule",
     until: float | None = None,
-    tag: dict | None = None,
+    tag: dict[str, Any] | None = None,
 ) -> list[CommandResult]:
     """Like :func:`submit`, inside the caller's transaction (rules mark their event handled
     in the same one). Unknown ids yield a refused result "no instance N". ``tag`` is
@@ -120,20 +121,20 @@ def apply(
 
 def _plan(
     conn: Connection, row, command: str, event: str | None, at: float, until: float | None = None
-) -> tuple[dict, str]:
+) -> tuple[dict[str, Any], str]:
     iid, status = row["id"], row["status"]
     if command in ("sleep", "wake"):
         return _sleep_plan(conn, row, command, at, until)
     if command == "send":
         lifecycle.check(status, "send", iid)
         flow = compiled(conn, row["version"])
-        target = flow.event_target(row["state"], event)
+        target = flow.event_target(row["state"], cast(str, event))  # send names its event
         values = lifecycle.enter_state(flow, target, at)
         if status == "paused" and values["status"] == "runnable":
             values["status"] = "paused"  # a paused instance moves but stays paused
         return values, f"instance {iid}: {row['state']} --{event}--> {target}"
     new_status = lifecycle.check(status, command, iid)
-    values: dict = {"status": new_status}
+    values = {"status": new_status}
     if command == "resume":
         values["due_at"] = _resume_due(conn, row, at)
     elif command in ("kill", "pause"):
@@ -150,7 +151,7 @@ def _plan(
 
 def _sleep_plan(
     conn: Connection, row, command: str, at: float, until: float | None
-) -> tuple[dict, str]:
+) -> tuple[dict[str, Any], str]:
     """``sleep``: sleeping until ``until`` in the same state, nothing spent (Metafora's
     Sleep); ``wake``: a sleeping instance due at once (Metafora's Run). A state without a
     handler (``external``) waits for an event, not a time: refused."""
@@ -203,7 +204,7 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
 
 
 def _log(conn, iid, command, event, source, at, status, message, until=None, tag=None) -> None:
-    args: dict = {"event": event} if event else {}
+    args: dict[str, Any] = {"event": event} if event else {}
     args.update(tag or {})
     if command == "sleep":
         args["until"] = until

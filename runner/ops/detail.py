@@ -18,6 +18,7 @@ from runner.store.reader import (
     COMMAND_COLUMNS,
     EVENT_COLUMNS,
     INSTANCE_COLUMNS,
+    EngineOrReader,
     Reader,
     as_dicts,
     columns,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
 
 
-def with_running(row: Any, history: list[Any]) -> list[dict]:
+def with_running(row: Any, history: list[Any]) -> list[dict[str, Any]]:
     """``history`` (attempt rows, newest first) with the attempt running now in front.
 
     An attempt's row is written when it ends (or at its first checkpoint); until then the
@@ -76,7 +77,7 @@ class InstanceRecord:
 
 
 def read_instance(
-    db: Any,
+    db: EngineOrReader,
     instance_id: int,
     *,
     history: int | None = 500,
@@ -114,7 +115,9 @@ def read_instance(
     return InstanceRecord(row, history_rows[:history], as_dicts(reader, COMMAND_COLUMNS, cmds))
 
 
-def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict | None:
+def get_instance(
+    db: EngineOrReader, instance_id: int, *, history_limit: int = 500
+) -> dict[str, Any] | None:
     """One instance (``instance_json``) with ``history`` (its attempts, oldest first,
     the last ``history_limit``), ``checkpoints``, ``commands`` (oldest first) and
     ``budget`` (the error budget of its current state, ``None`` in a terminal state or
@@ -159,7 +162,7 @@ def get_instance(db: Any, instance_id: int, *, history_limit: int = 500) -> dict
     return out
 
 
-def stored_flow(db: Any, version: str) -> CompiledFlow:
+def stored_flow(db: EngineOrReader, version: str) -> CompiledFlow:
     """The ``CompiledFlow`` of a stored ``version`` (``runner.store.versions``' cache),
     its source read through the read side; ``db`` a ``Reader`` or an ``Engine``.
 
@@ -208,7 +211,7 @@ def _waits_for(reader: Reader, row: Any) -> list[str] | None:
     return None if events is None else list(events)
 
 
-def _budget(reader: Reader, row: Any) -> dict | None:
+def _budget(reader: Reader, row: Any) -> dict[str, Any] | None:
     """The error budget of the instance's current state, from the stored error
     timestamps; ``None`` in a terminal state (nothing runs there, so it has no budget to
     spend) and when its flow version no longer compiles."""
@@ -224,7 +227,7 @@ def _budget(reader: Reader, row: Any) -> dict | None:
     return lifecycle.budget(row["state_errors"], time.time(), state.policy, row["state_restarts"])
 
 
-def instance_rows(db: Any, instance_id: int) -> dict | None:
+def instance_rows(db: EngineOrReader, instance_id: int) -> dict[str, Any] | None:
     """The raw rows behind one instance, for reasoning over its history (``runner.ops.explain``).
 
     Returns ``None`` for an unknown id, else ``{"instance": {...}, "attempts": [...],

@@ -1,13 +1,13 @@
 """Why an instance is where it is, and what happens next: ``flowrun explain`` as data.
 
 :func:`explain` replays an instance's stored history (its attempt rows, its command rows,
-the sensor event that started it) through the same fault model the worker applies
-(``runner.engine.outcomes.decide``: the error budget's sliding window, the backoff, the
-restarts), so each wait between two attempts gets its cause: the ``try_interval`` after a
-"not yet", backoff *n* with the jitter range its delay was drawn from, a lost attempt's
-lease expiry, a command or a requested sleep. The forecast applies the same rules to the
-instance as it stands: when it is due and why, what the next error would do, what a
-missed keepalive would do.
+the sensor event that started it) through the fault model the worker applies
+(``runner.flowspec.faults``, called by both: the error budget's sliding window, the
+backoff, the restarts), so each wait between two attempts gets its cause: the
+``try_interval`` after a "not yet", backoff *n* with the jitter range its delay was drawn
+from, a lost attempt's lease expiry, a command or a requested sleep. The forecast applies
+the same rules to the instance as it stands: when it is due and why, what the next error
+would do, what a missed keepalive would do.
 
 The forecast is ``runner.ops.forecast``; the values and the text
 ``runner.ops.explanation``. Pure: the rows come from ``runner.ops.detail.instance_rows``
@@ -24,19 +24,21 @@ from typing import Any
 
 from runner import lifecycle
 from runner.error_line import error_line
+from runner.flowspec import faults
 from runner.flowspec.policy import Policy
 from runner.ops.explanation import (
     Entry,
     Explanation,
     Track,
-    backoff_range,
+    created_entry,
     describe_backoff,
     exhausted_target,
-    first_line,
+    pruned_entry,
+    running_entry,
     secs,
 )
 from runner.ops.forecast import forecast
-from runner.ops.views import iso, waits_for
+from runner.ops.views import waits_for
 
 
 def explain(
@@ -59,7 +61,7 @@ def explain(
     first_version = (migrations[0]["args"].get("from") if migrations else None) or inst["version"]
     first_state = _first_state(rows, flow_of, first_version)
     t = Track(state=first_state, version=first_version)
-    out: list[Entry] = [_created(inst, rows.get("event"), first_state, first_version)]
+    out: list[Entry] = [created_entry(inst, rows.get("event"), first_state, first_version)]
     _wait(t, inst["created_at"], "created due at once", kind="created", high=0.0)
 
     def policy(state: str | None = None) -> Policy | None:
@@ -72,7 +74,7 @@ def explain(
         pol = policy()
         if pol is None or not t.errors:
             return
-        while t.errors and t.errors[0] + pol.window <= upto:
+        while t.errors and t.errors[0] <= upto - pol.window:  # as lifecycle.in_window
             left_at = t.errors.pop(0) + pol.window
             if window_entries:
                 out.append(
@@ -92,31 +94,36 @@ def explain(
             stream.append((*_end_at(a, cmds), "end", a))
     for c in cmds:
         stream.append((c["created_at"], 2, "command", c))
-    stream.sort(key=lambda s: (s[0], s[1]))
+    # at one time: by order, then an attempt's start before its own end
+    stream.sort(key=lambda s: (s[0], s[1], s[3].get("attempt") or 0, s[2] == "end"))
     for at, _, what, item in stream:
         refill(at)
         if what == "start":
+            t.status = "runnable"  # claimed (a sleeping instance is woken by its claim)
             _close_wait(out, t, at, item)
             if item["outcome"] is None:
-                out.append(_running(item, inst, now))
+                out.append(running_entry(item, inst, now))
         elif what == "end":
             _ended(out, t, item, policy(item["state"]), flow_of)
         else:
             _command(out, t, item, flow_of)
     refill(now)
     if inst.get("history_from") is not None:
-        out.append(_pruned(inst["history_from"]))
+        out.append(pruned_entry(inst["history_from"]))
     out.sort(key=lambda e: e.at or 0.0)  # stable: same-time entries keep their order
     flow = _safe_flow(flow_of, inst["version"])
     summary = _summary(inst)
     events = waits_for(inst, flow)
     summary["waits_for"] = None if events is None else list(events)
-    return Explanation(instance=summary, timeline=out, forecast=forecast(inst, flow, now, t))
+    return Explanation(
+        instance=summary, timeline=out, forecast=forecast(inst, flow, now, t), track=t
+    )
 
 
 def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
     """Where attempt ``a``'s end goes in the replay: ``(time, order)``, order 0 sorting
-    before a start (1) and a command (2) at the same time.
+    before a start (1) and a command (2) at the same time (an attempt that took no time:
+    1, right after its own start).
 
     An attempt ends when it finished, except one ``cancelled`` while an applied command
     came in (a pause, kill, sleep or send bumps the fence): its worker records the
@@ -134,7 +141,7 @@ def _end_at(a: dict, cmds: list[dict]) -> tuple[float, float]:
         ]
         if during:
             return min(during), 1.5
-    return end, 0
+    return end, 0 if start is None or end > start else 1  # one that took no time: after its start
 
 
 def _safe_flow(flow_of: Callable[[str], Any], version: str) -> Any:
@@ -152,56 +159,9 @@ def _first_state(rows: dict, flow_of, version: str) -> str:
     return flow.initial if flow is not None else rows["instance"]["state"]
 
 
-def _pruned(before: float) -> Entry:
-    """Where retention cut the history of a live instance (``instances.history_from``)."""
-    return Entry(
-        before,
-        "pruned",
-        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
-        {"before": before},
-    )
-
-
 def _summary(inst: dict) -> dict:
     keys = ("id", "flow", "label", "version", "state", "status", "due_at", "attempts", "errors")
     return {k: inst.get(k) for k in (*keys, "restarts", "state_restarts", "running_attempt")}
-
-
-def _created(inst: dict, event: dict | None, state: str, version: str) -> Entry:
-    how = "by hand (flowrun start, the console or the API)"
-    data: dict[str, Any] = {"state": state, "version": version}
-    if event is not None:
-        sensor = event["sensor"]
-        payload = event.get("payload") or {}
-        what = payload.get("path") or payload.get("line") or event["key"]
-        how = f"by a rule on event #{event['id']} of sensor {sensor} ({first_line(str(what), 80)})"
-        data.update(event_id=event["id"], sensor=sensor)
-    elif inst.get("event_id") is not None:
-        how = f"by a rule on event #{inst['event_id']}"
-        data["event_id"] = inst["event_id"]
-    return Entry(
-        inst["created_at"],
-        "created",
-        f"created {how}, in state {state!r} (flow version {version})",
-        data,
-    )
-
-
-def _running(a: dict, inst: dict, now: float) -> Entry:
-    lease = inst.get("locked_until")
-    lease_txt = f"; its lease runs {secs(lease - now)} more" if lease and lease > now else ""
-    if lease and lease <= now:
-        lease_txt = (
-            f"; its lease expired {secs(now - lease)} ago (its worker is gone: a worker "
-            "will record the attempt lost)"
-        )
-    return Entry(
-        a["started_at"],
-        "running",
-        f"attempt {a['attempt']} in {a['state']!r} on worker {a['worker']}: running for "
-        f"{secs(now - (a['started_at'] or now))}{lease_txt}",
-        {"attempt": a["attempt"], "state": a["state"], "worker": a["worker"]},
-    )
 
 
 def _close_wait(out: list[Entry], t: Track, at: float, a: dict) -> None:
@@ -225,8 +185,12 @@ def _wait(t: Track, at: float, cause: str, **data: Any) -> None:
     t.wait_from, t.wait_cause, t.wait_data, t.interrupts = at, cause, {"cause": data}, []
 
 
-def _enter(t: Track, state: str) -> None:
+def _enter(t: Track, state: str, flow: Any = None) -> None:
+    """Enter ``state``: its counters start afresh (``lifecycle.enter_state``); with the
+    ``flow`` known, the status follows the state's kind."""
     t.state, t.errors, t.restarts = state, [], 0
+    if flow is not None and state in flow.states:
+        t.status = "completed" if flow.states[state].kind == "terminal" else "runnable"
 
 
 def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> None:
@@ -243,7 +207,7 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, moved to {target!r}", data)
         )
-        _enter(t, target)
+        _enter(t, target, flow)
         if kind == "terminal":
             out.append(Entry(at, "attempt", f"completed: {target!r} is a terminal state", {}))
         elif kind == "external":
@@ -262,19 +226,17 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, not yet (nothing spent)", data)
         )
-        interval = f"try_interval {secs(pol.try_interval)}" if pol else "the try_interval"
-        _wait(
-            t,
-            at,
-            f"{interval} after the handler said not yet",
-            kind="try_interval",
-            high=pol.try_interval if pol else None,
-        )
+        t.status = "runnable"
+        due = faults.not_yet(pol, t.errors, t.restarts, at).due_at if pol else None
+        wait = None if due is None else due - at
+        interval = f"try_interval {secs(wait)}" if wait is not None else "the try_interval"
+        _wait(t, at, f"{interval} after the handler said not yet", kind="try_interval", high=wait)
         return
     if outcome == "sleep":
         out.append(
             Entry(a["started_at"], "attempt", f"{head}: took {took}, asked to {error}", data)
         )
+        t.status = "sleeping"  # until the time it asked for (one already past: runnable)
         _wait(t, at, f"the handler asked to {error} (nothing spent)", kind="sleep")
         return
     if outcome == "error":
@@ -290,28 +252,29 @@ def _ended(out: list[Entry], t: Track, a: dict, pol: Policy | None, flow_of) -> 
                 f"attempt was recorded lost when the lease expired"
             )
         out.append(Entry(a["started_at"], "attempt", text, data))
-        t.restarts += 1
         limit = pol.max_restarts if pol else None
-        if limit is not None and t.restarts > limit:
-            out.append(
-                Entry(
-                    at,
-                    "restart",
-                    f"restarts spent ({t.restarts} > max_restarts {limit}): failed",
-                    {},
-                )
-            )
-            return
+        if pol is None:  # policy unknown: a restart, never spent, as far as we can tell
+            t.restarts += 1
+        else:
+            verdict = faults.restart(pol, t.errors, t.restarts, at, error, t.status)
+            t.restarts, t.status = verdict.state_restarts, verdict.status
+            if verdict.spent is not None:
+                out.append(Entry(at, "restart", f"{verdict.spent}: {verdict.status}", {}))
+                return
         of = f" of {limit}" if limit is not None else ""
+        then = "runs again at once from the last checkpoint"
+        if t.status != "runnable":  # a command put it to sleep first: it stays so
+            then = f"the instance stays {t.status} (a command came first)"
         out.append(
             Entry(
                 at,
                 "restart",
-                f"restart {t.restarts}{of} (no error budget spent): runs again at once "
-                "from the last checkpoint",
+                f"restart {t.restarts}{of} (no error budget spent): {then}",
                 {"restarts": t.restarts, "max_restarts": limit},
             )
         )
+        if t.status != "runnable":
+            return
         cause = (
             "lease expiry of the lost attempt, then a restart" if outcome == "lost" else "a restart"
         )
@@ -344,10 +307,11 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
             )
         )
         return
-    t.errors = [e for e in lifecycle.in_window(t.errors, at, pol.window)] + [at]
+    verdict = faults.error(pol, t.errors, t.restarts, at, None)
+    t.errors, t.status = verdict.state_errors, verdict.status
     n = len(t.errors)
-    if n < pol.max_errors:
-        base, low, high = backoff_range(pol.backoff, n)
+    if verdict.backoff is not None:
+        base, low, high = pol.backoff.bounds(n)
         out.append(
             Entry(
                 at,
@@ -378,11 +342,9 @@ def _spend(out: list[Entry], t: Track, at: float, pol: Policy | None, flow_of) -
             {"errors_in_window": n, "max_errors": pol.max_errors, "on_exhausted": pol.on_exhausted},
         )
     )
-    if pol.on_exhausted not in ("failed", "paused"):
-        _enter(t, pol.on_exhausted)
-        _wait(
-            t, at, f"entered {pol.on_exhausted!r} (on_exhausted), due at once", kind="on_exhausted"
-        )
+    if verdict.enter is not None:
+        _enter(t, verdict.enter, _safe_flow(flow_of, t.version))
+        _wait(t, at, f"entered {verdict.enter!r} (on_exhausted), due at once", kind="on_exhausted")
 
 
 def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
@@ -398,6 +360,8 @@ def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
         out.append(Entry(c["created_at"], kind, f"{name} by {who}: refused ({c['result']})", data))
         return
     text = f"{name} by {who}: {c['result']}"
+    if name in lifecycle.OPERATOR_COMMANDS and lifecycle.allowed(t.status, name):
+        t.status = lifecycle.check(t.status, name)
     if name == "migrate":
         kind = "version"
         t.version = args.get("to") or t.version
@@ -410,7 +374,10 @@ def _command(out: list[Entry], t: Track, c: dict, flow_of) -> None:
         except Exception:  # noqa: BLE001 - history written under another definition
             target = None
         if target:
-            _enter(t, target)
+            was = t.status
+            _enter(t, target, flow)
+            if was == "paused" and t.status == "runnable":
+                t.status = "paused"  # a paused instance moves but stays paused
     elif name == "retry":
         t.errors, t.restarts = [], 0
         text += " (error budget and restarts of the state start afresh)"

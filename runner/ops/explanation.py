@@ -1,6 +1,7 @@
 """What ``flowrun explain`` says, as values and as text: the :class:`Entry` lines of a
 timeline and a forecast, the :class:`Explanation` holding them, the replay's
-:class:`Track`, the wording of durations and backoffs, and :func:`render_text`.
+:class:`Track`, the wording of durations and backoffs, the entries read straight off the
+rows (created, running, pruned), and :func:`render_text`.
 
 Pure: ``runner.ops.explain`` builds the timeline, ``runner.ops.forecast`` what comes next.
 Times are float epoch seconds, UTC.
@@ -15,6 +16,7 @@ from typing import Any
 
 from runner.flowspec.policy import Backoff, Policy
 from runner.literal import literal
+from runner.ops.views import iso
 
 
 @dataclass
@@ -39,16 +41,17 @@ class Entry:
 @dataclass
 class Explanation:
     """What ``runner.ops.explain.explain`` returns: the instance's summary, timeline and
-    forecast."""
+    forecast, and the replay's end (``track``: not part of the JSON)."""
 
     instance: dict[str, Any]
     timeline: list[Entry]
     forecast: list[Entry]
+    track: Track | None = field(default=None, compare=False)  # where the replay ended
 
-    def as_json(self, iso: Callable[[float | None], str | None]) -> dict:
+    def as_json(self, iso: Callable[[float | None], str | None]) -> dict[str, Any]:
         """A JSON-ready dict; ``iso`` turns epoch seconds into text (``runner.ops.views.iso``)."""
 
-        def entry(e: Entry) -> dict:
+        def entry(e: Entry) -> dict[str, Any]:
             return {**asdict(e), "at": iso(e.at), "at_epoch": e.at}
 
         return {
@@ -87,20 +90,9 @@ def first_line(text: str | None, limit: int = 160) -> str:
     return ""
 
 
-def backoff_range(backoff: Backoff, n: int) -> tuple[float, float, float]:
-    """``(base, low, high)``: backoff ``n``'s base delay and the range its jittered delay is
-    drawn from (seconds), exactly as ``Backoff.delay`` draws it."""
-    base = min(backoff.max, backoff.initial * backoff.factor ** max(0, n - 1))
-    if backoff.jitter == "full":
-        return base, 0.0, base
-    if backoff.jitter == "equal":
-        return base, base / 2, base
-    return base, base, base
-
-
 def describe_backoff(backoff: Backoff, n: int) -> str:
     """``"backoff 2: 10s, full jitter: a delay drawn from 0s to 10s"``."""
-    base, low, high = backoff_range(backoff, n)
+    base, low, high = backoff.bounds(n)
     if backoff.jitter == "none":
         return f"backoff {n}: {secs(base)} (no jitter)"
     drawn = f"a delay drawn from {secs(low)} to {secs(high)}"
@@ -118,16 +110,75 @@ def exhausted_target(policy: Policy) -> str:
 @dataclass
 class Track:
     """What the replay (``runner.ops.explain``) knows at a point in time: it mirrors the
-    instance's counters; the forecast (``runner.ops.forecast``) reads why it waits."""
+    instance's state, status and counters in the state (``errors``: the error times, epoch
+    s, still in the window; ``restarts``); the forecast (``runner.ops.forecast``) reads
+    why it waits. A handler's sleep until a time already past is replayed ``sleeping``
+    (the attempt row keeps no wake time), where the worker made it ``runnable``."""
 
     state: str
     version: str
     errors: list[float] = field(default_factory=list)
     restarts: int = 0
+    status: str = "runnable"
     wait_cause: str | None = None
     wait_from: float | None = None
     wait_data: dict[str, Any] = field(default_factory=dict)
     interrupts: list[str] = field(default_factory=list)
+
+
+def pruned_entry(before: float) -> Entry:
+    """Where retention cut the history of a live instance (``instances.history_from``,
+    epoch s)."""
+    return Entry(
+        before,
+        "pruned",
+        f"attempts before {iso(before)} pruned (retention): the timeline up to here is incomplete",
+        {"before": before},
+    )
+
+
+def created_entry(
+    inst: dict[str, Any], event: dict[str, Any] | None, state: str, version: str
+) -> Entry:
+    """The first timeline entry: how instance ``inst`` (an ``instances`` row as a dict) was
+    created (by hand or by a rule on sensor ``event``, an ``events`` row or ``None``), in
+    ``state`` of flow ``version``."""
+    how = "by hand (flowrun start, the console or the API)"
+    data: dict[str, Any] = {"state": state, "version": version}
+    if event is not None:
+        sensor = event["sensor"]
+        payload = event.get("payload") or {}
+        what = payload.get("path") or payload.get("line") or event["key"]
+        how = f"by a rule on event #{event['id']} of sensor {sensor} ({first_line(str(what), 80)})"
+        data.update(event_id=event["id"], sensor=sensor)
+    elif inst.get("event_id") is not None:
+        how = f"by a rule on event #{inst['event_id']}"
+        data["event_id"] = inst["event_id"]
+    return Entry(
+        inst["created_at"],
+        "created",
+        f"created {how}, in state {state!r} (flow version {version})",
+        data,
+    )
+
+
+def running_entry(a: dict[str, Any], inst: dict[str, Any], now: float) -> Entry:
+    """The entry of attempt ``a`` (an ``attempts`` row as a dict) still running at ``now``
+    (epoch s) on instance ``inst``: for how long, and its lease."""
+    lease = inst.get("locked_until")
+    lease_txt = f"; its lease runs {secs(lease - now)} more" if lease and lease > now else ""
+    if lease and lease <= now:
+        lease_txt = (
+            f"; its lease expired {secs(now - lease)} ago (its worker is gone: a worker "
+            "will record the attempt lost)"
+        )
+    return Entry(
+        a["started_at"],
+        "running",
+        f"attempt {a['attempt']} in {a['state']!r} on worker {a['worker']}: running for "
+        f"{secs(now - (a['started_at'] or now))}{lease_txt}",
+        {"attempt": a["attempt"], "state": a["state"], "worker": a["worker"]},
+    )
 
 
 def clock(ts: float) -> str:
@@ -157,7 +208,7 @@ def render_text(explanation: Explanation, now: float) -> str:
         "",
         "What happened (times UTC; +time since it was created):",
     ]
-    start = explanation.timeline[0].at if explanation.timeline else now
+    start = (explanation.timeline[0].at if explanation.timeline else None) or now
     day = None
     for e in explanation.timeline:
         at = datetime.fromtimestamp(e.at or start, UTC)

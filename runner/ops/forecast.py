@@ -2,20 +2,20 @@
 and why, what the next error would do (the backoff range, the budget left,
 ``on_exhausted``) and what a timeout, a missed keepalive or a lost attempt would do.
 
-Pure: applies the fault model the worker applies (``runner.engine.outcomes``) to the
-instance as it stands. Times are float epoch seconds, UTC.
+Pure: asks the fault model the worker applies (``runner.flowspec.faults``) what the next
+error and the next restart would do to the instance as it stands. Times are float epoch
+seconds, UTC.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runner import lifecycle
 from runner.error_line import error_line
+from runner.flowspec import faults
 from runner.ops.explanation import (
     Entry,
     Track,
-    backoff_range,
     clock,
     describe_backoff,
     exhausted_target,
@@ -44,10 +44,11 @@ def forecast(inst: dict, flow: Any, now: float, t: Track | None = None) -> list[
     if inst["status"] == "failed":  # a retry starts the state's counters afresh
         inst = {**inst, "state_errors": [], "state_restarts": 0}
         after = "after a retry, "
-    errs = lifecycle.in_window(inst["state_errors"], now, pol.window)
-    n = len(errs) + 1
-    if n < pol.max_errors:
-        base, low, high = backoff_range(pol.backoff, n)
+    verdict = faults.error(pol, inst["state_errors"], inst["state_restarts"], now, None)
+    errs = verdict.state_errors[:-1]  # those counted before the next error
+    n = len(verdict.state_errors)
+    if verdict.backoff is not None:
+        base, low, high = pol.backoff.bounds(n)
         text = (
             f"{after}the next error would be error {n} of {pol.max_errors} in {secs(pol.window)}: "
             f"{describe_backoff(pol.backoff, n)}; {pol.max_errors - n} more before on_exhausted "
@@ -69,12 +70,14 @@ def forecast(inst: dict, flow: Any, now: float, t: Track | None = None) -> list[
     used = inst["state_restarts"]
     limits = [f"timeout {secs(pol.timeout)}" if pol.timeout else "no timeout"]
     limits.append(f"keepalive {secs(pol.keepalive)}" if pol.keepalive else "no keepalive")
-    if used + 1 > pol.max_restarts:
-        then = f"restarts are spent ({used} of {pol.max_restarts}): the instance would fail"
+    restart = faults.restart(pol, [], used, now, None)
+    if restart.spent is not None:
+        then = f"{restart.spent}: the instance would fail"
     else:
         then = (
-            f"restart {used + 1} of {pol.max_restarts}: it runs again at once from its last "
-            f"checkpoint, no error budget spent ({pol.max_restarts - used - 1} restarts left after)"
+            f"restart {restart.state_restarts} of {pol.max_restarts}: it runs again at once "
+            f"from its last checkpoint, no error budget spent "
+            f"({pol.max_restarts - restart.state_restarts} restarts left after)"
         )
     out.append(
         Entry(

@@ -35,7 +35,7 @@ from typing import Any
 
 from runner.ops.views import iso
 from runner.store.host import provably_dead
-from runner.store.reader import WORKER_COLUMNS, as_dicts, columns, reader_of
+from runner.store.reader import WORKER_COLUMNS, EngineOrReader, as_dicts, columns, reader_of
 
 #: The heartbeat interval (seconds) of workers whose row does not record theirs (written
 #: before ``workers.heartbeat_every`` existed, when every worker beat every 2 s).
@@ -103,7 +103,7 @@ def judge(
     return Liveness("dead", False, age, 0, None)
 
 
-def read_workers(db: Any, *, now: float) -> list[dict]:
+def read_workers(db: EngineOrReader, *, now: float) -> list[dict[str, Any]]:
     """Every worker row (times in epoch seconds), newest heartbeat first, with the one
     liveness verdict of :func:`judge` at ``now`` (epoch seconds); ``db`` is a
     ``runner.store.reader.Reader`` or an ``Engine``.
@@ -119,7 +119,7 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     reader = reader_of(db)
-    held: dict[str, list] = {}
+    held: dict[str, list[Any]] = {}
     with reader.snapshot() as run:
         found = run(f"SELECT {columns(WORKER_COLUMNS)} FROM workers ORDER BY heartbeat_at DESC", {})
         for table in ("instances", "sensors"):
@@ -163,7 +163,7 @@ def read_workers(db: Any, *, now: float) -> list[dict]:
     return rows
 
 
-def list_workers(db: Any, *, now: float | None = None) -> list[dict]:
+def list_workers(db: EngineOrReader, *, now: float | None = None) -> list[dict[str, Any]]:
     """:func:`read_workers` at ``now`` (default: the current time) with timestamps as ISO
     8601 UTC and ``heartbeat_age`` rounded to milliseconds: ``flowrun workers --json``.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
@@ -146,7 +147,9 @@ def migrate(
     return out
 
 
-def _plan(conn, row, goal, mapping: dict, at: float) -> tuple[Migration, dict | None]:
+def _plan(
+    conn, row, goal, mapping: dict[str, Any], at: float
+) -> tuple[Migration, dict[str, Any] | None]:
     iid, state = row["id"], row["state"]
     m = Migration(iid, False, "", from_version=row["version"], to_version=goal.version)
     m.from_state = state
@@ -170,7 +173,7 @@ def _plan(conn, row, goal, mapping: dict, at: float) -> tuple[Migration, dict | 
             f"{row['locked_by']}; migrate after it ends (--wait waits for it)"
         )
         return m, None
-    values: dict = {"version": goal.version, "state": m.to_state}
+    values: dict[str, Any] = {"version": goal.version, "state": m.to_state}
     try:
         old_kind = compiled(conn, row["version"]).states[state].kind
     except (UserError, KeyError):

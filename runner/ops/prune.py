@@ -19,12 +19,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
 from runner.retention import DEFAULT, EVENT_WINDOW, KINDS, Retention, Rules, cut_attempt
 from runner.store import prune as sql
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
 
 #: Rows read per look at the attempts and events tables.
 READ_ROWS = 2000
@@ -73,14 +77,16 @@ class _Run:
         got = step()
         took = time.monotonic() - t0
         if isinstance(got, int):
-            got = Counter({kind: got}) if got else Counter()
+            got = Counter({cast(str, kind): got}) if got else Counter()  # an int names its kind
         self.counts.update(got)
         if got and self.on_step is not None:
             self.on_step(got)
         if not self.dry_run:
             self.pacing.sleep(max(self.pacing.min_rest, took * self.pacing.rest))
 
-    def pages(self, read: Callable[[int], list[tuple]]) -> Iterator[list[tuple]]:
+    def pages(
+        self, read: Callable[[int], list[tuple[Any, ...]]]
+    ) -> Iterator[list[tuple[Any, ...]]]:
         """The rows ``read(after)`` gives page by page (keyset: ``after`` is the first
         column of the last row read), until it gives none or the prune is stopped."""
         after = 0
@@ -92,16 +98,19 @@ class _Run:
             yield rows
 
     def in_batches(
-        self, items: list, step: Callable[[list], Counter[str] | int], kind: str | None = None
+        self,
+        items: list[Any],
+        step: Callable[[list[Any]], Counter[str] | int],
+        kind: str | None = None,
     ) -> None:
         """:meth:`wrote` ``step`` on each :attr:`Pacing.batch` of ``items`` in turn."""
         size = self.pacing.batch
         for i in range(0, len(items), size):
-            self.wrote(lambda c=items[i : i + size]: step(c), kind)
+            self.wrote(partial(step, items[i : i + size]), kind)
 
 
 def rules_for(
-    flows: Iterable[Any],
+    flows: Iterable[CompiledFlow],
     default: Retention = DEFAULT,
     *,
     events: float | None = EVENT_WINDOW,
@@ -179,9 +188,7 @@ def _instances(run: _Run, flow: str, status: str, cutoff: float) -> None:
         ids = [r[0] for r in rows]
         before = sum(run.counts[k] for k in ("instances", "attempts", "commands"))
         run.wrote(
-            lambda ids=ids: sql.delete_instances(
-                run.engine, ids, status, cutoff, dry_run=run.dry_run
-            )
+            partial(sql.delete_instances, run.engine, ids, status, cutoff, dry_run=run.dry_run)
         )
         rows_written = sum(run.counts[k] for k in ("instances", "attempts", "commands")) - before
         per = max(1.0, rows_written / len(ids))

@@ -14,7 +14,7 @@ from typing import Any
 
 from runner.lifecycle import STATUSES
 from runner.ops.views import JSON_KEYS, event_what, instance_json, iso, waits_for
-from runner.store.reader import EVENT_COLUMNS, as_dicts, columns, reader_of
+from runner.store.reader import EVENT_COLUMNS, EngineOrReader, as_dicts, columns, reader_of
 
 SORTABLE = (
     "id",
@@ -30,7 +30,7 @@ SORTABLE = (
 
 
 def read_instances(
-    db: Any,
+    db: EngineOrReader,
     *,
     keys: tuple[str, ...] = JSON_KEYS,
     flow: str | None = None,
@@ -40,7 +40,7 @@ def read_instances(
     desc: bool = False,
     offset: int = 0,
     limit: int | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One page of instances as stored: dicts of the ``keys`` columns (times in epoch
     seconds), the one listing query of ``flowrun ls`` (text and ``--json``).
 
@@ -67,7 +67,7 @@ def read_instances(
     return as_dicts(reader, keys, rows)
 
 
-def list_instances(db: Any, **filters: Any) -> list[dict]:
+def list_instances(db: EngineOrReader, **filters: Any) -> list[dict[str, Any]]:
     """One page of instances as ``instance_json`` dicts; ``filters`` are the keywords of
     :func:`read_instances` but ``keys`` (``flow``, ``status``, ``text``, ``order_by``,
     ``desc``, ``offset``, ``limit``).
@@ -78,7 +78,7 @@ def list_instances(db: Any, **filters: Any) -> list[dict]:
     return [instance_json(r) for r in read_instances(db, **filters)]
 
 
-def _filtered(flow: str | None, status: str | None, text: str | None) -> tuple[str, dict]:
+def _filtered(flow: str | None, status: str | None, text: str | None) -> tuple[str, dict[str, Any]]:
     """The ``WHERE`` clause (with a leading space, or empty) and its parameters."""
     terms, params = [], {}
     if flow:
@@ -101,7 +101,7 @@ def _filtered(flow: str | None, status: str | None, text: str | None) -> tuple[s
     return (" WHERE " + " AND ".join(terms) if terms else ""), params
 
 
-def count_by_status(db: Any, flow: str | None = None) -> dict[str, int]:
+def count_by_status(db: EngineOrReader, flow: str | None = None) -> dict[str, int]:
     """``{status: count}`` for every status of ``runner.lifecycle.STATUSES`` (zeros
     included), over all instances or one flow's; ``db`` a ``Reader`` or an ``Engine``.
 
@@ -124,7 +124,7 @@ def count_by_status(db: Any, flow: str | None = None) -> dict[str, int]:
     return {status: int(row[i] or 0) for i, status in enumerate(STATUSES)}
 
 
-def list_events(db: Any, *, limit: int = 50) -> list[dict]:
+def list_events(db: EngineOrReader, *, limit: int = 50) -> list[dict[str, Any]]:
     """The newest ``limit`` sensor events, newest first, as JSON-ready dicts: ``flowrun
     events`` (text and ``--json``); ``db`` a ``Reader`` or an ``Engine``.
 
@@ -156,7 +156,7 @@ def list_events(db: Any, *, limit: int = 50) -> list[dict]:
     return out
 
 
-def waiting_events(db: Any, rows: list[dict]) -> dict[int, tuple[str, ...]]:
+def waiting_events(db: EngineOrReader, rows: list[dict[str, Any]]) -> dict[int, tuple[str, ...]]:
     """For the ``rows`` (instance rows with ``id``, ``version``, ``state``, ``status``,
     ``due_at``, ``running_attempt``) that wait for an ``on:`` event of an external state:
     ``{id: the events it accepts}`` (``("release", "discard")``); ``db`` a ``Reader`` or an

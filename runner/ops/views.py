@@ -58,7 +58,7 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def instance_json(row: Any) -> dict:
+def instance_json(row: Any) -> dict[str, Any]:
     """The ``--json`` object of one instance row (a mapping of ``instances`` columns)."""
     out = {k: row[k] for k in INSTANCE_KEYS}
     out.update(
@@ -74,7 +74,7 @@ def instance_json(row: Any) -> dict:
     return out
 
 
-def attempt_json(row: Any) -> dict:
+def attempt_json(row: Any) -> dict[str, Any]:
     """The ``history`` entry of one attempt row."""
     return {
         "attempt": row["attempt"],
@@ -122,7 +122,9 @@ def event_what(payload: Any) -> str:
         text += f" ({size} bytes)" if isinstance(size, int) else ""
         if text.startswith(path):
             return text
-        folder = path[: -len(name)].rstrip("/") if path.endswith(name) else path
+        folder = path
+        if isinstance(name, str) and path.endswith(name):
+            folder = path[: -len(name)].rstrip("/")
         return f"{text} in {folder}"
     if "tick" in payload:
         text = f"tick {payload['tick']}"

@@ -267,7 +267,7 @@ class FilesSensor(Sensor):
     def _walk(self) -> list[tuple[str, os.stat_result]]:
         """Every matching file with its stat (runs in a thread; touches no sensor state)."""
         if self.recursive:
-            paths = []
+            paths: list[str] = []
             for root, dirs, names in os.walk(self.folder):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 paths.extend(os.path.join(root, n) for n in names)

@@ -32,6 +32,7 @@ from runner.store.db import short_error
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.registry import FlowRegistry
 
 SENSOR_TYPES: dict[str, type[Sensor]] = {
     "files": FilesSensor,
@@ -46,7 +47,7 @@ class _Running:
     sensor: Sensor
     version: str
     stop: asyncio.Event
-    task: asyncio.Task
+    task: asyncio.Task[Any]
 
 
 class SensorHub:
@@ -75,7 +76,7 @@ class SensorHub:
     def __init__(
         self,
         engine: Engine,
-        registry: Any,
+        registry: FlowRegistry,
         worker_id: str,
         lease: float = 15.0,
         *,

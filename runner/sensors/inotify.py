@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import os
 import struct
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
+from typing import Any
 
 from watchfiles import Change
 
@@ -109,7 +110,7 @@ class Inotify:
             self._note(out, wd, mask, name)
         return out
 
-    def _note(self, out: set, wd: int, mask: int, name: bytes) -> None:
+    def _note(self, out: set[Any], wd: int, mask: int, name: bytes) -> None:
         if mask & IN_Q_OVERFLOW:
             raise Overflow("inotify queue overflow: changes were lost")
         if mask & IN_IGNORED:
@@ -139,7 +140,7 @@ class Inotify:
 
 async def changes(
     folders: Iterable[Path], *, debounce: int, step: int, stop: asyncio.Event
-) -> AsyncIterator[set[tuple[Change, str]]]:
+) -> AsyncGenerator[set[tuple[Change, str]], None]:
     """Batches of changes under ``folders`` until ``stop`` is set, as ``watchfiles.awatch``
     gives them: a batch is yielded once ``step`` ms pass with no new change, or
     ``debounce`` ms after its first change. The watches exist once the generator's first

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
@@ -26,6 +26,10 @@ from runner.ops.views import iso
 from runner.sensors.rules import RULE_ERRORS, Planned, act, plan, rule_error
 from runner.store.db import reading
 from runner.store.tables import commands, events, instances
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.registry import FlowRegistry
 
 
 @dataclass
@@ -54,7 +58,7 @@ class RuleVerdict:
     taken: str | None = None
     done: str | None = None
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict of this verdict."""
         p = self.planned
         return {
@@ -89,7 +93,7 @@ class EventReplay:
     note: str | None = None
 
 
-def verdicts(flow: Any, sensor: str, payload: dict[str, Any]) -> list[RuleVerdict]:
+def verdicts(flow: CompiledFlow, sensor: str, payload: dict[str, Any]) -> list[RuleVerdict]:
     """Every rule of ``flow`` judged against an event of sensor ``sensor`` (its name in
     the flow) with ``payload``; nothing planned yet. Raises nothing."""
     out = []
@@ -110,7 +114,13 @@ def verdicts(flow: Any, sensor: str, payload: dict[str, Any]) -> list[RuleVerdic
     return out
 
 
-def _plan_all(conn: Connection, registry: Any, flow: Any, payload: dict, found: list) -> None:
+def _plan_all(
+    conn: Connection,
+    registry: FlowRegistry,
+    flow: CompiledFlow,
+    payload: dict[str, Any],
+    found: list[RuleVerdict],
+) -> None:
     for v in found:
         if not v.matched:
             continue
@@ -120,7 +130,9 @@ def _plan_all(conn: Connection, registry: Any, flow: Any, payload: dict, found: 
             v.error = rule_error(exc)
 
 
-def try_rules(engine: Engine, registry: Any, flow_name: str, sensor: str, payload: dict) -> list:
+def try_rules(
+    engine: Engine, registry: FlowRegistry, flow_name: str, sensor: str, payload: dict[str, Any]
+) -> list[RuleVerdict]:
     """``flowrun rules test``: each rule of ``flow_name`` against an event of ``sensor``
     with ``payload``, with what the matching ones would do now. Writes nothing.
 
@@ -137,10 +149,10 @@ def try_rules(engine: Engine, registry: Any, flow_name: str, sensor: str, payloa
 
 
 def sensor_payload(
-    flow: Any,
+    flow: CompiledFlow,
     sensor: str,
     *,
-    event: dict | None = None,
+    event: dict[str, Any] | None = None,
     line: str | None = None,
     path: str | None = None,
 ) -> dict[str, Any]:
@@ -196,7 +208,7 @@ def event_ids_since(engine: Engine, since: float) -> list[int]:
 
 def replay(
     engine: Engine,
-    registry: Any,
+    registry: FlowRegistry,
     event_ids: list[int],
     *,
     dry_run: bool = False,
@@ -227,7 +239,7 @@ def replay(
 
 
 def _replay_one(
-    engine: Engine, registry: Any, ev: dict, *, dry_run: bool, force: bool
+    engine: Engine, registry: FlowRegistry, ev: dict[str, Any], *, dry_run: bool, force: bool
 ) -> EventReplay:
     flow_name, _, sensor = ev["sensor"].partition(".")
     result = EventReplay(ev["id"], ev["sensor"], ev["payload"] or {})
@@ -272,9 +284,11 @@ def _replay_one(
     return result
 
 
-def _mark_taken(conn: Connection, flow: Any, ev: dict, found: list[RuleVerdict]) -> None:
+def _mark_taken(
+    conn: Connection, flow: CompiledFlow, ev: dict[str, Any], found: list[RuleVerdict]
+) -> None:
     """Set ``taken`` on each matching rule whose action this event already caused."""
-    started = dict(
+    started: dict[str, int] = dict(
         conn.execute(
             select(instances.c.flow, func.count())
             .where(instances.c.event_id == ev["id"])

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 
@@ -38,6 +38,8 @@ from runner.templating import render_event_refs, render_value
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.registry import FlowRegistry
+    from runner.flowspec.spec_rules import RuleSpec
 
 #: Statuses each rule command can act on (from the lifecycle table), so a rule selecting
 #: "every csv_ingest instance" does not log a refusal for each finished one.
@@ -80,7 +82,7 @@ class RuleEngine:
         batch: events handled per transaction.
     """
 
-    def __init__(self, engine: Engine, registry: Any, *, batch: int = 100) -> None:
+    def __init__(self, engine: Engine, registry: FlowRegistry, *, batch: int = 100) -> None:
         self.engine = engine
         self.registry = registry
         self.batch = batch
@@ -165,7 +167,7 @@ class RuleEngine:
         self,
         conn: Connection,
         flow: CompiledFlow,
-        rule: Any,
+        rule: RuleSpec,
         event_id: int,
         payload: dict[str, Any],
         source: str,
@@ -193,7 +195,7 @@ class Planned:
     data: dict[str, Any] | None = None
     ids: list[int] | None = None
     event: str | None = None
-    target: Any = None
+    target: CompiledFlow | None = None
 
     def describe(self) -> str:
         """One line: ``start csv_ingest with data {...}`` / ``pause 2 csv_ingest instances
@@ -206,7 +208,13 @@ class Planned:
         return f"{what}: {len(self.ids or [])} {self.flow} instances (ids {ids})"
 
 
-def plan(conn: Connection, registry: Any, flow: Any, rule: Any, payload: dict[str, Any]) -> Planned:
+def plan(
+    conn: Connection,
+    registry: FlowRegistry,
+    flow: CompiledFlow,
+    rule: RuleSpec,
+    payload: dict[str, Any],
+) -> Planned:
     """What ``rule`` of ``flow`` would do for an event with ``payload``; reads only.
 
     Raises one of ``RULE_ERRORS`` (a template naming a missing event field, an unknown
@@ -242,7 +250,8 @@ def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple
     command row records it in its ``args`` (``event_id``), so a replay can tell an
     action already taken (``runner.sensors.replay``)."""
     if planned.action == "start":
-        iid = create.create_instance(conn, planned.target, planned.data, event_id=event_id)
+        target = cast("CompiledFlow", planned.target)  # a start's plan has its flow
+        iid = create.create_instance(conn, target, planned.data, event_id=event_id)
         return f"started {planned.flow} instance {iid}", 1
     results = commands.apply(
         conn,

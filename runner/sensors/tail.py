@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,7 @@ class TailSensor(Sensor):
             self._fd, min(self._offset, FINGERPRINT), self._offset - min(self._offset, FINGERPRINT)
         )
 
-    def _find(self, accept: Any) -> str | None:
+    def _find(self, accept: Callable[[Path, os.stat_result], bool]) -> str | None:
         """The followed path, else the most recently modified sibling (``app.log.1``, ...),
         for which ``accept(path, stat)`` holds."""
         found = self._find_all(accept)
@@ -149,7 +150,7 @@ class TailSensor(Sensor):
             return str(self.path)
         return str(found[-1]) if found else None
 
-    def _find_all(self, accept: Any) -> list[Path]:
+    def _find_all(self, accept: Callable[[Path, os.stat_result], bool]) -> list[Path]:
         """The path and its siblings for which ``accept(path, stat)`` holds, oldest first."""
         try:
             names = [

@@ -16,7 +16,14 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from runner.engine.config import WorkerConfig
+    from runner.engine.worker import Worker
+    from runner.flowspec.registry import FlowRegistry
 
 
 def _log_to_file(path: Path) -> None:
@@ -32,10 +39,16 @@ def _log_to_file(path: Path) -> None:
 class EmbeddedWorker:
     """``serve`` (worker + sensors) in a background thread; ``stop()`` stops it gracefully."""
 
-    def __init__(self, engine: Any, registry: Any, config: Any, listen_url: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        registry: FlowRegistry,
+        config: WorkerConfig,
+        listen_url: str | None = None,
+    ):
         self.engine, self.registry, self.config = engine, registry, config
         self.listen_url = listen_url  # ``--listen-db`` (PostgreSQL)
-        self.worker: Any = None
+        self.worker: Worker | None = None
         self.error: BaseException | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -50,10 +63,13 @@ class EmbeddedWorker:
 
         async def go() -> None:
             self.loop = asyncio.get_running_loop()
-            fut: asyncio.Future = asyncio.get_running_loop().create_future()
-            fut.add_done_callback(
-                lambda f: (setattr(self, "worker", f.result()), self._ready.set())
-            )
+            fut: asyncio.Future[Worker] = asyncio.get_running_loop().create_future()
+
+            def ready(f: asyncio.Future[Worker]) -> None:
+                self.worker = f.result()
+                self._ready.set()
+
+            fut.add_done_callback(ready)
             await serve(
                 self.engine,
                 self.registry,
@@ -123,7 +139,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
     flows_dir = c.flows if c.flows.is_dir() else None
     embedded = None
     if not attach:
-        from runner.service.daemon import load_registry
+        from runner.service.startup import load_registry
 
         if flows_dir is None:
             from runner.errors import ConfigError
@@ -140,7 +156,7 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
     if not attach:
         embedded = EmbeddedWorker(engine, registry, config, c.listen_db)
         embedded.start()
-    stopper = ConsoleStopper(embedded, c.worker_options["grace"]) if embedded else None
+    stopper = ConsoleStopper(embedded, c.worker_options.grace) if embedded else None
     app = FlowrunApp(
         engine, flows_dir=flows_dir, readonly=readonly, clock=time.time, stopper=stopper
     )
@@ -148,6 +164,6 @@ def run_console(c: Any, *, attach: bool, readonly: bool, config: Any = None) -> 
         app.run()
     finally:
         if embedded is not None:
-            embedded.stop(timeout=c.worker_options["grace"] + 5)
+            embedded.stop(timeout=c.worker_options.grace + 5)
     if embedded is not None and embedded.error is not None:
         raise embedded.error

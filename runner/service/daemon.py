@@ -20,9 +20,8 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -30,22 +29,20 @@ from sqlalchemy.exc import DBAPIError
 from runner.engine.config import WorkerConfig
 from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
-from runner.errors import ConfigError, FlowErrors
+from runner.errors import ConfigError
 from runner.flowspec.registry import FlowRegistry
-from runner.flowspec.setup_checks import privilege_errors, setup_warnings
 from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.service.logs import attempt_logger
 from runner.service.sdnotify import Notifier, notify_loop
+from runner.service.startup import listen_url, preload_hub
 from runner.service.supervisor import Supervisor
-from runner.store import versions
-from runner.store.create import record_version
-from runner.store.db import interrupt, redact, short_error
-from runner.store.dialect import dialect_of
-from runner.store.notify import DueListener, listen_db_url
-from runner.store.pooler import pooler_of
+from runner.store.db import interrupt, short_error
+from runner.store.notify import DueListener
 
 if TYPE_CHECKING:
     from runner.sensors.hub import SensorHub
+    from runner.service.metrics import AttemptTally, DaemonCollector, MetricsServer
+    from runner.service.pruner import Pruner
 
 log = logging.getLogger("flowrun.daemon")
 
@@ -54,52 +51,9 @@ log = logging.getLogger("flowrun.daemon")
 IO_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
-def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
-    """Load every flow in ``flows_dir`` and store their versions.
-
-    Raises ``FlowErrors`` when any flow file has errors (the daemon refuses to start on a
-    broken folder; a later bad edit is reported and the good version kept).
-    """
-    registry = FlowRegistry(flows_dir, check=privilege_errors)
-    errors = registry.load_all()
-    if errors:
-        raise FlowErrors(errors)
-    for flow in registry.flows.values():
-        for warning in setup_warnings(flow):  # its attempts will be errors until fixed
-            log.warning("%s", warning)
-    remember_all(engine, registry)
-    return registry
-
-
-def remember_all(engine: Engine, registry: FlowRegistry) -> None:
-    """Record every loaded flow version in the database and the in-process cache."""
-    with engine.begin() as conn:
-        for flow in registry.flows.values():
-            record_version(conn, flow)
-            versions.remember(flow)
-
-
-def preload_hub() -> None:
-    """Import the sensor hub's modules, and the asyncio backend of anyio that its file
-    watcher (``watchfiles.awatch``) imports at its first step; run on a thread.
-
-    Together ~45 ms of CPU. Imported on the event loop, right after the worker's first
-    cycle, they held up the attempts that cycle had just started and the cycles that
-    refill their slots: with four daemons starting at once on 2 cores the loop stalled
-    for 100-250 ms. On a thread the loop gets the interpreter back within the switch
-    interval (5 ms) whenever it has something to run.
-    """
-    import runner.sensors.hub  # noqa: F401
-
-    try:
-        import anyio._backends._asyncio  # noqa: F401 - only a warm-up of watchfiles' import
-    except ImportError:  # another anyio layout: the watcher imports what it needs itself
-        pass
-
-
-@dataclass
+@dataclass(frozen=True)
 class ServiceOptions:
-    """The optional parts of ``flowrun --daemon``.
+    """The optional parts of ``flowrun --daemon`` (the CLI's options, typed).
 
     Attributes:
         metrics: ``(host, port)`` to serve Prometheus ``/metrics`` on, or ``None``.
@@ -146,11 +100,6 @@ class Served:
 #: Seconds without a turn of the worker loop after which it counts as stuck (no watchdog).
 LOOP_STALE = 10.0
 
-#: Turns of the worker loop after which its first cycle is over and what it claimed has
-#: started (turn 1 starts the cycle, turn 2 or 3 collects it and starts its attempts):
-#: then the sensor hub starts (``serve``).
-FIRST_CYCLE_TURNS = 3
-
 #: Seconds after the worker's first cycle by which the sensor hub starts at the latest; it
 #: starts as soon as the worker has nothing to do (``Worker.quiet``), if that comes first.
 HUB_AFTER = 1.0
@@ -185,41 +134,364 @@ async def _until(*aws: Awaitable[Any], timeout: float | None = None) -> None:
                 made.cancel()
 
 
-def _listen_url(engine: Engine, given: str | None, config: WorkerConfig) -> str | None:
-    """The URL the daemon ``LISTEN``s on: ``given`` (``--listen-db``), else the engine's own
-    unless it goes through a transaction-pooling pooler (then ``None``: the worker polls,
-    said in one WARNING); ``None`` on SQLite.
+class Part(NamedTuple):
+    """One part the supervisor keeps running: its ``name`` (in logs and metrics) and
+    ``run`` (a coroutine function; returning ends the part, raising restarts it)."""
 
-    Raises:
-        ConfigError: ``given`` with a database that has no ``NOTIFY`` (SQLite), or a
-            ``given`` URL that is not PostgreSQL.
+    name: str
+    run: Callable[[], Awaitable[object]]
+
+
+@dataclass(eq=False, repr=False)
+class Daemon:
+    """A worker (and, with ``sensors``, the sensor hub) and the optional parts
+    ``options`` asks for, every part under one :class:`Supervisor`: ``await
+    Daemon(...).run()`` until stopped or idle. Made on the event loop that runs it.
+
+    Its fields are its parts: made at once (``worker``, ``supervisor``, ``listener``,
+    ``tally``, ``collector``, ``metrics``, ``notifier``), or once the worker's first cycle
+    is over (``hub``, ``pruner``), ``None`` when the options leave them out. What runs
+    under the supervisor is :meth:`parts`; to add a part, add its field (made in
+    ``__post_init__``, or in its run method when it should not delay the first claim) and
+    one entry in :meth:`parts` (wrapped in :meth:`after_first_cycle` when it can wait).
+
+    Raises (on construction):
+        ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
+            not a PostgreSQL URL or given with a SQLite engine.
     """
-    notify = dialect_of(engine).notify
-    if given is not None:
-        if not notify:
-            raise ConfigError("--listen-db: only for a PostgreSQL --db (SQLite has no LISTEN)")
-        url = listen_db_url(given)
-        if pooler_of(engine) == "transaction":
-            log.info(
-                "database %s is reached through a transaction pooling pooler: statements are "
-                "not prepared on the server; LISTEN on %s (--listen-db)",
-                redact(engine.url.render_as_string(hide_password=False)),
-                redact(url),
-            )
-        return url
-    if not notify:
-        return None
-    if pooler_of(engine) == "transaction":
-        every = f"every {config.poll:g}s"
-        log.warning(
-            "database %s is reached through a transaction pooling pooler: LISTEN cannot "
-            "work through it, so this worker is polling for due work %s; give --listen-db "
-            "(FLOWRUN_LISTEN_DB) a direct URL of the same database to be woken at once",
-            redact(engine.url.render_as_string(hide_password=False)),
-            every,
+
+    engine: Engine
+    registry: FlowRegistry | None
+    config: WorkerConfig
+    options: ServiceOptions = field(default_factory=ServiceOptions)
+    sensors: bool = True
+    install_signals: bool = True
+
+    worker: Worker = field(init=False)
+    supervisor: Supervisor = field(init=False)
+    listener: DueListener | None = field(init=False, default=None)  # LISTEN (PostgreSQL)
+    tally: AttemptTally | None = field(init=False, default=None)  # --metrics
+    collector: DaemonCollector | None = field(init=False, default=None)  # --metrics
+    metrics: MetricsServer | None = field(init=False, default=None)  # --metrics
+    notifier: Notifier = field(init=False)  # systemd
+    hub: SensorHub | None = field(init=False, default=None)  # after the first cycle
+    pruner: Pruner | None = field(init=False, default=None)  # after the first cycle
+
+    stop: asyncio.Event = field(init=False)  # set: every part ends
+    idle: asyncio.Event = field(init=False)  # after the first cycle, the worker was quiet
+    aborted_by: int | None = field(init=False, default=None)  # the second signal's number
+    ticked: float | None = field(init=False, default=None)  # the worker loop's last turn
+    worker_task: asyncio.Future | None = field(init=False, default=None)
+    outer_tick: Callable[[], None] | None = field(init=False, default=None)  # config's own
+    base: Any = field(init=False, default=None)  # the progress line's baseline
+    started: float = field(init=False, default=0.0)  # monotonic s, the parts' start
+
+    def __post_init__(self) -> None:
+        opts, config = self.options, self.config
+        self.stop, self.idle = asyncio.Event(), asyncio.Event()
+        self.outer_tick = config.on_tick
+        # wake-ups through LISTEN/NOTIFY (PostgreSQL), unless only a transaction pooler is known
+        url = listen_url(self.engine, opts.listen_url, config)
+        self.config = config = dataclasses.replace(
+            config, on_tick=self.on_tick, listen=url is not None
         )
-        return None
-    return engine.url.render_as_string(hide_password=False)
+        self.worker = worker = Worker(self.engine, config, idle_hint=self.busy)
+        if url is not None:
+            self.listener = DueListener(
+                url,
+                worker.notify_due,
+                self.kick_hub if self.with_hub else None,
+                application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon``
+                # names its pool's connections
+            )
+        self.supervisor = Supervisor(on_fatal=self.fatal)
+        if opts.metrics is not None:  # prometheus_client is imported only with --metrics
+            from runner.service.metrics import AttemptTally
+
+            self.tally = AttemptTally()
+        worker.attempts.on_finished = _hooks(
+            self.tally.finished if self.tally else None,
+            attempt_logger(config.worker_id) if opts.log_attempts else None,
+        )
+        if opts.metrics is not None:
+            self._start_metrics(*opts.metrics)
+        self.notifier = opts.notifier or Notifier()
+
+    @property
+    def with_hub(self) -> bool:
+        """True when this daemon runs the sensor hub (``sensors`` and flows given)."""
+        return self.sensors and self.registry is not None
+
+    def parts(self) -> list[Part]:
+        """What runs under the supervisor besides the worker and the hub, in start order;
+        a part the options leave out is not listed. Procrastinate's worker starts its
+        side tasks from one such list."""
+        later, opts = self.after_first_cycle, self.options
+        progress = opts.progress and self.config.exit_when_idle
+        pruning = opts.prune_every is not None and self.registry is not None
+        wanted = [
+            (self.listener is not None, Part("listener", later(self.listen))),
+            (self.notifier.enabled, Part("systemd notify", self.notify)),
+            (self.metrics is not None, Part("metrics server", self.serve_metrics)),
+            (opts.status_every > 0, Part("status line", later(self.status_line))),
+            (progress, Part("progress", later(self.progress))),
+            (pruning, Part("pruner", later(self.prune))),
+        ]
+        return [part for on, part in wanted if on]
+
+    # -- the worker's hooks --------------------------------------------------------
+
+    def on_tick(self) -> None:
+        """Each turn of the worker loop: it is alive; after its first cycle, the first
+        turn with nothing to do sets :attr:`idle`."""
+        if self.outer_tick is not None:
+            self.outer_tick()
+        self.ticked = time.monotonic()
+        worker = self.worker
+        if not self.idle.is_set() and worker.first_cycle.is_set() and worker.quiet():
+            self.idle.set()
+
+    def busy(self) -> bool:
+        """The worker's ``idle_hint``: True while the sensors may still create work (not
+        started yet, not ready, or events pending)."""
+        if self.hub is None:
+            return self.with_hub  # sensors not started yet
+        return not self.hub.ready.is_set() or self.hub.pending()
+
+    def kick_hub(self) -> None:
+        """A notification of new events: the hub looks now."""
+        if self.hub is not None:
+            self.hub.kick()
+
+    def fatal(self, part: str) -> None:
+        """The supervisor gave up on ``part``: stop everything (exit 70)."""
+        self.worker.request_stop()
+        self.stop.set()
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        """SIGINT/SIGTERM: the first stops gracefully, the second aborts."""
+        mode = self.worker.request_stop()
+        self.stop.set()
+        if mode == "graceful":
+            log.warning(
+                "%s: stopping gracefully (up to %gs for running attempts); again to abort",
+                sig.name,
+                self.config.grace,
+            )
+        else:
+            if self.aborted_by is None:
+                self.aborted_by = int(sig)
+            log.warning("%s again: aborting now; open attempts will be recovered as lost", sig.name)
+
+    # -- systemd's view ------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """``READY=1``: the hub is ready (or there is none, or 60 s passed)."""
+        if not self.with_hub or time.monotonic() - self.started > 60:
+            return True
+        return self.hub is not None and self.hub.ready.is_set()
+
+    def healthy(self) -> bool:
+        """No part given up, the worker task alive and its loop turning (it turns at
+        least every second; before its first turn, start-up counts as healthy)."""
+        fresh = self.ticked is None or time.monotonic() - self.ticked < LOOP_STALE
+        task = self.worker_task
+        return self.supervisor.healthy() and not (task is not None and task.done()) and fresh
+
+    def status(self) -> str:
+        """systemd's ``STATUS=`` line."""
+        worker = self.worker
+        return (
+            f"running {len(worker.running)}/{self.config.concurrency}, "
+            f"committed {worker.stats.committed}" + (", stopping" if worker.stopping else "")
+        )
+
+    # -- the parts -----------------------------------------------------------------
+
+    def _start_metrics(self, host: str, port: int) -> None:
+        from runner.service.metrics import DaemonCollector, MetricsServer, registry_for
+
+        assert self.tally is not None
+        collector = DaemonCollector(self.engine, self.worker, self.tally, None, self.supervisor)
+        server = MetricsServer(host, port, registry_for(collector))
+        try:
+            server.start()
+        except OSError as exc:
+            collector.close()
+            raise ConfigError(f"--metrics {host}:{port}: {exc}") from None
+        self.collector, self.metrics = collector, server
+        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
+
+    def _over(self) -> bool:
+        return self.stop.is_set() or self.worker_task is None or self.worker_task.done()
+
+    async def _first_cycle(self) -> bool:
+        """Wait until the worker's first cycle is over; False if the daemon stops first."""
+        assert self.worker_task is not None
+        await _until(self.worker.first_cycle.wait(), self.stop.wait(), self.worker_task)
+        return not self._over()
+
+    def after_first_cycle(
+        self, run: Callable[[], Awaitable[object]]
+    ) -> Callable[[], Awaitable[None]]:
+        """``run`` once the worker's first cycle is over: the first claim does not wait for
+        the connection or imports of the parts that can start later (the listener looks
+        once when it has connected, so nothing sent before is missed)."""
+
+        async def later() -> None:
+            if await self._first_cycle():
+                await run()
+
+        return later
+
+    async def start_hub(self) -> None:
+        """The sensors, rules and flow reload, once the worker's first cycle is over and
+        it has nothing to do (at the latest :data:`HUB_AFTER` s later): neither the first
+        claim nor the attempts that follow it wait for their imports and start-up (with
+        several daemons starting at once on a busy host, the CPU they take there is the
+        workers' own start-up's)."""
+        if not await self._first_cycle():
+            return
+        assert self.worker_task is not None
+        await _until(self.idle.wait(), self.stop.wait(), self.worker_task, timeout=HUB_AFTER)
+        await asyncio.to_thread(preload_hub)  # not on the loop: see preload_hub
+        if self._over():
+            return
+        from runner.sensors.hub import SensorHub
+
+        hub = SensorHub(self.engine, self.registry, self.config.worker_id, self.config.lease)
+        hub.on_work = self.worker.wake
+        if self.listener is not None:  # other daemons' events: notifications
+            hub.poll = min(self.worker.idle_poll, 3600.0)
+        if self.collector is not None:
+            self.collector.hub = hub
+        self.hub = hub
+        gc.freeze()  # what the hub imported lives as long as the process, too
+        await hub.run(self.stop, self.supervisor.keep)
+
+    async def listen(self) -> None:
+        """LISTEN for due work and new events (PostgreSQL)."""
+        assert self.listener is not None
+        await self.listener.run(self.stop)
+
+    async def notify(self) -> None:
+        """systemd: ``READY=1``, ``STATUS=``, the watchdog, ``STOPPING=1``."""
+        await notify_loop(self.notifier, self.ready, self.healthy, self.status, self.stop)
+
+    async def serve_metrics(self) -> None:
+        """Watch the metrics server's thread until stopped."""
+        assert self.metrics is not None
+        await self.metrics.watch(self.stop)
+
+    async def status_line(self) -> None:
+        """A status line every ``options.status_every`` seconds."""
+        from runner.service.progress import status_loop
+
+        committed = lambda: self.worker.stats.committed  # noqa: E731
+        await status_loop(self.engine, committed, self.stop, self.options.status_every)
+
+    async def progress(self) -> None:
+        """The progress bar or lines until idle (``--exit-when-idle``)."""
+        from runner.service.progress import progress_loop
+
+        await progress_loop(self.engine, self.stop, tty=self.options.tty, base=self.base)
+
+    async def prune(self) -> None:
+        """Retention rounds (the pruner is made at its first start, imports included)."""
+        if self.pruner is None:
+            from runner.service.pruner import Pruner
+
+            opts = self.options
+            assert opts.prune_every is not None
+            self.pruner = Pruner(
+                self.engine,
+                self.registry,
+                self.config.worker_id,
+                self.config.lease,
+                default=opts.retention,
+                events=opts.event_retention,
+                every=opts.prune_every,
+                log_store_max=opts.log_store_max,  # wiring: logs
+            )
+            if self.collector is not None:
+                self.collector.pruner = self.pruner
+        await self.pruner.run(self.stop)
+
+    # -- start and stop ------------------------------------------------------------
+
+    async def run(self) -> Served:
+        """Run until stopped (a signal, a part given up) or idle; returns how it ended."""
+        loop = asyncio.get_running_loop()
+        if self.install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.on_signal, sig)
+            # the parts' blocking calls (``asyncio.to_thread``) on daemon threads: one stuck
+            # on a dead network never keeps the process from exiting
+            loop.set_default_executor(DaemonThreads("flowrun-io", IO_THREADS))
+        # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
+        # thousands of objects) lives as long as the process: move it out of the collector's
+        # sight, so the collections the hot loop's short-lived objects trigger stay cheap
+        # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
+        gc.freeze()
+        gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
+        if self.options.progress and self.config.exit_when_idle:
+            from runner.service.progress import baseline
+
+            try:  # what was final before the first claim
+                self.base = await baseline(self.engine)
+            except DBAPIError:  # counted when the progress line starts (and it says so)
+                log.warning("progress: cannot count the instances yet; counting later")
+        sup = self.supervisor
+        self.worker_task = asyncio.ensure_future(sup.keep("worker", self.worker.run, restart=False))
+        side: list[asyncio.Future] = []
+        if self.with_hub:
+            side.append(asyncio.ensure_future(self.start_hub()))
+        self.started = time.monotonic()
+        for name, run in self.parts():
+            side.append(asyncio.ensure_future(sup.keep(name, run, self.stop)))
+        try:
+            await self.worker_task
+        finally:
+            self.stop.set()
+            await self._wind_down(side)
+            if self.install_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            if self.metrics is not None:
+                self.metrics.close()
+            if self.collector is not None:
+                self.collector.close()
+            self.notifier.close()
+        if sup.fatal is not None:
+            code = EXIT_FATAL
+        elif self.aborted_by is not None:
+            code = 128 + self.aborted_by
+        else:
+            code = 0
+        return Served(self.worker, code, sup, self.metrics.port if self.metrics else None)
+
+    async def _wind_down(self, side: list[asyncio.Future]) -> None:
+        """The worker ended: give the other parts a moment to end (10 s; 0.5 s when the
+        database does not answer, their statements then broken off), cancel the rest,
+        log what failed."""
+        # the database does not answer: break off the parts' statements waiting for it,
+        # and give them a moment only (their leases expire; events wait for the next start)
+        cut_off = self.aborted_by is not None or self.worker.unreachable
+        if cut_off:
+            interrupt()
+        if not side:
+            return
+        done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                if isinstance(exc, DBAPIError):  # an outage at stop is not a bug: one
+                    # line (leases expire; stored events wait for the next start)
+                    log.warning("stopping: database unavailable (%s)", short_error(exc))
+                    continue
+                log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
 
 
 async def serve(
@@ -232,8 +504,8 @@ async def serve(
     worker_ready: asyncio.Future | None = None,
     options: ServiceOptions | None = None,
 ) -> Served:
-    """Run a worker (and, with ``sensors``, the sensor hub) until stopped or idle, every
-    part under one :class:`Supervisor`.
+    """Run a :class:`Daemon` until stopped or idle: a worker (and, with ``sensors``, the
+    sensor hub), every part under one :class:`Supervisor`.
 
     Returns a :class:`Served` (the worker's ``stats``, the exit code). ``worker_ready``, if
     given, gets the worker as its result once it exists (the console uses it to stop the
@@ -243,269 +515,14 @@ async def serve(
         ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
             not a PostgreSQL URL or given with a SQLite engine.
     """
-    opts = options or ServiceOptions()
-    with_hub = sensors and registry is not None
-    hub: SensorHub | None = None  # made after the worker's first cycle (``start_hub``)
-
-    def busy() -> bool:
-        if hub is None:
-            return with_hub  # sensors not started yet
-        return not hub.ready.is_set() or hub.pending()
-
-    ticked: list[float] = []  # the worker loop's last turn (``WorkerConfig.on_tick``)
-    outer_tick = config.on_tick
-    first_cycle = asyncio.Event()  # the worker's first cycle is over: start the rest
-    idle = asyncio.Event()  # after it, the worker had nothing to do (``Worker.quiet``)
-    turns = 0
-
-    def on_tick() -> None:
-        nonlocal turns
-        if outer_tick is not None:
-            outer_tick()
-        if ticked:
-            ticked[0] = time.monotonic()
-        else:
-            ticked.append(time.monotonic())
-        if turns < FIRST_CYCLE_TURNS:
-            turns += 1
-            if turns == FIRST_CYCLE_TURNS:
-                first_cycle.set()
-        elif not idle.is_set() and worker.quiet():
-            idle.set()
-
-    # wake-ups through LISTEN/NOTIFY (PostgreSQL), unless only a transaction pooler is known
-    listen_url = _listen_url(engine, opts.listen_url, config)
-    listen = listen_url is not None
-    config = dataclasses.replace(config, on_tick=on_tick, listen=listen)
-    worker = Worker(engine, config, idle_hint=busy)
-
-    def kick_hub() -> None:
-        if hub is not None:
-            hub.kick()
-
-    listener = None
-    if listen_url is not None:
-        listener = DueListener(
-            listen_url,
-            worker.notify_due,
-            kick_hub if with_hub else None,
-            application_name=f"flowrun {config.worker_id}",  # as ``flowrun --daemon`` names
-            # its pool's connections
-        )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    aborted_by: list[int] = []
-
-    def fatal(part: str) -> None:
-        worker.request_stop()
-        stop.set()
-
-    sup = Supervisor(on_fatal=fatal)
-    tally = None
-    if opts.metrics is not None:  # prometheus_client is imported only with --metrics
-        from runner.service.metrics import AttemptTally
-
-        tally = AttemptTally()
-    worker.attempts.on_finished = _hooks(
-        tally.finished if tally else None,
-        attempt_logger(config.worker_id) if opts.log_attempts else None,
+    daemon = Daemon(
+        engine,
+        registry,
+        config,
+        options or ServiceOptions(),
+        sensors=sensors,
+        install_signals=install_signals,
     )
-    server = collector = None
-    if opts.metrics is not None:
-        from runner.service.metrics import DaemonCollector, MetricsServer, registry_for
-
-        collector = DaemonCollector(engine, worker, tally, None, sup)  # hub: start_hub
-        server = MetricsServer(*opts.metrics, registry_for(collector))
-        try:
-            server.start()
-        except OSError as exc:
-            collector.close()
-            raise ConfigError(f"--metrics {opts.metrics[0]}:{opts.metrics[1]}: {exc}") from None
-        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
-    notifier = opts.notifier or Notifier()
     if worker_ready is not None:
-        worker_ready.set_result(worker)
-
-    def on_signal(sig: signal.Signals) -> None:
-        mode = worker.request_stop()
-        stop.set()
-        if mode == "graceful":
-            log.warning(
-                "%s: stopping gracefully (up to %gs for running attempts); again to abort",
-                sig.name,
-                config.grace,
-            )
-        else:
-            aborted_by.append(int(sig))
-            log.warning("%s again: aborting now; open attempts will be recovered as lost", sig.name)
-
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
-        # the parts' blocking calls (``asyncio.to_thread``) on daemon threads: one stuck
-        # on a dead network never keeps the process from exiting
-        loop.set_default_executor(DaemonThreads("flowrun-io", IO_THREADS))
-    # Everything loaded so far (SQLAlchemy, pydantic, the compiled flows: hundreds of
-    # thousands of objects) lives as long as the process: move it out of the collector's
-    # sight, so the collections the hot loop's short-lived objects trigger stay cheap
-    # (measured: 12 of 16 us of the cost of starting an attempt was the collector).
-    gc.freeze()
-    gc.enable()  # ``run_daemon`` starts with it off (its imports make no cyclic garbage)
-    base = None  # the progress line's baseline: what was final before the first claim
-    if opts.progress and config.exit_when_idle:
-        from runner.service.progress import baseline
-
-        try:
-            base = await baseline(engine)
-        except DBAPIError:  # counted when the progress line starts (and it says so)
-            log.warning("progress: cannot count the instances yet; counting later")
-    worker_task = asyncio.ensure_future(sup.keep("worker", worker.run, restart=False))
-    side: list[asyncio.Future] = []
-
-    async def start_hub() -> None:
-        """The sensors, rules and flow reload, once the worker's first cycle is over and
-        it has nothing to do (at the latest :data:`HUB_AFTER` s later): neither the first
-        claim nor the attempts that follow it wait for their imports and start-up (with
-        several daemons starting at once on a busy host, the CPU they take there is the
-        workers' own start-up's)."""
-        nonlocal hub
-        await _until(first_cycle.wait(), stop.wait(), worker_task)
-        if stop.is_set() or worker_task.done():
-            return
-        await _until(idle.wait(), stop.wait(), worker_task, timeout=HUB_AFTER)
-        await asyncio.to_thread(preload_hub)  # not on the loop: see preload_hub
-        if stop.is_set() or worker_task.done():
-            return
-        from runner.sensors.hub import SensorHub
-
-        hub = SensorHub(engine, registry, config.worker_id, config.lease)
-        hub.on_work = worker.wake
-        if listen:
-            hub.poll = min(worker.idle_poll, 3600.0)  # other daemons' events: notifications
-        if collector is not None:
-            collector.hub = hub
-        gc.freeze()  # what the hub imported lives as long as the process, too
-        await hub.run(stop, sup.keep)
-
-    if with_hub:
-        side.append(asyncio.ensure_future(start_hub()))
-    started = time.monotonic()
-
-    def ready() -> bool:
-        if not with_hub or time.monotonic() - started > 60:
-            return True
-        return hub is not None and hub.ready.is_set()
-
-    def healthy() -> bool:
-        """No part given up, the worker task alive and its loop turning (it turns at
-        least every second; before its first turn, start-up counts as healthy)."""
-        fresh = not ticked or time.monotonic() - ticked[0] < LOOP_STALE
-        return sup.healthy() and not worker_task.done() and fresh
-
-    def status() -> str:
-        return (
-            f"running {len(worker.running)}/{config.concurrency}, "
-            f"committed {worker.stats.committed}" + (", stopping" if worker.stopping else "")
-        )
-
-    def after_first_cycle(run: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
-        """``run`` once the worker's first cycle is over: the first claim does not wait for
-        the connection or imports of the parts that can start later (the listener looks
-        once when it has connected, so nothing sent before is missed)."""
-
-        async def later() -> None:
-            await _until(first_cycle.wait(), stop.wait(), worker_task)
-            if not (stop.is_set() or worker_task.done()):
-                await run()
-
-        return later
-
-    parts: list[tuple[str, Callable[[], Awaitable[object]]]] = []
-    if listener is not None:
-        parts.append(("listener", after_first_cycle(lambda: listener.run(stop))))
-    if notifier.enabled:
-
-        def notify() -> Awaitable[None]:
-            return notify_loop(notifier, ready, healthy, status, stop)
-
-        parts.append(("systemd notify", notify))
-    if server is not None:
-        parts.append(("metrics server", lambda: server.watch(stop)))
-    if opts.status_every > 0:
-
-        async def status_line() -> None:
-            from runner.service.progress import status_loop
-
-            await status_loop(engine, lambda: worker.stats.committed, stop, opts.status_every)
-
-        parts.append(("status line", after_first_cycle(status_line)))
-    if opts.progress and config.exit_when_idle:
-
-        async def progress() -> None:
-            from runner.service.progress import progress_loop
-
-            await progress_loop(engine, stop, tty=opts.tty, base=base)
-
-        parts.append(("progress", after_first_cycle(progress)))
-    if opts.prune_every is not None and registry is not None:
-        pruners: list[Any] = []  # made once, after the first cycle (its imports too)
-
-        async def prune() -> None:
-            if not pruners:
-                from runner.service.pruner import Pruner
-
-                pruners.append(
-                    Pruner(
-                        engine,
-                        registry,
-                        config.worker_id,
-                        config.lease,
-                        default=opts.retention,
-                        events=opts.event_retention,
-                        every=opts.prune_every,
-                        log_store_max=opts.log_store_max,  # wiring: logs
-                    )
-                )
-                if collector is not None:
-                    collector.pruner = pruners[0]
-            await pruners[0].run(stop)
-
-        parts.append(("pruner", after_first_cycle(prune)))
-    for name, run in parts:
-        side.append(asyncio.ensure_future(sup.keep(name, run, stop)))
-    try:
-        await worker_task
-    finally:
-        stop.set()
-        # the database does not answer: break off the parts' statements waiting for it,
-        # and give them a moment only (their leases expire; events wait for the next start)
-        cut_off = bool(aborted_by) or worker.unreachable
-        if cut_off:
-            interrupt()
-        if side:
-            done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    exc = task.exception()
-                    if isinstance(exc, DBAPIError):  # an outage at stop is not a bug: one
-                        # line (leases expire; stored events wait for the next start)
-                        log.warning("stopping: database unavailable (%s)", short_error(exc))
-                        continue
-                    log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-        if server is not None:
-            server.close()
-        if collector is not None:
-            collector.close()
-        notifier.close()
-    if sup.fatal is not None:
-        code = EXIT_FATAL
-    elif aborted_by:
-        code = 128 + aborted_by[0]
-    else:
-        code = 0
-    return Served(worker, code, sup, server.port if server else None)
+        worker_ready.set_result(daemon.worker)
+    return await daemon.run()

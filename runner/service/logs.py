@@ -18,10 +18,14 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.error_line import error_line
 from runner.literal import literal
+
+if TYPE_CHECKING:
+    from runner.handlers.attempt import AttemptResult
+    from runner.store.rows import Claim
 
 #: Structured fields a log call may pass in ``extra=`` (kept as JSON keys).
 FIELDS = (
@@ -113,7 +117,7 @@ def attempt_logger(worker_id: str):
     line, ``runner.error_line``) as fields). A formatted line costs about 10-20 us, so it is
     off by default (``--log-attempts``; figures in README)."""
 
-    def finished(claim: Any, result: Any) -> None:
+    def finished(claim: Claim, result: AttemptResult) -> None:
         if not ATTEMPTS.isEnabledFor(logging.INFO):
             return
         spent = time.time() - claim.started_at

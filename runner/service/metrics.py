@@ -18,11 +18,16 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, event, func, select
 
@@ -30,6 +35,17 @@ from runner.retention import KINDS
 from runner.store.db import reading
 from runner.store.space import database_bytes
 from runner.store.tables import attempts, events, instances
+
+if TYPE_CHECKING:
+    import asyncio
+    from wsgiref.simple_server import WSGIServer
+
+    from runner.engine.worker import Worker
+    from runner.handlers.attempt import AttemptResult
+    from runner.sensors.hub import SensorHub
+    from runner.service.pruner import Pruner
+    from runner.service.supervisor import Supervisor
+    from runner.store.rows import Claim
 
 log = logging.getLogger("flowrun.metrics")
 
@@ -71,9 +87,9 @@ class AttemptTally:
 
     def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS) -> None:
         self.buckets = buckets
-        self.rows: dict[tuple[str, str], list] = {}
+        self.rows: dict[tuple[str, str], list[Any]] = {}
 
-    def finished(self, claim: Any, result: Any) -> None:
+    def finished(self, claim: Claim, result: AttemptResult) -> None:
         """Count one finished attempt (``rows.Claim``, ``AttemptResult``)."""
         spent = time.time() - claim.started_at
         row = self.rows.get((claim.flow, claim.state))
@@ -104,8 +120,16 @@ def counter(stats: Any, key: str) -> int:
     return int(getattr(stats, key, 0))
 
 
+#: a histogram row's label values
+_Labels = TypeVar("_Labels", bound=tuple[str, ...])
+
+
 def _histogram(
-    name: str, doc: str, labels: list[str], rows: dict, buckets: tuple[float, ...]
+    name: str,
+    doc: str,
+    labels: list[str],
+    rows: Mapping[_Labels, list[float]],
+    buckets: tuple[float, ...],
 ) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=labels)
     for key, row in sorted(rows.items()):
@@ -133,10 +157,10 @@ class DaemonCollector(Collector):
     def __init__(
         self,
         engine: Engine,
-        worker: Any,
+        worker: Worker,
         tally: AttemptTally,
-        hub: Any = None,
-        supervisor: Any = None,
+        hub: SensorHub | None = None,
+        supervisor: Supervisor | None = None,
         refresh: float = 5.0,
     ) -> None:
         self.engine, self.worker, self.tally = engine, worker, tally
@@ -148,7 +172,7 @@ class DaemonCollector(Collector):
         self._latency = [0.0] * (len(LATENCY_BUCKETS) + 2)
         self._latency_after = 0  # last attempts.id observed
         self._bytes = 0
-        self.pruner: Any = None  # the daemon's ``runner.service.pruner.Pruner``, if any
+        self.pruner: Pruner | None = None  # the daemon's, if any
         # a pool event, not an engine one: engine events would put a dispatch check on
         # every statement of the worker's hot path
         event.listen(engine.pool, "invalidate", self._on_invalidate)
@@ -197,7 +221,7 @@ class DaemonCollector(Collector):
                 self._latency[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
                 self._latency[-1] += seconds
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """Yield every metric family (called by prometheus_client on each scrape)."""
         self._read_db()
         w = self.worker
@@ -220,12 +244,12 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily("flowrun_running_attempts", "Attempts running now.", running)
         free = 0 if w.stopping else max(0, w.config.concurrency - running)
         yield GaugeMetricFamily("flowrun_free_slots", "Attempts this worker could start.", free)
-        fam = GaugeMetricFamily(
+        gauge = GaugeMetricFamily(
             "flowrun_instances", "Instances by flow and status.", labels=["flow", "status"]
         )
         for f, s, n in self._instances:
-            fam.add_metric([f, s], n)
-        yield fam
+            gauge.add_metric([f, s], n)
+        yield gauge
         yield _histogram(
             "flowrun_event_start_latency_seconds",
             "Sensor event stored to first attempt started, for attempts of this worker.",
@@ -289,7 +313,7 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
         self.host, self.port, self.registry = host, port, registry
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -304,7 +328,7 @@ class MetricsServer:
             self._server.server_close()
             self._server = None
 
-    async def watch(self, stop: Any) -> None:
+    async def watch(self, stop: asyncio.Event) -> None:
         """Keep serving until ``stop`` (an ``asyncio.Event``); raise if the thread died."""
         import asyncio
 

@@ -149,7 +149,9 @@ async def progress_loop(
         console=Console(stderr=True),
     ) as bar:
         # log lines go through rich's redirected stderr, printed above the live bar
-        handlers = [h for h in logging.getLogger("flowrun").handlers if hasattr(h, "setStream")]
+        handlers = [
+            h for h in logging.getLogger("flowrun").handlers if isinstance(h, logging.StreamHandler)
+        ]
         streams = [h.stream for h in handlers]
         for h in handlers:
             h.setStream(sys.stderr)

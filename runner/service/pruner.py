@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -31,6 +31,9 @@ from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.sensors.events import claim_leases, release_leases
 from runner.store import space
 from runner.store.db import short_error
+
+if TYPE_CHECKING:
+    from runner.flowspec.registry import FlowRegistry
 
 log = logging.getLogger("flowrun.pruner")
 
@@ -71,7 +74,7 @@ class Pruner:
     def __init__(
         self,
         engine: Engine,
-        registry: Any,
+        registry: FlowRegistry,
         worker_id: str,
         lease: float,
         *,

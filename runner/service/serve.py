@@ -115,7 +115,9 @@ class ConsoleServer(Server):
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
-    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+    async def handle_websocket(  # type: ignore[override]  # aiohttp takes any response
+        self, request: web.Request
+    ) -> web.StreamResponse:
         """One browser session: ``400`` for a request that is no websocket handshake,
         ``503`` when ``max_sessions`` run already; else textual-serve's session."""
         if not web.WebSocketResponse().can_prepare(request).ok:

@@ -5,10 +5,11 @@ of a cycle sends the batch as one statement: its rows travel as JSON documents (
 kind of row, turned back into rows by ``json_to_recordset``); an ``UPDATE ... FROM``
 them fences and writes every outcome and says (``RETURNING``) which instances were still
 held, and an ``INSERT ... SELECT`` writes the finished attempts' rows of those only, all
-in one statement (data-modifying CTEs). Before, one ``UPDATE`` and one ``INSERT`` per row
+in one statement (data-modifying CTEs). One ``UPDATE`` and one ``INSERT`` per row
 (``executemany``, pipelined) cost 3.3 and 2.7 ms per 64 rows here, after a fence read
 (``SELECT ... FOR UPDATE``); arrays of each column (``unnest``) instead of JSON cost
-psycopg 20 us a row to dump, JSON 4 us. See ``docs/performance.md``.
+psycopg 20 us a row to dump, JSON 4 us (``docs/performance.md``, "One statement for a
+PostgreSQL batch").
 
 The rows are built here (:func:`batch_rows`, from the ``rows.Outcome`` list
 :func:`runner.store.commit.commit_outcomes` gets), with short keys and nothing the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -79,7 +81,7 @@ _ATTEMPT = {
 _KEEP_IF_NULL = ("sc", "da", "se")
 
 
-def _rows(cols: dict[str, tuple[str | None, Any]], prefix: str):
+def _rows(cols: Mapping[str, tuple[str | None, Any]], prefix: str):
     """``json_to_recordset(%(<prefix>rows)s) AS <prefix>(<key> <type>, ...)``: the batch's
     rows as one JSON array of objects (keys beyond ``cols`` are ignored)."""
     names = [column(k, t) for k, (_, t) in cols.items()]
@@ -176,7 +178,7 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 def batch_rows(
     outcomes: list[Outcome], worker_id: str, at: float
-) -> tuple[list[dict], list[dict], list[Claim], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Claim], list[dict[str, Any]]]:
     """The rows of :func:`commit_statement` for ``outcomes`` of ``worker_id`` ending at
     ``at`` (epoch s):
     ``(released, kept, chained, finished)``: the outcomes that free their instance and
@@ -236,7 +238,7 @@ class Batch:
         worker_id: str,
         at: float,
         until: float,
-        batches: tuple[list[dict], list[dict], list[dict]],
+        batches: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
     ) -> set[int]:
         """Write a batch of outcomes in one statement, each only where ``worker_id`` still
         holds its instance under the claimed fence, with its attempt's row.

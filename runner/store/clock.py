@@ -22,7 +22,10 @@ import logging
 import math
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 log = logging.getLogger("flowrun.clock")
 
@@ -90,10 +93,10 @@ class DbClock:
 LOCAL = DbClock("this host")
 LOCAL.error = 0.0
 
-_clocks: weakref.WeakKeyDictionary[Any, DbClock] = weakref.WeakKeyDictionary()
+_clocks: weakref.WeakKeyDictionary[Engine, DbClock] = weakref.WeakKeyDictionary()
 
 
-def track_server_clock(engine: Any, label: str) -> DbClock:
+def track_server_clock(engine: Engine, label: str) -> DbClock:
     """Give ``engine`` (a SQLAlchemy ``Engine`` whose dialect has a ``server_clock``) a
     :class:`DbClock` of its own (``label`` names the database in its WARNING), which its
     owner feeds with readings (:meth:`DbClock.observe`); returns it."""
@@ -101,13 +104,13 @@ def track_server_clock(engine: Any, label: str) -> DbClock:
     return clock
 
 
-def clock_of(bind: Any) -> DbClock:
+def clock_of(bind: Engine | Connection) -> DbClock:
     """The clock of ``bind`` (an ``Engine`` or ``Connection``): its database's, or
     :data:`LOCAL` where the engine reads none (SQLite). A dict lookup."""
     return _clocks.get(bind.engine, LOCAL)
 
 
-def db_now(bind: Any) -> float:
+def db_now(bind: Engine | Connection) -> float:
     """The time now on ``bind``'s database clock (epoch seconds, UTC; see
     :func:`clock_of`)."""
     return _clocks.get(bind.engine, LOCAL).now()

@@ -8,6 +8,7 @@ moved) can write nothing to the instance (see ``runner.store.leases`` for the pr
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import Connection, update
 
@@ -94,7 +95,7 @@ def commit_outcomes(
 
 def _commit_rows(
     conn: Connection, hot: Hot, worker_id: str, good: list[Outcome], at: float, lease: float
-) -> tuple[int, list[Claim], list[dict]]:
+) -> tuple[int, list[Claim], list[dict[str, Any]]]:
     """The outcomes ``good`` written one statement a row (``executemany``: SQLite, where a
     statement is no round trip); returns how many instance rows changed, the chained
     claims and the attempt rows still to write (``rows.attempt_row``)."""
@@ -146,7 +147,7 @@ def _commit_rows(
     return changed, chained, finished
 
 
-def _notify_released(conn: Connection, released: list[dict]) -> None:
+def _notify_released(conn: Connection, released: list[dict[str, Any]]) -> None:
     """Tell the listening daemons when the instances this commit released are due again
     (a backoff, a try interval, a move another worker may take): one notification, the
     earliest due time, sent when the transaction commits (``runner.store.notify``);
@@ -232,8 +233,8 @@ def save_checkpoint(
     conn: Connection,
     worker_id: str,
     claim: Claim,
-    data: dict,
-    checkpoint: dict,
+    data: dict[str, Any],
+    checkpoint: dict[str, Any],
 ) -> bool:
     """Durably store a handler's checkpoint mid-attempt; False when the fence was lost.
 

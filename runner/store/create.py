@@ -7,7 +7,7 @@ the flow version it refers to commit, or roll back, together.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
 
@@ -44,12 +44,15 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
     )
 
 
-def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, at: float) -> dict:
+def initial_row(
+    flow: CompiledFlow, data: dict[str, Any] | None, *, event_id: int | None, at: float
+) -> dict[str, Any]:
     """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
     the flow's label template rendered over the merged data (``None`` without one)."""
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
     template = getattr(flow, "label", None)
+    due: float | None
     status, due = "runnable", at
     if state.kind == "terminal":
         status, due = "completed", None
@@ -79,7 +82,7 @@ def initial_row(flow: CompiledFlow, data: dict | None, *, event_id: int | None, 
 def create_instance(
     conn: Connection,
     flow: CompiledFlow,
-    data: dict | None = None,
+    data: dict[str, Any] | None = None,
     *,
     event_id: int | None = None,
     at: float | None = None,
@@ -96,7 +99,9 @@ def create_instance(
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
 
 
-def create_instances(conn: Connection, flow: CompiledFlow, datas: Sequence[dict | None]) -> int:
+def create_instances(
+    conn: Connection, flow: CompiledFlow, datas: Sequence[dict[str, Any] | None]
+) -> int:
     """Insert many instances of ``flow`` in one statement; returns how many."""
     record_version(conn, flow)
     at = db_now(conn)

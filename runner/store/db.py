@@ -201,7 +201,7 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
 
     Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
     """
-    args: dict = {"connect_timeout": 5} if "psycopg" in url else {}
+    args: dict[str, Any] = {"connect_timeout": 5} if "psycopg" in url else {}
     query = make_url(url).query
     if "psycopg" in url:
         args.update({k: v for k, v in TCP_SETTINGS.items() if k not in query})
@@ -451,7 +451,7 @@ def reading(engine: Engine):
     return engine.connect().execution_options(flowrun_read=True)
 
 
-def insert_ignore(conn, table, values: dict) -> None:
+def insert_ignore(conn, table, values: dict[str, Any]) -> None:
     """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL.
 
     Args:
@@ -499,7 +499,7 @@ class Prepared:
             if not bind.required and name in compiled.params
         }
 
-    def _params(self, row: dict):
+    def _params(self, row: dict[str, Any]):
         if self.order is None:
             return {**self.defaults, **row} if self.defaults else row
         if self.defaults:
@@ -521,12 +521,12 @@ class Prepared:
             ) from exc
         return cur
 
-    def fetch(self, conn, params: dict) -> list:
+    def fetch(self, conn, params: dict[str, Any]) -> list[Any]:
         """Run the statement once with ``params`` (by name); returns its rows (tuples)."""
         out = self._run(conn, self._params(params), False)
         return out.fetchall() if self.raw else out.all()
 
-    def executemany(self, conn, rows: list[dict]) -> int:
+    def executemany(self, conn, rows: list[dict[str, Any]]) -> int:
         """Run the statement once per row dict, in one driver call; returns the number of
         rows it changed in all (``-1`` where the driver does not say)."""
         if not rows:

@@ -19,12 +19,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, Integer, any_, bindparam, func, select
+from sqlalchemy import JSON, ColumnElement, Integer, any_, bindparam, func, select
 
 from runner.errors import ConfigError
 from runner.store.json_codec import sqlite_json_adapter, sqlite_json_loader
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+    from sqlalchemy.engine import Dialect as SADialect
+    from sqlalchemy.types import TypeEngine
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Dialect:
     json_loader: Callable[[], Callable[[Any], Any]]
     json_adapter: Callable[[], Callable[[Any], Any]]
 
-    def ids_in(self, column: Any, name: str = "ids") -> Any:
+    def ids_in(self, column: ColumnElement[int], name: str = "ids") -> ColumnElement[bool]:
         """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
 
         Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for
@@ -158,7 +163,7 @@ POSTGRESQL = Dialect(
 _BY_NAME = {d.name: d for d in (SQLITE, POSTGRESQL)}
 
 
-def json_column_type(dialect: Any) -> Any:
+def json_column_type(dialect: SADialect) -> TypeEngine[Any]:
     """The column type of JSON values on ``dialect`` (SQLAlchemy's ``Dialect``, as a
     ``TypeDecorator.load_dialect_impl`` gets it): ``JSONB`` on PostgreSQL, imported only
     then (``sqlalchemy.dialects.postgresql`` loads every PostgreSQL driver's dialect),
@@ -170,7 +175,7 @@ def json_column_type(dialect: Any) -> Any:
     return JSON()
 
 
-def dialect_of(bind: Any) -> Dialect:
+def dialect_of(bind: Engine | Connection) -> Dialect:
     """The :class:`Dialect` of an ``Engine`` or ``Connection`` (a dict lookup; resolve it
     once where a path runs often).
 

@@ -72,7 +72,7 @@ def add_watch(fd: int, path: str, mask: int) -> int:
 
 def drain(fd: int) -> bytes:
     """Everything queued on ``fd`` (``b""`` when nothing is)."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         try:
             data = os.read(fd, 1 << 16)

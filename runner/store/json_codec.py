@@ -23,7 +23,7 @@ def sqlite_json_loader() -> Callable[[Any], Any]:
     instance). Anything the scanner does not consume whole (surrounding whitespace) goes
     through ``json.loads``, which also raises the usual ``JSONDecodeError`` for invalid
     text."""
-    scan = json.JSONDecoder().scan_once
+    scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
 
     def load(v: Any) -> Any:
         if not isinstance(v, str):

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, or_, select, update
 
+from runner.flowspec import faults
+from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
@@ -132,7 +134,7 @@ class Lost:
 
 def recover_lost(
     conn: Connection,
-    max_restarts_of: Callable[[str, str], int],
+    policy_of: Callable[[str, str], Policy | None],
     at: float | None = None,
     *,
     me: str = "",
@@ -145,10 +147,12 @@ def recover_lost(
     worker of this host and boot whose process is gone (``runner.store.dead``; ``me`` is
     the caller's worker id, never judged) loses its attempts at once, lease or not, and
     its claims not started yet are unlocked. The attempt row is written with outcome
-    ``lost``, the instance counts one restart (its state's too) and is unlocked, so the
-    next claim restarts it from the data as last checkpointed (majordomo's restart of
-    lost work); past the state's ``max_restarts`` (``max_restarts_of(version, state)``)
-    it becomes ``failed`` instead.
+    ``lost`` and the fault model decides the rest (``runner.flowspec.faults.restart``,
+    as for a timeout): the instance counts one restart (its state's too) and is unlocked,
+    due at once, so the next claim restarts it from the data as last checkpointed
+    (majordomo's restart of lost work); past the state's ``max_restarts`` (of
+    ``policy_of(version, state)``, the state's ``Policy``, ``None`` when unknown: none
+    allowed) it becomes ``failed`` instead.
 
     Runs in the caller's transaction; on PostgreSQL the rows are locked ``SKIP LOCKED``,
     so two daemons never record the same attempt twice. Paused and killed instances are
@@ -193,26 +197,27 @@ def recover_lost(
         why = "died" if r["locked_by"] in dead else "stopped renewing its lease"
         error = f"lost: worker {r['locked_by']} {why} mid-attempt"
         rows.append(running_attempt_row(r, at, "lost", error))
-        allowed = max_restarts_of(r["version"], r["state"])
+        verdict = faults.restart(
+            policy_of(r["version"], r["state"]),
+            [],  # the error times are not read: a restart keeps them
+            r["state_restarts"],
+            at,
+            error,
+            status=r["status"],
+        )
         values: dict = {
             "restarts": i.restarts + 1,
-            "state_restarts": i.state_restarts + 1,
+            "state_restarts": verdict.state_restarts,
             "fence": i.fence + 1,
             "locked_by": None,
             "locked_until": None,
             "running_attempt": None,
             "updated_at": at,
+            "last_error": verdict.reason,
         }
-        failed = r["state_restarts"] + 1 > allowed
-        if failed:
-            values.update(
-                status="failed",
-                due_at=None,
-                last_error=(
-                    f"restarts spent: {r['state_restarts'] + 1} lost attempts in state "
-                    f"{r['state']!r} (max_restarts {allowed})"
-                ),
-            )
+        if verdict.status != r["status"] or verdict.due_at is not None:
+            values.update(status=verdict.status, due_at=verdict.due_at)
+        failed = verdict.event == "fail"
         conn.execute(update(instances).where(i.id == r["id"]).values(**values))
         found.append(
             Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])

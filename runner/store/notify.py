@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
@@ -149,13 +150,14 @@ class DueListener:
         while not stop.is_set():
             try:
                 named = "application_name" in self.url
-                tcp = {k: v for k, v in TCP_SETTINGS.items() if k not in self.url}
+                tcp: dict[str, Any] = {k: v for k, v in TCP_SETTINGS.items() if k not in self.url}
+                name: dict[str, Any] = {} if named else {"application_name": self.application_name}
                 conn = await psycopg.AsyncConnection.connect(
                     self.url,
                     autocommit=True,
                     connect_timeout=5,
                     **tcp,  # a silent network is noticed within seconds
-                    **({} if named else {"application_name": self.application_name}),
+                    **name,
                 )
             except psycopg.Error as exc:
                 failures += 1

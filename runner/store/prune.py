@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import Engine, bindparam, case, delete, exists, func, select, update
+from sqlalchemy import ColumnElement, Engine, bindparam, case, delete, exists, func, select, update
 
 from runner.retention import TERMINAL
 from runner.store.db import reading
@@ -41,7 +42,7 @@ from runner.store.tables import (
 CHILDREN = (("attempts", attempts), ("commands", commands), (None, attempt_logs))
 
 
-def _deletable(status: str, cutoff: float) -> tuple:
+def _deletable(status: str, cutoff: float) -> tuple[Any, ...]:
     """What makes a terminal instance deletable now: its status and age, unlocked."""
     assert status in TERMINAL, status
     return (
@@ -119,7 +120,7 @@ def _has_log():
     )
 
 
-def _flags(conn, d, value: dict) -> Counter[str]:
+def _flags(conn, d, value: dict[str, Any]) -> Counter[str]:
     """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
     carried a checkpoint, and those that carried a kept stderr tail or a stored log."""
     logged = case(((attempts.c.error.is_not(None)) | _has_log(), 1))
@@ -147,7 +148,7 @@ def _count_children(conn, d, ids: list[int], out: Counter[str]):
     return out
 
 
-def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple]:
+def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ...]]:
     """The next ``limit`` attempt rows with ``id > after`` by id, each with its instance:
     ``(id, instance_id, attempt, finished_at, has_checkpoint, has_error_or_log, flow,
     status, instance attempts)`` (one read; the history cut walks them oldest first)."""
@@ -172,7 +173,9 @@ def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple]:
         return [tuple(r) for r in conn.execute(stmt)]
 
 
-def cut_history(engine: Engine, rows: list[tuple], *, dry_run: bool = False) -> Counter[str]:
+def cut_history(
+    engine: Engine, rows: list[tuple[Any, ...]], *, dry_run: bool = False
+) -> Counter[str]:
     """Delete the attempt rows ``rows`` (as :func:`attempts_after` gave them, chosen by
     ``runner.retention.cut_attempt``) of live instances, and set each instance's
     ``history_from`` to the latest ``finished_at`` cut, in ONE transaction; returns the
@@ -308,7 +311,7 @@ def delete_workers(engine: Engine, cutoff: float, *, dry_run: bool = False) -> i
         return conn.execute(delete(workers).where(*cond)).rowcount
 
 
-def _on_version() -> tuple:
+def _on_version() -> tuple[Any, ...]:
     return (
         instances.c.flow == flow_versions.c.flow,
         instances.c.version == flow_versions.c.version,
@@ -319,6 +322,7 @@ def versions(engine: Engine, *, count: bool) -> list[tuple[str, str, float, int]
     """Every stored flow version: ``(version, flow, loaded_at, instances)``, where
     ``instances`` counts the instances on it (``count``) or is 0/1 (whether any is:
     cheaper, it stops at the first)."""
+    ref: ColumnElement[int]
     if count:
         ref = select(func.count()).where(*_on_version()).scalar_subquery()
     else:

@@ -8,9 +8,9 @@ SQLAlchemy's ``text()`` accept. One :class:`Reader` runs them; there are two:
   (``file:...?mode=ro``), a 30 s busy timeout and plain deferred ``BEGIN`` snapshots
   (under WAL a read never blocks a writer), as ``runner.store.db.read_engine``. It needs
   neither SQLAlchemy nor SQLModel: ``flowrun ls`` on SQLite starts in a third of the time
-  (``docs/performance.md``). :func:`open_sqlite` opens one only on a file whose schema is
-  at this flowrun's revision; anything else is left to ``make_engine`` (which creates,
-  upgrades or refuses it with one clear line, as before).
+  (``docs/performance.md``, "The read side without SQLAlchemy"). :func:`open_sqlite`
+  opens one only on a file whose schema is at this flowrun's revision; anything else is
+  left to ``make_engine`` (which creates, upgrades or refuses it with one clear line).
 - :class:`EngineReader`: a SQLAlchemy ``Engine`` (PostgreSQL, the console's read engine,
   every caller that holds an engine), each snapshot one ``runner.store.db.reading``
   connection.
@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 from urllib.parse import quote
 
 from runner.store.json_codec import sqlite_json_loader
@@ -115,7 +115,7 @@ class Reader(Protocol):
 
     load_json: Callable[[Any], Any]
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> AbstractContextManager[Run]:
         """A context manager yielding a :data:`Run`: every statement run through it reads
         the same snapshot (one read transaction, rolled back at the end)."""
         ...
@@ -134,8 +134,12 @@ class SqliteReader:
         """One deferred read transaction (never the write lock)."""
         conn = self.conn
         conn.execute("BEGIN")
+
+        def run(sql: str, params: Mapping[str, Any] | None = None) -> list[Sequence[Any]]:
+            return conn.execute(sql, params or {}).fetchall()
+
         try:
-            yield lambda sql, params=None: conn.execute(sql, params or {}).fetchall()
+            yield run
         finally:
             conn.execute("ROLLBACK")
 
@@ -162,16 +166,28 @@ class EngineReader:
         from runner.store.db import reading
 
         with reading(self.engine) as conn:
-            yield lambda sql, params=None: conn.execute(text(sql), params or {}).all()
+
+            def run(sql: str, params: Mapping[str, Any] | None = None) -> list[Sequence[Any]]:
+                return conn.execute(text(sql), params or {}).all()
+
+            yield run
 
 
-def reader_of(db: Any) -> Reader:
+#: What the read queries take: an ``Engine`` or a :class:`Reader`.
+EngineOrReader: TypeAlias = "Engine | Reader"
+
+
+def reader_of(db: EngineOrReader) -> Reader:
     """``db`` itself when it is a :class:`Reader`, else an :class:`EngineReader` on it
     (an ``Engine``): the read queries take either."""
-    return db if hasattr(db, "snapshot") else EngineReader(db)
+    if hasattr(db, "snapshot"):  # the Reader protocol (an Engine has no snapshot)
+        return cast(Reader, db)
+    return EngineReader(db)
 
 
-def as_dicts(reader: Reader, keys: Sequence[str], rows: list[Sequence[Any]]) -> list[dict]:
+def as_dicts(
+    reader: Reader, keys: Sequence[str], rows: list[Sequence[Any]]
+) -> list[dict[str, Any]]:
     """``rows`` (tuples of the ``keys`` columns) as dicts, JSON columns decoded."""
     out = [dict(zip(keys, r, strict=True)) for r in rows]
     json_keys = [k for k in keys if k in JSON_COLUMNS]

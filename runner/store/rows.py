@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.sql.elements import ColumnClause
 
 from runner.store.clock import clock_of
 from runner.store.db import STATEMENT_TIMEOUT, Prepared
@@ -84,7 +86,7 @@ class Claim:
     flow: str
     version: str
     state: str
-    data: dict
+    data: dict[str, Any]
     fence: int
     attempt: int
     errors: int
@@ -107,8 +109,8 @@ class Outcome:
     """
 
     claim: Claim
-    values: dict
-    attempt_values: dict
+    values: dict[str, Any]
+    attempt_values: dict[str, Any]
     chain: bool = False  # keep the lease and start the next attempt at once
     unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
 
@@ -287,7 +289,7 @@ def claim_statement(engine: Engine, at):
     """
     n = bindparam("n", type_=Integer())
     if dialect_of(engine).skip_locked:
-        ctid = literal_column("instances.ctid")
+        ctid: ColumnClause[Any] = literal_column("instances.ctid")
         ordered = [
             select(ctid.label("t"), instances.c.due_at)
             .where(due_clause(at, (status,)))
@@ -373,7 +375,7 @@ def attempt_row(
     to_state: str | None = None,
     error: str | None = None,
     checkpoint=None,
-) -> dict:
+) -> dict[str, Any]:
     """The parameters of :attr:`Hot.close_attempts` for ``claim``'s attempt ending at
     ``at`` (epoch seconds); ``checkpoint`` must already be adapted (``Hot.json``)."""
     return {
@@ -391,7 +393,7 @@ def attempt_row(
     }
 
 
-def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict:
+def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict[str, Any]:
     """The parameters of :attr:`Hot.close_attempts` that end the attempt an instance row
     says is running (``lost``, when its worker's lease expired), from that row alone:
     ``instance`` is a mapping of ``instances`` columns with ``running_attempt`` set; its

@@ -12,6 +12,9 @@ rewrites the file under the write lock and needs its size in free disk space:
 
 from __future__ import annotations
 
+import sqlite3
+from typing import cast
+
 from sqlalchemy import Engine, text
 
 from runner.store.db import reading
@@ -60,7 +63,8 @@ def vacuum_step(engine: Engine, pages: int = 2000) -> int:
         raw = engine.raw_connection()
         try:  # its own autocommit transaction; executescript steps it to the end (a
             # plain execute frees one page per step)
-            raw.driver_connection.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
+            sqlite = cast(sqlite3.Connection, raw.driver_connection)
+            sqlite.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
         finally:
             raw.close()
     return before

@@ -15,7 +15,6 @@ claim query (source: Takahē ``stator/models.py``: lock columns + one index).
 # every field's annotation string when the classes are made (3 ms of a daemon's start).
 from typing import Any
 
-from pydantic import ConfigDict
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -24,17 +23,19 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     SmallInteger,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel
+from sqlmodel._compat import SQLModelConfig
 
 from runner.store.dialect import json_column_type
 
 
-class JSONOrJSONB(TypeDecorator):
+class JSONOrJSONB(TypeDecorator[Any]):
     """JSON on SQLite, JSONB on PostgreSQL: ``JSON().with_variant(JSONB(), "postgresql")``,
     except that PostgreSQL's types are imported only once a PostgreSQL database is used
     (``runner.store.dialect.json_column_type``: importing them cost a SQLite daemon's
@@ -55,8 +56,8 @@ JSONType = JSONOrJSONB()
 #: use instead of when the class is made (``defer_build``). flowrun writes and reads the
 #: tables through their SQLAlchemy ``Table`` (Core statements), never through a pydantic
 #: validation or dump, so a daemon builds none: 7 ms less to its first claim
-#: (``docs/performance.md``, "First claim, keeping SQLModel").
-TABLE_CONFIG = ConfigDict(defer_build=True)
+#: (``docs/performance.md``, "A light start").
+TABLE_CONFIG = SQLModelConfig(defer_build=True)
 
 
 class Instance(SQLModel, table=True):
@@ -284,12 +285,17 @@ class FlowVersion(SQLModel, table=True):
     loaded_at: float
 
 
-instances = Instance.__table__
-attempts = Attempt.__table__
-commands = Command.__table__
-attempt_logs = LogChunk.__table__
-events = Event.__table__
-sensors = SensorLease.__table__
-workers = WorkerRow.__table__
-flow_versions = FlowVersion.__table__
+def _table(model: type[SQLModel]) -> Table:
+    """The SQLAlchemy ``Table`` SQLModel made of ``model`` (``table=True``)."""
+    return model.__table__  # type: ignore[attr-defined]  # set by the declarative base
+
+
+instances = _table(Instance)
+attempts = _table(Attempt)
+commands = _table(Command)
+attempt_logs = _table(LogChunk)
+events = _table(Event)
+sensors = _table(SensorLease)
+workers = _table(WorkerRow)
+flow_versions = _table(FlowVersion)
 metadata = SQLModel.metadata

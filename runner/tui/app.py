@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -32,6 +32,9 @@ from runner.tui.screens.detail import DetailScreen
 from runner.tui.screens.dialogs import ChoiceScreen, ConfirmScreen, HelpScreen, StoppingScreen
 from runner.tui.screens.instances import InstancesScreen
 from runner.tui.screens.views import EventsScreen, FlowsScreen, WorkersScreen
+
+if TYPE_CHECKING:
+    from runner.ops.commands import CommandResult
 
 VIEWS = ("instances", "workers", "events", "flows")
 
@@ -245,7 +248,7 @@ class FlowrunApp(App[None]):
             return
         self.call_from_thread(self._report, command, results)
 
-    def _report(self, command: str, results: list[Any]) -> None:
+    def _report(self, command: str, results: list[CommandResult]) -> None:
         """Show the outcome of a command as one notification, then refresh."""
         ok = [r for r in results if r.ok]
         refused = [r for r in results if not r.ok]

@@ -43,6 +43,8 @@ from runner.tui.paging import read_counts, read_page
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.ops.commands import CommandResult
+    from runner.ops.migrate import Migration
 
 #: How many of the newest attempt rows the sparkline looks at.
 SPARK_LOOKBACK = 50_000
@@ -198,7 +200,7 @@ class ConsoleData:
         return compiled(self.engine, version)
 
     def _of_state(
-        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable
+        self, cache: dict[tuple[str, str], Any], version: str, state: str, read: Callable[..., Any]
     ) -> Any:
         """``read(compiled state)`` for ``state`` of ``version``, cached in ``cache``;
         ``None`` when the version or state is unknown or does not compile (raises nothing)."""
@@ -349,7 +351,7 @@ class ConsoleData:
             v["instances"] = per_version.get(v["version"], {})
         return info
 
-    def migrate_to_loaded(self, flow: str) -> list[Any]:
+    def migrate_to_loaded(self, flow: str) -> list[Migration]:
         """Migrate every unfinished instance of ``flow`` to the version loaded from the
         flows folder now (``runner.ops.migrate``, source ``tui``); returns one
         ``Migration`` per instance considered.
@@ -395,7 +397,7 @@ class ConsoleData:
         event: str | None = None,
         *,
         until: float | None = None,
-    ) -> list[Any]:
+    ) -> list[CommandResult]:
         """Apply ``command`` (pause, resume, kill, retry, send, sleep, wake) to ``ids`` through
         ``runner.ops.commands.submit`` (source ``tui``) in one transaction; returns one
         ``CommandResult`` per distinct id (a refusal is a result, not an exception).

@@ -18,7 +18,7 @@ traceback. Anything else is logged with its traceback.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from textual import work
@@ -28,6 +28,11 @@ from textual.worker import Worker, WorkerState
 
 from runner.errors import database_failure
 from runner.tui import literal
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from runner.tui.app import FlowrunApp
 
 log = logging.getLogger("flowrun.console")
 
@@ -49,7 +54,7 @@ def failure_line(error: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-def report(where: str, worker: Worker, *, unless: str | None = None) -> str:
+def report(where: str, worker: Worker[Any], *, unless: str | None = None) -> str:
     """Log the failure of ``worker`` (in ``where``, e.g. a screen's name) and return its
     one line (:func:`failure_line`); a line equal to ``unless`` (the same failure again,
     on the next refresh) is not logged again. Raises nothing."""
@@ -81,9 +86,12 @@ class FailureLine(Static):
             self.update("")
 
 
-class GuardedScreen(Screen):
+class GuardedScreen(Screen[None]):
     """A screen whose thread workers' failures are shown in its :class:`FailureLine`
     (the screen yields one from ``compose``; without one, as a notification)."""
+
+    if TYPE_CHECKING:  # the console's screens run in FlowrunApp only
+        app = getters.app(FlowrunApp)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -57,7 +57,7 @@ _ROW_COLS = (
 )
 
 
-def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
+def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement[Any]]:
     """The ``WHERE`` clauses of ``q``'s filters (status, flow, text); raises nothing.
 
     With ``rowid_scan``, the status/flow comparisons hide their index from SQLite's planner
@@ -68,14 +68,14 @@ def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
     # rowid and stops after the page instead of sorting every matching id.
     status = (c.status + "") if rowid_scan else c.status
     flow = (c.flow + "") if rowid_scan else c.flow
-    clauses: list[ColumnElement] = []
+    clauses: list[ColumnElement[Any]] = []
     if q.status:
         clauses.append(status == q.status)
     if q.flow:
         clauses.append(flow == q.flow)
     if q.text:
         like = f"%{q.text.lower()}%"
-        ors = [
+        ors: list[ColumnElement[bool]] = [
             func.lower(c.flow).like(like),
             func.lower(func.coalesce(c.label, "")).like(like),
             func.lower(c.state).like(like),
@@ -89,7 +89,7 @@ def where_clauses(q: Query, *, rowid_scan: bool = False) -> list[ColumnElement]:
     return clauses
 
 
-def order_by(q: Query) -> list[ColumnElement]:
+def order_by(q: Query) -> list[ColumnElement[Any]]:
     """The ``ORDER BY`` columns of ``q.sort`` (ties broken by id, unknown keys: ``id``)."""
     c = instances.c
     cols = {
@@ -162,8 +162,8 @@ def read_page(
         ids = list(conn.execute(ids_q).scalars())
         by_id = {}
         if ids:
-            for r in conn.execute(select(*_ROW_COLS).where(instances.c.id.in_(ids))):
-                by_id[r.id] = r
+            for row in conn.execute(select(*_ROW_COLS).where(instances.c.id.in_(ids))):
+                by_id[row.id] = row
     rows = []
     for iid in ids:
         r = by_id.get(iid)

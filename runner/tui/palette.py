@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from runner.lifecycle import STATUSES
 from runner.tui.model import SORTS
 
+if TYPE_CHECKING:
+    from runner.tui.app import FlowrunApp
+
 
 class ConsoleCommands(Provider):
     """Commands on the selection, view switches, filters and sorting."""
 
     def _actions(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = self.app
+        app = cast("FlowrunApp", self.app)  # the palette of FlowrunApp only
         sel = app.action_selection
         out: list[tuple[str, str, Callable[[], object]]] = [
             ("Pause / resume selected", "p: pause, or resume when paused", partial(sel, "toggle")),

@@ -21,7 +21,7 @@ from textual.widgets import Static
 import runner.tui.data as console_data
 from runner.engine.config import WorkerConfig
 from runner.service.console import ConsoleStopper, EmbeddedWorker
-from runner.service.daemon import load_registry
+from runner.service.startup import load_registry
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 from runner.store.tables import instances

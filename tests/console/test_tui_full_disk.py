@@ -1,4 +1,4 @@
-"""The console on a full disk (issue 18): a command that cannot be written is one
+"""The console on a full disk: a command that cannot be written is one
 notification line naming the full disk; the console carries on and nothing is written."""
 
 from __future__ import annotations

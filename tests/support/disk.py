@@ -1,4 +1,4 @@
-"""A small real filesystem that a test can fill (issue 18's full-disk tests)."""
+"""A small real filesystem that a test can fill (the full-disk tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the fault-model tests (issue 3): real flow files, real SQLite files,
+"""Helpers shared by the fault-model tests: real flow files, real SQLite files,
 real ``flowrun`` processes. Nothing here is mocked; every wait polls with a generous
 deadline instead of asserting on elapsed time.
 """
@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 
 from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import load_flow
+from runner.flowspec.policy import Backoff, Policy
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 
@@ -33,6 +34,22 @@ def unique(prefix: str) -> str:
     """A module/flow name unique within this test process (``call`` modules are cached
     in ``sys.modules`` by name, so every test writes its handlers under a fresh one)."""
     return f"{prefix}_{os.getpid()}_{next(_unique)}"
+
+
+def policy(max_restarts: int = 1, **values: Any) -> Policy:
+    """A state ``Policy`` with ``max_restarts`` (and any other ``values``) given, the rest
+    small plain numbers: for ``leases.recover_lost`` and the ``runner.flowspec.faults``
+    rules without a flow file."""
+    base = {
+        "try_interval": 5.0,
+        "timeout": None,
+        "keepalive": None,
+        "max_errors": 3,
+        "window": 3600.0,
+        "on_exhausted": "failed",
+        "backoff": Backoff(10.0, 2.0, 60.0, "none"),
+    }
+    return Policy(**{**base, "max_restarts": max_restarts, **values})
 
 
 def write_flow(folder: Path, name: str, body: str, modules: dict[str, str] | None = None) -> Path:

@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from runner.engine import ahead
 from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
+from runner.errors import ConfigError
 from runner.flowspec.compiled import CompiledFlow
 from runner.ops import commands
 from runner.store.db import make_engine
@@ -290,17 +291,50 @@ def test_claims_of_a_dead_worker_are_taken_over_once(tmp_path, engine, monkeypat
 
 def test_prefetch_defaults_to_the_concurrency_on_postgresql(tmp_path, engine) -> None:
     """``--prefetch`` reaches the worker; unset, it claims ahead at most ``--concurrency``
-    on PostgreSQL and nothing on SQLite; 0 never claims ahead."""
-    from runner.cli.context import Ctx, worker_config
+    on PostgreSQL and nothing on SQLite; 0 never claims ahead; above 0 on SQLite, refused."""
+    from runner.cli.context import Ctx, WorkerOptions, worker_config
 
-    c = Ctx(tmp_path / "flows", "sqlite://", 30.0)
-    options = dict(concurrency=3, worker_id=None, exit_when_idle=False, grace=1.0)
-    default = 0 if engine.dialect.name == "sqlite" else 3
-    for given, limit in ((None, default), (0, 0), (5, 5)):
-        c.worker_options = {**options, "prefetch": given}
+    c = Ctx(tmp_path / "flows", engine.url.render_as_string(hide_password=False), 30.0)
+    sqlite = engine.dialect.name == "sqlite"
+    if sqlite:  # refused there (a stopped daemon holding claims ahead: docs/cli.md)
+        c.worker_options = WorkerOptions(concurrency=3, prefetch=5)
+        with pytest.raises(ConfigError, match="--prefetch 5: not on SQLite"):
+            worker_config(c)
+    for given, limit in ((None, 0 if sqlite else 3), (0, 0), *(() if sqlite else ((5, 5),))):
+        c.worker_options = WorkerOptions(concurrency=3, prefetch=given, grace=1.0)
         cfg = worker_config(c)
         assert cfg.prefetch == given
         w = Worker(engine, cfg)
         assert w._ahead.limit == limit
         w.cycles.close()
         w.attempts.close()
+
+
+def test_prefetch_on_sqlite_is_refused_with_one_line(tmp_path) -> None:
+    """``flowrun --daemon --prefetch N`` (or ``FLOWRUN_PREFETCH``) on SQLite: exit 2, one
+    line, nothing created; ``--prefetch 0`` is accepted."""
+    import os
+    import subprocess
+
+    (tmp_path / "flows").mkdir()
+    db = tmp_path / "ahead.db"
+    base = [sys.executable, "-m", "runner.cli", "--db", f"sqlite:///{db}", "--flows", "flows"]
+    env = {**os.environ, "FLOWRUN_PREFETCH": "8"}
+    for argv, environ in ((["--prefetch", "8", "--daemon"], os.environ), (["--daemon"], env)):
+        res = subprocess.run(
+            base + argv, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.splitlines() == [
+            "flowrun: --prefetch 8: not on SQLite (a daemon stopped while it holds claims ahead "
+            "can keep the others from taking over; see docs/cli.md); use 0 or leave it out"
+        ]
+        assert not db.exists()
+    ok = subprocess.run(
+        [*base, "--prefetch", "0", "--daemon", "--exit-when-idle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr

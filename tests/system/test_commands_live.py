@@ -1,4 +1,4 @@
-"""Operator commands against a real ``flowrun --daemon`` in another process (issue 3).
+"""Operator commands against a real ``flowrun --daemon`` in another process.
 
 One daemon serves the module; each test starts its own instances through ``flowrun
 start`` and steers them with ``flowrun pause|resume|kill|retry|send``, exactly as an

@@ -1,4 +1,4 @@
-"""Crashes, takeovers and shutdowns of real daemons on one SQLite file (issue 3).
+"""Crashes, takeovers and shutdowns of real daemons on one SQLite file.
 
 Every test drives ``flowrun --daemon`` subprocesses with real signals (SIGKILL, SIGSTOP/
 SIGCONT, SIGINT) and checks the attempts table afterwards: nothing lost, nothing done

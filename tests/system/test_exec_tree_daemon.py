@@ -1,4 +1,4 @@
-"""Real daemons and ``exec`` handlers whose descendants leave their process group (issue 13).
+"""Real daemons and ``exec`` handlers whose descendants leave their process group.
 
 ``flowrun kill`` ends an attempt's whole tree, escapees included; the handlers of a daemon
 killed with SIGKILL are ended by the next daemon started on this host. Everything is read

@@ -1,5 +1,5 @@
 """``flowrun explain`` on instances of the example flow (``flows/csv_ingest.yaml``) run by a
-real ``flowrun --daemon`` on a real SQLite file (issue 17, item 1).
+real ``flowrun --daemon`` on a real SQLite file.
 
 One daemon serves the module. A good CSV dropped into the inbox is started by the rule and
 completes; a missing file errs three times (backoff 1 and 2, then the budget is spent:

@@ -1,4 +1,4 @@
-"""A full disk under the SQLite database (issue 18): every CLI command answers one line
+"""A full disk under the SQLite database: every CLI command answers one line
 and a non-zero exit, nothing is half-written, a daemon asked to stop stops within its
 grace, and once space is back the work completes.
 

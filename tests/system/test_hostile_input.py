@@ -1,4 +1,4 @@
-"""Hostile input through real processes (issue 18): ``flowrun check`` answers each hostile
+"""Hostile input through real processes: ``flowrun check`` answers each hostile
 flow file with one positioned line (exit 2, bounded memory), and a running daemon whose
 flows folder receives them keeps its last good versions and keeps working."""
 

@@ -1,5 +1,5 @@
-"""``flowrun migrate`` against a real ``flowrun --daemon`` on a real SQLite file (issue 17,
-item 4): instances move to a newer stored version of their flow, states that vanished
+"""``flowrun migrate`` against a real ``flowrun --daemon`` on a real SQLite file:
+instances move to a newer stored version of their flow, states that vanished
 are refused unless mapped, a running attempt refuses (``--wait`` waits for it), and every
 migration is an audited command row shown by ``show`` and ``explain``."""
 

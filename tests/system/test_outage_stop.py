@@ -1,4 +1,4 @@
-"""Stopping a daemon after and during a PostgreSQL outage (issue 18): SIGTERM is a clean
+"""Stopping a daemon after and during a PostgreSQL outage: SIGTERM is a clean
 stop (exit 0, no traceback, one log line per fault) and nothing is lost: once the
 database is back every instance completes.
 

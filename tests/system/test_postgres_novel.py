@@ -1,4 +1,4 @@
-"""explain, sleep/wake, rule replay and migrate on the real PostgreSQL server (issue 17):
+"""explain, sleep/wake, rule replay and migrate on the real PostgreSQL server:
 the same functions the CLI calls, on a fresh database per test (``pg_url``)."""
 
 from __future__ import annotations

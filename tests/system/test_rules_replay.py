@@ -1,5 +1,5 @@
 """``flowrun events replay`` and ``flowrun rules test`` against a real ``flowrun --daemon``
-with real files and tail sensors on a real SQLite file (issue 17, item 3)."""
+with real files and tail sensors on a real SQLite file."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``flowrun serve``: the console in a real headless Chromium (selenium), a real
-``flowrun serve`` process and a real SQLite file (issue 17, item 5).
+``flowrun serve`` process and a real SQLite file.
 
 The page draws the terminal on a canvas, so the test reads what the console sends: a
 script injected before the page loads records the websocket's frames (the terminal

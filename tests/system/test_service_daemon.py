@@ -1,4 +1,4 @@
-"""``flowrun --daemon`` as a service (issue 15), against real subprocesses:
+"""``flowrun --daemon`` as a service, against real subprocesses:
 
 - ``/metrics`` scraped over real HTTP and parsed with prometheus_client's parser;
 - systemd notification received on a real ``AF_UNIX`` datagram socket (``NOTIFY_SOCKET``);

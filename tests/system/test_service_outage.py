@@ -1,4 +1,4 @@
-"""A daemon with files, tail and clock sensors survives a PostgreSQL outage (issue 15).
+"""A daemon with files, tail and clock sensors survives a PostgreSQL outage.
 
 The shared server stays up: the daemon reaches its own fresh database through a TCP proxy
 the test cuts (every connection closed, new ones refused) for longer than several lease

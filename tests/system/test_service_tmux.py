@@ -1,5 +1,5 @@
 """In a real terminal (tmux): the ``--exit-when-idle`` progress display, and the console
-saying it is stopping while attempts run (issue 15)."""
+saying it is stopping while attempts run."""
 
 from __future__ import annotations
 

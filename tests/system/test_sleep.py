@@ -1,4 +1,4 @@
-"""Sleep until against a real ``flowrun --daemon`` and a real SQLite file (issue 17, item 2).
+"""Sleep until against a real ``flowrun --daemon`` and a real SQLite file.
 
 A ``call`` handler sleeps through ``ctx.sleep_until``, an ``exec`` handler through its
 control line; an operator puts an instance to sleep with ``flowrun sleep`` and wakes it

@@ -1,4 +1,4 @@
-"""Command-line instance data within bounds (issue 18, ``runner.cli.data``): whatever the
+"""Command-line instance data within bounds (``runner.cli.data``): whatever the
 CLI cannot accept is one line and exit 2, never a ``RecursionError`` traceback."""
 
 from __future__ import annotations

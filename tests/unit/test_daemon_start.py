@@ -13,7 +13,8 @@ import pytest
 from runner.engine.config import WorkerConfig
 from runner.ops import detail
 from runner.service import daemon
-from runner.service.daemon import load_registry, serve
+from runner.service.daemon import serve
+from runner.service.startup import load_registry
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 

@@ -23,6 +23,7 @@ from runner.store.leases import recover_lost
 from runner.store.reader import open_sqlite
 from runner.store.revision import latest_revision
 from runner.store.tables import attempts, instances, sensors, workers
+from tests.support.fault import policy
 
 pytestmark = pytest.mark.skipif(host.boot_id() is None, reason="needs Linux /proc")
 
@@ -167,7 +168,7 @@ def test_a_dead_workers_leases_are_taken_over_at_once_and_no_one_elses(any_engin
         )
     with engine.begin() as conn:
         assert dead_holders(conn, instances, "me") == ["gone"]
-        lost = recover_lost(conn, lambda v, s: 5, me="me")
+        lost = recover_lost(conn, lambda v, s: policy(5), me="me")
     assert [(x.worker, x.failed) for x in lost] == [("gone", False)]
     with engine.connect() as conn:
         locks = conn.execute(

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.handler_run import run_with_control
+
 FLOWS = Path(__file__).resolve().parents[2] / "flows"
 ROOT = FLOWS.parent
 
@@ -147,31 +149,15 @@ def test_validator_reports_real_defects(inbox: Path, name: str) -> None:
 
 def _validate_under_flowrun(path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """Run the validator as flowrun does: env + a control pipe; returns the control lines."""
-    read_end, write_end = os.pipe()
     env = {
         "FLOWRUN_INSTANCE": "7",
         "FLOWRUN_FLOW": "csv_ingest",
         "FLOWRUN_STATE": "validate",
         "FLOWRUN_ATTEMPT": "1",
         "FLOWRUN_DATA": json.dumps({"path": str(path)}),
-        "FLOWRUN_CONTROL_FD": str(write_end),
         "PYTHONPATH": str(ROOT),  # runner.control, also when flowrun is not pip-installed
     }
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "csv_validate", str(path)],
-            cwd=FLOWS,
-            env={**base, **env},
-            pass_fds=(write_end,),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        os.close(write_end)
-    with os.fdopen(read_end) as channel:
-        return result, channel.read().splitlines()
+    return run_with_control([sys.executable, "-m", "csv_validate", str(path)], FLOWS, env)
 
 
 def test_validator_under_flowrun_sends_defects_to_quarantine(inbox: Path) -> None:

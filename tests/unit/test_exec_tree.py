@@ -1,5 +1,5 @@
 """``exec`` handlers: the whole process tree ends with its attempt, output is drained with a
-bounded tail, large data goes through a file (issue 13).
+bounded tail, large data goes through a file.
 
 Real subprocesses (``sh``, ``setsid``, ``head``, the test interpreter); this test process is
 made a child subreaper for the tests that need it (``reaper.start``/``stop``), as a worker

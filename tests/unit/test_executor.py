@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import control
-from runner.handlers.attempt import TAIL, AttemptResult, Cancel, Context, Limits
+from runner import control_channel
+from runner.control import Context
+from runner.handlers.attempt import TAIL, AttemptResult, Cancel, Limits
 from runner.handlers.call_handler import run_call
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
 from tests.support.fault import group_alive, pid_alive, poll
@@ -123,7 +124,7 @@ async def test_env_names_the_attempt(tmp_path: Path) -> None:
     assert env["FLOWRUN_INSTANCE"] == "7" and env["FLOWRUN_FLOW"] == "f"
     assert env["FLOWRUN_STATE"] == "s" and env["FLOWRUN_ATTEMPT"] == "1"
     assert json.loads(env["FLOWRUN_DATA"]) == {"a": 1}
-    assert env[control.ENV].isdigit()
+    assert env[control_channel.ENV].isdigit()
 
 
 # -- exec: the control channel --------------------------------------------------------------
@@ -182,14 +183,14 @@ async def test_malformed_control_line_is_an_error(tmp_path: Path) -> None:
 
 
 def test_control_helpers_outside_flowrun(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(control.ENV, raising=False)
-    assert control.keepalive() is False
-    assert control.checkpoint({"a": 1}) is False
-    assert control.main(["keepalive"]) == 0
-    assert control.main(["bogus"]) == 2
-    assert control.main(["goto", "two words"]) == 2
+    monkeypatch.delenv(control_channel.ENV, raising=False)
+    assert control_channel.keepalive() is False
+    assert control_channel.checkpoint({"a": 1}) is False
+    assert control_channel.main(["keepalive"]) == 0
+    assert control_channel.main(["bogus"]) == 2
+    assert control_channel.main(["goto", "two words"]) == 2
     with pytest.raises(TypeError):
-        control.checkpoint([1])  # type: ignore[arg-type]
+        control_channel.checkpoint([1])  # type: ignore[arg-type]
 
 
 @BOTH_PATHS

@@ -1,4 +1,4 @@
-"""Mutated flow files never break ``flowrun check`` (issue 18): a property-based test.
+"""Mutated flow files never break ``flowrun check``: a property-based test.
 
 Valid flows are mutated (keys deleted and renamed, values of the wrong type, huge
 numbers, NaN/inf durations, deep nesting, aliases and anchors, truncation at random

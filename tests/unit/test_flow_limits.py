@@ -1,4 +1,4 @@
-"""The flow-file loader's bounds (issue 18, ``runner.flowspec.limits``): every hostile
+"""The flow-file loader's bounds (``runner.flowspec.limits``): every hostile
 file is refused with ONE positioned error, through ``load_flow`` (what ``flowrun check``
 and the daemon's hot reload use) on real files."""
 

@@ -169,9 +169,18 @@ def test_the_reaper_sleeps_while_no_attempt_runs(monkeypatch) -> None:
         return real()
 
     monkeypatch.setattr(reaper, "sweep", counting)
+    # attempts earlier tests in this process left marked running are not this test's
+    monkeypatch.setattr(reaper, "_running", set())
+    monkeypatch.setattr(reaper, "_signalled", {})
     reaper.start()
     try:
-        time.sleep(0.5)
+        # nothing left from earlier tests in this process (a child still exiting under
+        # load keeps the reaper looking, rightly): wait for that, then count
+        deadline = time.monotonic() + 30
+        while real() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not real(), "children of earlier tests never went away"
+        time.sleep(0.3)  # the watch thread's current look ends
         sweeps[0] = 0
         time.sleep(WINDOW)
         assert sweeps[0] <= 1, f"{sweeps[0]} sweeps in {WINDOW}s with nothing to do"

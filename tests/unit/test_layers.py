@@ -3,9 +3,11 @@
 Static (the AST of every ``runner/**.py``): each import of a ``runner`` module respects
 the layer order, lazy imports included; the named contracts hold; the imports that run
 when a module is imported form no cycle; nothing re-exports (no ``__all__``, no package
-``__init__.py`` with imports). Dynamic (clean interpreters): importing every module of a
-layer loads no module of a layer it must not know, and the light commands (``flowrun
---help``, ``check``, ``ls``) load none of the heavy parts they do not need.
+``__init__.py`` with imports) but the one public module, ``runner.control``, ranked above
+every layer so that no module of ``runner`` imports it. Dynamic (clean interpreters):
+importing every module of a layer loads no module of a layer it must not know, and the
+light commands (``flowrun --help``, ``check``, ``ls``) load none of the heavy parts they
+do not need.
 
 Each check is also run on a synthetic package with one deliberate violation of each
 kind, so none can pass by finding nothing.
@@ -33,7 +35,7 @@ GROUND = (
     "durations",
     "templating",
     "lifecycle",
-    "control",
+    "control_channel",
     "retention",
     "literal",
     "log_buffer",
@@ -51,7 +53,13 @@ RANK = {
     "tui": 6,
     "service": 7,
     "cli": 8,
+    # the handler authors' API (runner/control.py): the one re-export facade, on top so
+    # that nothing in runner imports it (its call-side names load lazily: see below)
+    "control": 9,
 }
+
+#: The one module allowed to re-export (``__all__``): the handler authors' API.
+PUBLIC = "runner.control"
 
 #: The named contracts (importer layer, imported layer), refused whatever the ranks say.
 FORBIDDEN = {
@@ -204,9 +212,12 @@ def cycles(root: Path) -> list[list[str]]:
 
 
 def facade_problems(root: Path) -> list[str]:
-    """``__all__`` anywhere, and package ``__init__.py`` files that import anything."""
+    """``__all__`` anywhere but in ``PUBLIC``, and package ``__init__.py`` files that
+    import anything."""
     problems = []
     for name, path in modules_of(root).items():
+        if name == PUBLIC:
+            continue
         rel = path.relative_to(root)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets = []
@@ -242,7 +253,8 @@ def test_the_checks_see_the_real_imports():
     assert ("runner.engine.worker", "runner.store.heartbeat", True) in found  # from x import mod
     assert ("runner.cli.operator", "runner.ops.queries", False) in found  # in a body
     assert ("runner.cli.context", "runner.engine.config", False) in found  # TYPE_CHECKING
-    assert ("runner.handlers.exec_handler", "runner.control", True) in found  # from runner
+    assert ("runner.handlers.exec_handler", "runner.control_channel", True) in found
+    assert ("runner.control", "runner.handlers.attempt", False) in found  # its lazy names
 
 
 # --- deliberate violations: the checks must fail on them ------------------------------
@@ -306,6 +318,14 @@ def test_a_named_contract_violation_fails(tmp_path, rel, text, message):
     assert len(problems) == 1 and message in problems[0], problems
 
 
+def test_a_module_importing_the_public_api_fails(tmp_path):
+    root = _package(tmp_path, {**CLEAN, "runner/cli/main.py": "from runner.control import x\n"})
+    assert layer_problems(root) == [
+        "runner/cli/main.py:1: runner.cli.main (cli) imports runner.control (control): "
+        "not a lower layer"
+    ]
+
+
 def test_an_unranked_package_fails(tmp_path):
     root = _package(tmp_path, {**CLEAN, "runner/extras/x.py": ""})
     assert layer_problems(root) == ["runner.extras.x: layer 'extras' has no rank in RANK"]
@@ -328,6 +348,7 @@ def test_a_facade_fails(tmp_path):
         tmp_path,
         {
             **CLEAN,
+            "runner/control.py": "from runner.errors import x\n__all__ = ['x']\n",
             "runner/store/__init__.py": "from runner.store.db import x\n",
             "runner/engine/cycle.py": "__all__ = ['f']\n",
         },
@@ -386,6 +407,41 @@ def test_importing_a_layer_loads_no_layer_it_must_not_know(src):
     names = [n for n in modules_of(ROOT) if layer(n) == src and _importable(n)]
     assert names
     assert foreign(loaded_by(names), src) == []
+
+
+def test_the_public_module_declares_and_only_re_exports_its_names():
+    import runner.control as api
+
+    # everything public is declared, bar the module's own machinery (``python -m``)
+    public = {n for n in dir(api) if not n.startswith("_")}
+    assert set(api.__all__) == public - {"TYPE_CHECKING", "annotations", "main"}
+    for name in api.__all__:
+        defined_in = getattr(getattr(api, name), "__module__", None)
+        assert defined_in != PUBLIC, f"{name} is defined in the facade, not re-exported"
+    with pytest.raises(AttributeError, match="no attribute 'Worker'"):
+        api.Worker  # noqa: B018
+
+
+EXEC_SIDE = """
+import json, sys
+from runner.control import EXIT_NOT_YET, checkpoint, data, goto, keepalive, sleep
+before = sorted(sys.modules)
+from runner.control import Context, LeaseLost, Sleep
+print(json.dumps([before, sorted(sys.modules)]))
+"""
+
+
+def test_the_public_modules_exec_side_loads_no_handlers_and_no_asyncio():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", EXEC_SIDE], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, after = (set(m) for m in json.loads(proc.stdout))
+    runner_before = {m for m in before if m.startswith("runner")}
+    assert runner_before == {"runner", "runner.control", "runner.control_channel"}
+    assert "asyncio" not in before
+    assert "runner.handlers.attempt" in after  # the call side loads on first use
 
 
 def test_the_dynamic_check_sees_a_violation(tmp_path):

@@ -36,7 +36,7 @@ OPERATOR = {
     "retry": {"failed": "runnable"},
     # an `on:` event moves the instance; a paused one moves but stays paused
     "send": {"runnable": "runnable", "sleeping": "runnable", "paused": "paused"},
-    # Metafora's Sleep and Run (issue 17): a sleep may also move a sleeping one's wake time
+    # Metafora's Sleep and Run: a sleep may also move a sleeping one's wake time
     "sleep": {"runnable": "sleeping", "paused": "sleeping", "sleeping": "sleeping"},
     "wake": {"sleeping": "runnable"},
 }

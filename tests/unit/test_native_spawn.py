@@ -1,6 +1,6 @@
 """The C spawn path (``runner.handlers._spawn`` through ``runner.handlers.native``) against
 the Python one: same errors, no descriptor or zombie left, the reaper never takes a handler
-the loop has not taken over, ``FLOWRUN_SPAWN=python`` (issue 13, fifth pass). Real
+the loop has not taken over, ``FLOWRUN_SPAWN=python``. Real
 processes; no timing assertions."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The C spawn path (``runner.handlers._spawn``) where a daemon can be hurt: Python code
 run during a submit (``__fspath__``, a sequence's ``__len__``), a Spawner closed with
 spawns queued, a ``fork`` of a process with spawns finished, descriptors running out
-(``EMFILE``), the signals a handler starts with (issue 13, review of the fifth pass).
+(``EMFILE``), the signals a handler starts with.
 Real processes; the crashes a fault used to cause are run in a subprocess."""
 
 from __future__ import annotations

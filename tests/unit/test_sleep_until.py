@@ -1,4 +1,4 @@
-"""Sleep until (issue 17, item 2) at the unit level: the control line, the ``call``
+"""Sleep until at the unit level: the control line, the ``call``
 handler's ``ctx.sleep_until`` / returned ``Sleep``, and ``decide``'s sleeping outcome."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import control
+from runner import control_channel
+from runner.control import Context, Sleep
 from runner.engine.outcomes import decide
-from runner.handlers.attempt import AttemptResult, Context, Limits, Sleep, slept
+from runner.handlers.attempt import AttemptResult, Limits, slept
 from runner.handlers.call_handler import _returned
 from runner.store.rows import Claim
 from tests.support.fault import load, write_flow
@@ -26,27 +27,29 @@ states:
 
 
 def test_control_line_takes_an_iso_time_or_a_duration() -> None:
-    assert control.parse("sleep 2026-12-01T09:00:00Z") == (
+    assert control_channel.parse("sleep 2026-12-01T09:00:00Z") == (
         "sleep",
         datetime(2026, 12, 1, 9, tzinfo=UTC).timestamp(),
     )
-    assert control.parse("sleep 2026-12-01T09:00:00") == control.parse("sleep 2026-12-01T09:00Z")
+    assert control_channel.parse("sleep 2026-12-01T09:00:00") == control_channel.parse(
+        "sleep 2026-12-01T09:00Z"
+    )
     assert (
-        control.parse("sleep 2026-12-01T10:00:00+01:00")[1]
+        control_channel.parse("sleep 2026-12-01T10:00:00+01:00")[1]
         == datetime(2026, 12, 1, 9, tzinfo=UTC).timestamp()
     )
-    assert control.wake_time("15m", now=AT) == AT + 900
+    assert control_channel.wake_time("15m", now=AT) == AT + 900
     with pytest.raises(ValueError, match="bad time"):
-        control.parse("sleep tomorrow")
+        control_channel.parse("sleep tomorrow")
     with pytest.raises(ValueError):
-        control.parse("sleep")
+        control_channel.parse("sleep")
 
 
 def test_python_helper_outside_flowrun_is_a_noop_but_checks_its_argument() -> None:
-    assert control.sleep("15m") is False
+    assert control_channel.sleep("15m") is False
     with pytest.raises(ValueError):
-        control.sleep("soon")
-    assert control.main(["sleep", "soon"]) == 2
+        control_channel.sleep("soon")
+    assert control_channel.main(["sleep", "soon"]) == 2
 
 
 def _ctx() -> Context:

@@ -1,6 +1,6 @@
 """Starting ``exec`` handlers (``runner.handlers.spawn``), handing results from threads
 to the loop in batches (``runner.handlers.handoff``), and finished attempts waiting for a
-batch (``runner.engine.batching``): issue 13. Real processes; no timing assertions."""
+batch (``runner.engine.batching``). Real processes; no timing assertions."""
 
 from __future__ import annotations
 

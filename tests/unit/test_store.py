@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from runner.engine.outcomes import decide
 from runner.flowspec.compiled import CompiledFlow
+from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
 from runner.ops import commands
 from runner.store import commit, create, leases
@@ -29,6 +30,7 @@ from tests.support.fault import (
     flow_world,
     load,
     new_instance,
+    policy,
     row,
     sql,
     write_flow,
@@ -65,11 +67,11 @@ def any_world(request, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow]]:
 
 
 def _claim(engine: Engine, worker: str, at: float, limit: int = 10, flow=None):
-    def max_restarts(version: str, state: str) -> int:
-        return flow.states[state].policy.max_restarts if flow is not None else 1
+    def policy_of(version: str, state: str) -> Policy:
+        return flow.states[state].policy if flow is not None else policy(max_restarts=1)
 
     with engine.begin() as conn:  # as the worker's cycle does: record lost attempts, claim
-        lost = leases.recover_lost(conn, max_restarts, at=at)
+        lost = leases.recover_lost(conn, policy_of, at=at)
         return leases.claim_batch(conn, worker, LEASE, limit, at=at), lost
 
 
@@ -492,12 +494,12 @@ def test_recover_lost_records_each_attempt_once_across_workers(pg_url: str, tmp_
             leases.claim_batch(conn, "dead", LEASE, 10, at=t0)
         later = t0 + LEASE + 1
         with engines[0].begin() as first:
-            found = leases.recover_lost(first, lambda v, s: 1, at=later)
+            found = leases.recover_lost(first, lambda v, s: policy(1), at=later)
             assert sorted(lost.instance_id for lost in found) == ids
             with engines[1].begin() as second:
-                assert leases.recover_lost(second, lambda v, s: 1, at=later) == []
+                assert leases.recover_lost(second, lambda v, s: policy(1), at=later) == []
         with engines[1].begin() as second:
-            assert leases.recover_lost(second, lambda v, s: 1, at=later) == []
+            assert leases.recover_lost(second, lambda v, s: policy(1), at=later) == []
             assert len(leases.claim_batch(second, "b", LEASE, 10, at=later)) == 3
         lost = sql(engines[0], "SELECT count(*) FROM attempts WHERE outcome = 'lost'")
         assert lost == [(3,)]

@@ -12,7 +12,8 @@ from runner.engine.config import WorkerConfig
 from runner.engine.cycle import MAX_CHAIN, CycleRequest
 from runner.engine.worker import Worker
 from runner.ops import detail
-from runner.service.daemon import load_registry, serve
+from runner.service.daemon import serve
+from runner.service.startup import load_registry
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 

@@ -1,4 +1,4 @@
-"""A worker whose SQLite disk is full from the start (issue 18): it retries with backoff,
+"""A worker whose SQLite disk is full from the start: it retries with backoff,
 and a stop request ends it at once instead of waiting for space. Real SQLite file on a
 real 2 MB tmpfs (skipped where mounting is not permitted)."""
 

@@ -5,16 +5,19 @@ command through ``FlowrunApp.request_command``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.durations import parse_duration
 from runner.tui.screens.dialogs import ChoiceScreen
+
+if TYPE_CHECKING:
+    from runner.tui.app import FlowrunApp
 
 #: The durations ``z`` offers.
 SLEEP_CHOICES = ("15m", "1h", "4h", "1d", "7d")
 
 
-def request_sleep(app: Any, ids: Sequence[int]) -> None:
+def request_sleep(app: FlowrunApp, ids: Sequence[int]) -> None:
     """Ask how long ``ids`` should sleep, then submit ``sleep`` in a thread worker and
     report it as every command is (``app._report``). Refused in a read-only console."""
     ids = list(ids)
@@ -38,7 +41,7 @@ def request_sleep(app: Any, ids: Sequence[int]) -> None:
     app.push_screen(ChoiceScreen(f"Sleep {what} for", list(SLEEP_CHOICES)), chosen)
 
 
-def _submit(app: Any, ids: list[int], choice: str) -> None:
+def _submit(app: FlowrunApp, ids: list[int], choice: str) -> None:
     try:
         results = app.data.submit(ids, "sleep", until=app.clock() + parse_duration(choice))
     except Exception as exc:  # never crash the console on a command

@@ -151,11 +151,11 @@ class EventsScreen(TableView):
         ),
     )
 
-    def load(self) -> tuple[list, list, list]:
+    def load(self) -> tuple[list[Any], list[Any], list[Any]]:
         data = self.app.data
         return data.sensors(), data.events(), data.commands_log()
 
-    def show(self, result: tuple[list, list, list], now: float) -> None:
+    def show(self, result: tuple[list[Any], list[Any], list[Any]], now: float) -> None:
         sens, evs, cmds = result
         self.fill(
             "sensors",

@@ -1,0 +1,26 @@
+"""Type stub of the C extension ``runner.handlers._spawn`` (``_spawn.c``; see its
+docstrings for what each call does and raises)."""
+
+from collections.abc import Iterable
+
+class Spawner:
+    def submit(
+        self,
+        key: object,
+        argv: list[str],
+        executables: tuple[bytes, ...],
+        cwd: str,
+        env_items: list[bytes],
+        env_added: dict[str, str],
+        stdin_fd: int,
+        setup: tuple[object, ...] | None = None,
+        /,
+    ) -> None: ...
+    def collect(self) -> list[tuple[object, int | None, int, int, int, int]]: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+def forget(pids: Iterable[int], /) -> None: ...
+def is_pending(pid: int, /) -> bool: ...
+def hold_reaps(hold: bool, /) -> None: ...
+def set_threads(n: int, /) -> None: ...
