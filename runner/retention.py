@@ -152,6 +152,8 @@ class Rules:
         current: the flow versions loaded now (never pruned).
         older_than: ``flowrun prune --older-than``: one window for every terminal status
             of every flow, instead of the policies.
+        log_store_max: bytes all attempt logs may take (``--log-store-max``; ``None``: no
+            bound); past it the oldest terminal instances' logs go first.
     """
 
     default: Retention = DEFAULT
@@ -160,6 +162,7 @@ class Rules:
     workers: float = WORKER_WINDOW
     current: frozenset[str] = frozenset()
     older_than: float | None = None
+    log_store_max: int | None = None
 
     def policy(self, flow: str) -> Retention:
         """The policy of ``flow``'s instances."""

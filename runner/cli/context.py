@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # imported where used: `flowrun --help` and `check` stay ligh
 #: that does not exist they say so and never create it (the listings ``ls``, ``events``
 #: and ``workers`` then list nothing, exit 0; the others exit 1).
 READ_ONLY = frozenset(
-    {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send"}
+    {"ls", "show", "events", "workers", "pause", "resume", "kill", "retry", "send", "logs"}
 )
 
 
@@ -121,11 +121,14 @@ class DaemonOptions:
 @dataclass(frozen=True)
 class RetentionOptions:
     """``--retention`` (the policy for flows without their own), ``--event-retention``
-    (seconds, ``None``: forever) and ``--prune-every`` (seconds, ``None``: no pruner)."""
+    (seconds, ``None``: forever), ``--prune-every`` (seconds, ``None``: no pruner) and
+    ``--log-store-max`` (bytes; 0: no bound; ``None``: 1 GiB on SQLite, none on
+    PostgreSQL)."""
 
     retention: Retention = DEFAULT_RETENTION
     event_retention: float | None = EVENT_WINDOW
     prune_every: float | None = 300.0
+    log_store_max: int | None = None
 
 
 def _sqlite_url(url: str) -> bool:

@@ -169,6 +169,15 @@ FLOWRUN_RETENTION, ...).
     "(a duration or forever).",
 )
 @click.option(
+    "--log-store-max",
+    envvar="FLOWRUN_LOG_STORE_MAX",
+    default=None,
+    callback=lambda _ctx, _param, value: _log_store_max(value),
+    help="--daemon: bytes all attempt logs may take (e.g. 1GiB, none); past it the pruner "
+    "deletes the oldest terminal instances' logs first.  [default: 1GiB on SQLite, none on "
+    "PostgreSQL]",
+)
+@click.option(
     "--prune-every",
     type=click.FloatRange(min=0),
     default=300.0,
@@ -224,6 +233,7 @@ def main_group(
     retention=DEFAULT_RETENTION,
     event_retention=EVENT_WINDOW,
     prune_every=300.0,
+    log_store_max=None,
     db_pooler="auto",
     listen_db=None,
 ):
@@ -248,7 +258,9 @@ def main_group(
         idle_poll=idle_poll,
     )
     ctx.obj.daemon_options = DaemonOptions(log_level, log_attempts, metrics)
-    ctx.obj.retention = RetentionOptions(retention, event_retention, prune_every or None)
+    ctx.obj.retention = RetentionOptions(
+        retention, event_retention, prune_every or None, log_store_max
+    )
     if ctx.invoked_subcommand is None:
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
@@ -263,6 +275,20 @@ def _retention(value: str | Retention) -> Retention:
         return parse_retention(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--retention") from None
+
+
+def _log_store_max(value: str | int | None) -> int | None:
+    """``--log-store-max``'s callback: bytes; 0 for ``none``; ``None`` when not given."""
+    if value is None or isinstance(value, int):
+        return value
+    if value.strip().lower() in ("none", "0"):
+        return 0
+    from runner.flowspec.spec_handler import parse_size
+
+    try:
+        return parse_size(value.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--log-store-max") from None
 
 
 def _window(value: str | float | None) -> float | None:
@@ -334,6 +360,7 @@ def _run_daemon(c: Ctx) -> int:
             prune_every=kept.prune_every,
             retention=kept.retention,
             event_retention=kept.event_retention,
+            log_store_max=kept.log_store_max,
             listen_url=c.listen_db,
         )
         served = asyncio.run(serve(c.engine, registry, config, options=options))
@@ -389,6 +416,7 @@ def _add_novel_commands() -> None:
     replay, rules test, migrate, serve, prune); each module imports its heavy parts inside
     its command bodies."""
     from runner.cli import explain as cli_explain
+    from runner.cli import logs as cli_logs
     from runner.cli import migrate as cli_migrate
     from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
@@ -400,7 +428,7 @@ def _add_novel_commands() -> None:
         *cli_sleep.COMMANDS,
         *cli_migrate.COMMANDS,
     )
-    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
+    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS, *cli_logs.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group

@@ -318,6 +318,8 @@ def instance_detail(item: dict[str, Any]) -> None:
             if a["error"]:
                 click.echo(f"error of attempt {a['attempt']}:")
                 click.echo(textwrap.indent(literal(a["error"], lines=True), "  "))
+                click.echo(f"  full output: flowrun logs {item['id']} --attempt {a['attempt']}")
+        click.echo(f"each attempt's output (stored in the database): flowrun logs {item['id']}")
     named = {a["state"]: (a.get("env"), a.get("secrets")) for a in item["history"]}
     for state, (env, secrets) in named.items():
         if env or secrets:  # names only: a secret's value is never shown

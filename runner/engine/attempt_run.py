@@ -22,12 +22,13 @@ from runner.errors import UserError
 from runner.flowspec.setup import HandlerSetup
 from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
+from runner.handlers.capture import handler_logger
 from runner.handlers.environ import add_env
 from runner.handlers.exec_handler import handler_env, render_argv, run_exec
 from runner.handlers.process_setup import ProcSetup, ids_of, proc_setup
 from runner.handlers.redact import redact_text, redact_value
 from runner.handlers.secrets import SetupError, attempt_vars, working_dir
-from runner.store import commit, rows, versions
+from runner.store import commit, log_writer, rows, versions
 from runner.store.db import reading
 from runner.store.tables import events
 
@@ -82,6 +83,11 @@ async def run_attempt(
             durable[0] = new_data
         return ok
 
+    writer = log_writer.writer_for(engine)
+    log = None
+    if writer is not None:
+        log = writer.open(claim.id, claim.attempt, state.policy.log_max)
+        log.secrets = hidden
     if state.kind == "exec":
         event = await load_event() if uses_event(state.argv) else None
         try:
@@ -117,6 +123,7 @@ async def run_attempt(
             secrets=tuple(os.fsencode(v) for v in hidden),
             setup=proc,
             limits_given=state.setup.limits,
+            log=log,
         )
     else:
         ctx = Context(
@@ -127,6 +134,8 @@ async def run_attempt(
             attempt=claim.attempt,
             env=env_vars,
             secrets=secrets,
+            log=handler_logger(flow.name, claim.state),
+            _attempt_log=log,
             _checkpoint=checkpoint,
         )
         result = await run_call(

@@ -71,6 +71,7 @@ class Policy:
         on_exhausted: ``"failed"``, ``"paused"`` (a status) or a state name.
         backoff: the delay after consecutive errors.
         max_restarts: lost attempts (a dead worker's) allowed in one state.
+        log_max: bytes of output kept per attempt (``runner.store.log_writer``).
     """
 
     try_interval: float
@@ -81,6 +82,7 @@ class Policy:
     on_exhausted: str  # "failed" | "paused" | a state name
     backoff: Backoff
     max_restarts: int
+    log_max: int = 10 << 20
 
 
 def state_policy(defaults: Defaults, st: StateSpec) -> Policy:
@@ -115,4 +117,5 @@ def state_policy(defaults: Defaults, st: StateSpec) -> Policy:
         on_exhausted=budget.on_exhausted,
         backoff=Backoff(backoff.initial, backoff.factor, backoff.max, backoff.jitter),
         max_restarts=pick("max_restarts"),
+        log_max=pick("log_max"),
     )

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from runner.flowspec.spec_handler import (
+    ByteSize,
     DataTemplate,
     EnvName,
     LimitsSpec,
@@ -69,6 +70,11 @@ class Defaults(Strict):
     error_budget: ErrorBudgetSpec = Field(default_factory=ErrorBudgetSpec)
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     max_restarts: int = Field(5, ge=0, description="lost attempts allowed in one state")
+    log_max: ByteSize = Field(
+        10 << 20,
+        description="bytes of output kept per attempt: the first 1 MiB and the last part, "
+        "e.g. 10MiB",
+    )
     env: dict[EnvName, DataTemplate] | None = Field(
         None, description="variables every handler gets: name -> '{data.…}' template"
     )
@@ -142,6 +148,7 @@ class StateSpec(Strict):
     )
     backoff: BackoffSpec | None = Field(None, description="overrides defaults.backoff")
     max_restarts: int | None = Field(None, ge=0, description="overrides defaults.max_restarts")
+    log_max: ByteSize | None = Field(None, description="overrides defaults.log_max")
     env: dict[EnvName, DataTemplate] | None = Field(
         None, description="variables of this state's handler, merged over defaults.env"
     )

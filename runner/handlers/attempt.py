@@ -7,6 +7,7 @@ of handler on top of these.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,7 +101,10 @@ class Context:
     Attributes: ``data`` (the instance data, a dict the handler may change; it is committed
     with the outcome), ``instance_id``, ``flow``, ``state``, ``attempt`` (1-based),
     ``env`` (the state's ``env`` variables, rendered: name -> value) and ``secrets`` (the
-    state's secrets, read when the attempt started: name -> value; never stored).
+    state's secrets, read when the attempt started: name -> value; never stored), ``log``
+    (a ``logging.Logger`` whose records go to this attempt's log, as what the handler
+    ``print``s and logs with any logger from its own task or thread:
+    ``runner.handlers.capture``).
     """
 
     data: dict[str, Any]
@@ -110,6 +114,8 @@ class Context:
     attempt: int
     env: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("flowrun.handler"))
+    _attempt_log: object = field(default=None, repr=False)  # runner.log_buffer.AttemptLog
     _checkpoint: CheckpointFn | None = field(default=None, repr=False)
     _signal: Callable[[], None] = field(default=lambda: None, repr=False)
     _cancelled: bool = field(default=False, repr=False)

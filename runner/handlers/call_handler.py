@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from runner.handlers import capture
 from runner.handlers.attempt import (
     AttemptResult,
     Cancel,
@@ -43,7 +44,13 @@ def run_call(
     """Run a ``call`` handler (sync in ``threads``, async on the loop): await the result.
 
     A plain function returning the coroutine to await (one coroutine less per attempt).
+    With ``ctx._attempt_log`` set, what the handler prints and logs goes to that log
+    (``runner.handlers.capture``), which is ended with the attempt.
     """
+    if ctx._attempt_log is not None:
+        return _logged(
+            func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=next_state
+        )
     if _is_async(func):
         if limits.timeout is None and limits.keepalive is None:
             return _run_coroutine(func, ctx, None, cancel, next_state)  # no deadline to watch
@@ -53,6 +60,33 @@ def run_call(
     watch = Watch(limits)
     ctx._signal = watch.signal
     return _run_sync(func, ctx, watch, cancel, threads, next_state)
+
+
+async def _logged(
+    func: Callable[..., Any],
+    ctx: Context,
+    *,
+    limits: Limits,
+    cancel: Cancel,
+    threads: Executor | None,
+    next_state: str | None,
+) -> AttemptResult:
+    """:func:`run_call` with the handler's output routed to ``ctx._attempt_log``."""
+    log, ctx._attempt_log = ctx._attempt_log, None
+    capture.install()
+    token = capture.current.set(log)  # type: ignore[arg-type]
+    try:
+        if _is_async(func):
+            return await run_call(
+                func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=next_state
+            )
+        watch = Watch(limits)
+        ctx._signal = watch.signal
+        routed = capture.in_context(log, func)  # type: ignore[arg-type]
+        return await _run_sync(routed, ctx, watch, cancel, threads, next_state)
+    finally:
+        capture.current.reset(token)
+        log.end()  # type: ignore[attr-defined]
 
 
 async def _run_sync(

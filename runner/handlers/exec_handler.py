@@ -46,6 +46,7 @@ from runner.handlers.environ import Env
 from runner.handlers.process_setup import ProcSetup, limit_reached
 from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
+from runner.log_buffer import STDERR, STDOUT, AttemptLog
 from runner.templating import render
 
 #: Seconds after its start from which a handler's pipes are read as data comes.
@@ -78,6 +79,7 @@ async def run_exec(
     secrets: tuple[bytes, ...] = (),
     setup: ProcSetup | None = None,
     limits_given: tuple[tuple[str, float], ...] = (),
+    log: AttemptLog | None = None,
 ) -> AttemptResult:
     """Run an ``exec`` handler; see the module docstring for the exit-code contract.
 
@@ -85,7 +87,9 @@ async def run_exec(
     variables (``runner.handlers.spawn``) and changed in place. Every secret value in
     ``secrets`` the handler writes (stdout, stderr, control lines) is kept as ``***``.
     ``setup`` is applied in the child before its ``exec``; an error caused by one of
-    ``limits_given`` (the state's ``limits``) says which.
+    ``limits_given`` (the state's ``limits``) says which. With a ``log``, everything the
+    handler writes on stdout and stderr goes to it as it is read (secrets redacted), and
+    it is ended when the attempt is.
     """
     data = dict(data)
     watch = Watch(limits)
@@ -97,7 +101,7 @@ async def run_exec(
             data,
             error=f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
         )
-    io = _Supervised(child, data, watch, cancel, checkpoint, secrets)
+    io = _Supervised(child, data, watch, cancel, checkpoint, secrets, log)
     try:
         how, why = await supervise(io.exited, watch, cancel)
         grace = limits.kill_grace if cancel.grace is None else min(cancel.grace, limits.kill_grace)
@@ -106,6 +110,8 @@ async def run_exec(
         await io.checkpoints_stored()
     finally:
         io.close()
+        if log is not None:
+            log.end()
     stderr, stdout = io.tail(child.err), io.tail(child.out)
     last = io.last_checkpoint
     if how == "timeout":
@@ -143,9 +149,10 @@ class _Supervised:
     """One running handler, watched from the event loop with no transport or task.
 
     Its stdout, stderr and control pipe are blocking descriptors read by loop callbacks
-    when they are ready, as data comes (only the last ``TAIL`` bytes of the output are kept, so a
-    handler may write gigabytes); its exit comes from ``runner.handlers.exits`` (or
-    polling, without pidfds). Control lines are handled as they are
+    when they are ready, as data comes (only the last ``TAIL`` bytes of the output are kept
+    here, so a handler may write gigabytes; the attempt's ``log``, if any, gets all of it
+    and bounds its own memory: ``runner.store.log_writer``); its exit comes from
+    ``runner.handlers.exits`` (or polling, without pidfds). Control lines are handled as they are
     read; checkpoints are stored in order by one task, started by the first one.
     """
 
@@ -157,8 +164,11 @@ class _Supervised:
         cancel: Cancel,
         checkpoint: CheckpointFn,
         secrets: tuple[bytes, ...] = (),
+        log: AttemptLog | None = None,
     ) -> None:
         self.child = child
+        self.log = log
+        self._stream = {child.out: STDOUT, child.err: STDERR}
         self.data = data
         self.watch = watch
         self.cancel = cancel
@@ -247,7 +257,10 @@ class _Supervised:
         buf += chunk
         if fd == self.child.control:
             self._control(buf)
-        elif len(buf) > 4 * TAIL:
+            return
+        if self.log is not None:
+            self.log.write(self._stream[fd], chunk)
+        if len(buf) > 4 * TAIL:
             del buf[:-TAIL]
 
     def drain(self, limit: int = 1 << 20) -> None:

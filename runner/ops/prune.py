@@ -132,9 +132,11 @@ def rules_for(
     *,
     events: float | None = EVENT_WINDOW,
     older_than: float | None = None,
+    log_store_max: int | None = None,
 ) -> Rules:
     """The :class:`Rules` of a set of loaded flows (``CompiledFlow``: those whose file
-    sets ``retention`` get their own policy; their versions are current)."""
+    sets ``retention`` get their own policy; their versions are current);
+    ``log_store_max`` bytes bound the attempt logs (``None``: no bound)."""
     flows = list(flows)
     own = {
         f.name: default.over(f.spec.retention.overrides())
@@ -147,6 +149,7 @@ def rules_for(
         events=events,
         current=frozenset(f.version for f in flows),
         older_than=older_than,
+        log_store_max=log_store_max,
     )
 
 
@@ -183,6 +186,7 @@ def prune(
             _instances(run, name, status, cutoff)
     _history(run, names)
     if flow is None:
+        _log_bound(run)
         _events(run)
         if not run.pacing.stopped():
             cutoff = run.now - rules.workers
@@ -209,6 +213,20 @@ def _instances(run: _Run, flow: str, status: str, cutoff: float) -> None:
         if run.dry_run:
             run.gone_events.update(r[1] for r in rows if r[1] is not None)
             run.gone_versions.update(r[2] for r in rows)
+
+
+def _log_bound(run: _Run) -> None:
+    """Past ``log_store_max``: delete the oldest terminal instances' logs first."""
+    bound = run.rules.log_store_max
+    if bound is None:
+        return
+    over = sql.log_bytes(run.engine) - bound
+    while over > 0 and not run.pacing.stopped():
+        before = run.counts["logs"]
+        run.wrote(partial(sql.evict_logs, run.engine, over, dry_run=run.dry_run), "logs")
+        if run.counts["logs"] == before or run.dry_run:
+            return  # nothing evictable left (the rest belongs to live instances)
+        over = sql.log_bytes(run.engine) - bound
 
 
 def _history(run: _Run, names: list[str]) -> None:

@@ -82,6 +82,7 @@ class ServiceOptions:
     retention: Retention = DEFAULT
     event_retention: float | None = EVENT_WINDOW
     listen_url: str | None = None
+    log_store_max: int | None = None  # wiring: logs (--log-store-max; None: 1 GiB on SQLite)
 
 
 @dataclass
@@ -411,6 +412,7 @@ class Daemon:
                 default=opts.retention,
                 events=opts.event_retention,
                 every=opts.prune_every,
+                log_store_max=opts.log_store_max,  # wiring: logs
             )
             if self.collector is not None:
                 self.collector.pruner = self.pruner

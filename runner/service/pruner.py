@@ -44,6 +44,9 @@ LEASE_NAME = "flowrun:pruner"
 EVERY = 300.0
 FIRST_AFTER = 5.0
 
+#: Bytes the attempt logs of a SQLite database may take unless ``--log-store-max`` says.
+LOG_STORE_MAX = 1 << 30
+
 #: Pages given back per vacuum step (SQLite pages are 4 KiB: 8 MiB a step).
 VACUUM_PAGES = 2000
 
@@ -60,6 +63,8 @@ class Pruner:
         events: seconds handled events are kept (``--event-retention``; ``None``: forever).
         every: seconds between rounds; first_after: before the first.
         pacing: the prune's batch size and rest (``runner.ops.prune.Pacing``).
+        log_store_max: bytes all attempt logs may take (``--log-store-max``): ``None``
+            means :data:`LOG_STORE_MAX` on SQLite and no bound on PostgreSQL; 0 no bound.
 
     Attributes:
         pruned: rows deleted here per kind (``flowrun_pruned_rows_total``).
@@ -78,11 +83,15 @@ class Pruner:
         every: float = EVERY,
         first_after: float = FIRST_AFTER,
         pacing: Pacing | None = None,
+        log_store_max: int | None = None,
     ) -> None:
         self.engine, self.registry, self.worker_id = engine, registry, worker_id
         self.lease, self.default, self.events = lease, default, events
         self.every, self.first_after = every, first_after
         self.pacing = pacing or Pacing()
+        if log_store_max is None and engine.dialect.name == "sqlite":
+            log_store_max = LOG_STORE_MAX
+        self.log_store_max = log_store_max or None
         self.pruned: Counter[str] = Counter()
         self.rounds = 0
         self._halt = threading.Event()
@@ -144,7 +153,7 @@ class Pruner:
         )
         if flows is None:
             flows = list(self.registry.flows.values())
-        rules = rules_for(flows, self.default, events=self.events)
+        rules = rules_for(flows, self.default, events=self.events, log_store_max=self.log_store_max)
         t0 = time.monotonic()
         counts = prune(self.engine, rules, pacing=pacing, on_step=self.pruned.update)
         if any(counts.values()):

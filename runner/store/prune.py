@@ -9,8 +9,10 @@ pruners never delete (or count) a row twice. With ``dry_run`` the same steps cou
 instead of deleting, in read transactions.
 
 An instance goes with the rows that belong to it (:data:`CHILDREN`: its attempts, with
-their checkpoints and kept stderr tails, and its command rows; a table of captured logs
-keyed by ``instance_id`` is one more entry there).
+their checkpoints and kept stderr tails, its attempts' logs and its command rows); a
+live instance's attempts cut by the history rule take their logs with them. Past the
+store's size bound (``--log-store-max``), :func:`evict_logs` deletes the logs of the
+oldest terminal instances first.
 """
 
 from __future__ import annotations
@@ -19,17 +21,26 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, case, delete, exists, func, select, update
+from sqlalchemy import ColumnElement, Engine, bindparam, case, delete, exists, func, select, update
 from sqlalchemy.sql.dml import ReturningDelete
 
 from runner.retention import TERMINAL
 from runner.store.db import reading
 from runner.store.dialect import Dialect, dialect_of
-from runner.store.tables import attempts, commands, events, flow_versions, instances, workers
+from runner.store.tables import (
+    attempt_logs,
+    attempts,
+    commands,
+    events,
+    flow_versions,
+    instances,
+    workers,
+)
 
 #: The tables whose rows belong to an instance: ``(kind, table)``; each has an
-#: ``instance_id`` column with an index leading with it.
-CHILDREN = (("attempts", attempts), ("commands", commands))
+#: ``instance_id`` column with an index leading with it. Rows of a kind ``None`` are
+#: deleted but not counted (``logs`` counts attempts: :func:`_flags`).
+CHILDREN = (("attempts", attempts), ("commands", commands), (None, attempt_logs))
 
 
 def _deletable(status: str, cutoff: float, *, by_id: bool = False) -> tuple[Any, ...]:
@@ -108,17 +119,28 @@ def delete_instances(
         # outside the index it deleted through)
         out.update(_flags(conn, d, value))
         for kind, table in CHILDREN:
-            out[kind] += conn.execute(
+            gone_rows = conn.execute(
                 delete(table).where(d.ids_in(table.c.instance_id)), value
             ).rowcount
+            if kind is not None:
+                out[kind] += gone_rows
     return out
+
+
+def _has_log():
+    """An attempt row has a stored log."""
+    return exists().where(
+        attempt_logs.c.instance_id == attempts.c.instance_id,
+        attempt_logs.c.attempt == attempts.c.attempt,
+    )
 
 
 def _flags(conn, d, value: dict[str, Any]) -> Counter[str]:
     """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
-    carried a checkpoint or a kept stderr tail."""
+    carried a checkpoint, and those that carried a kept stderr tail or a stored log."""
+    logged = case(((attempts.c.error.is_not(None)) | _has_log(), 1))
     cps, logs = conn.execute(
-        select(func.count(attempts.c.checkpoint), func.count(attempts.c.error)).where(
+        select(func.count(attempts.c.checkpoint), func.count(logged)).where(
             d.ids_in(attempts.c.instance_id)
         ),
         value,
@@ -133,6 +155,8 @@ def _count_children(conn, d, ids: list[int], out: Counter[str]):
     value = {"ids": d.ids_value(ids)}
     out.update(_flags(conn, d, value))
     for kind, table in CHILDREN:
+        if kind is None:
+            continue
         out[kind] += conn.execute(
             select(func.count()).select_from(table).where(d.ids_in(table.c.instance_id)), value
         ).scalar_one()
@@ -141,8 +165,8 @@ def _count_children(conn, d, ids: list[int], out: Counter[str]):
 
 def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ...]]:
     """The next ``limit`` attempt rows with ``id > after`` by id, each with its instance:
-    ``(id, instance_id, attempt, finished_at, has_checkpoint, has_error, flow, status,
-    instance attempts)`` (one read; the history cut walks them oldest first)."""
+    ``(id, instance_id, attempt, finished_at, has_checkpoint, has_error_or_log, flow,
+    status, instance attempts)`` (one read; the history cut walks them oldest first)."""
     stmt = (
         select(
             attempts.c.id,
@@ -150,7 +174,7 @@ def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ..
             attempts.c.attempt,
             attempts.c.finished_at,
             attempts.c.checkpoint.is_not(None),
-            attempts.c.error.is_not(None),
+            attempts.c.error.is_not(None) | _has_log(),
             instances.c.flow,
             instances.c.status,
             instances.c.attempts,
@@ -188,6 +212,13 @@ def cut_history(
             delete(attempts).where(d.ids_in(attempts.c.id), attempts.c.outcome.is_not(None)),
             {"ids": d.ids_value([r[0] for r in rows])},
         ).rowcount
+        conn.execute(
+            delete(attempt_logs).where(
+                attempt_logs.c.instance_id == bindparam("iid"),
+                attempt_logs.c.attempt == bindparam("no"),
+            ),
+            [{"iid": r[1], "no": r[2]} for r in rows],
+        )
         for iid, at in sorted(upto.items()):
             hist = instances.c.history_from
             conn.execute(
@@ -198,6 +229,44 @@ def cut_history(
     if done != len(rows):  # a row gone meanwhile (another pruner): count what went
         out = Counter({"attempts": done})
     return out
+
+
+def log_bytes(engine: Engine) -> int:
+    """Bytes of every stored attempt log (what ``--log-store-max`` bounds)."""
+    size = func.coalesce(func.sum(func.length(attempt_logs.c.data)), 0)
+    with reading(engine) as conn:
+        return int(conn.execute(select(size)).scalar_one())
+
+
+def evict_logs(engine: Engine, over: int, limit: int = 50, *, dry_run: bool = False) -> int:
+    """Delete (``dry_run``: count) the logs of up to ``limit`` terminal instances, the
+    least recently changed first, until about ``over`` bytes are freed, in ONE
+    transaction; returns the attempts whose log went (0: none left to evict)."""
+    owners = (
+        select(instances.c.id)
+        .where(
+            instances.c.status.in_(TERMINAL),
+            exists().where(attempt_logs.c.instance_id == instances.c.id),
+        )
+        .order_by(instances.c.updated_at, instances.c.id)
+        .limit(limit)
+    )
+    freed = attempts_gone = 0
+    with reading(engine) if dry_run else engine.begin() as conn:
+        for iid in list(conn.execute(owners).scalars()):
+            if freed >= over:
+                break
+            size, count = conn.execute(
+                select(
+                    func.coalesce(func.sum(func.length(attempt_logs.c.data)), 0),
+                    func.count(func.distinct(attempt_logs.c.attempt)),
+                ).where(attempt_logs.c.instance_id == iid)
+            ).one()
+            freed += int(size)
+            attempts_gone += int(count)
+            if not dry_run:
+                conn.execute(delete(attempt_logs).where(attempt_logs.c.instance_id == iid))
+    return attempts_gone
 
 
 def events_after(engine: Engine, after: int, limit: int) -> list[tuple[int, float, float | None]]:

@@ -21,6 +21,8 @@ from sqlalchemy import (
     Column,
     Dialect,
     Index,
+    LargeBinary,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -148,6 +150,31 @@ class Attempt(SQLModel, table=True):
     checkpoint: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONType))
 
 
+class LogChunk(SQLModel, table=True):
+    """A piece of what an attempt's handler wrote (``runner.store.log_writer``).
+
+    ``stream`` is 1 (stdout) or 2 (stderr), or 0 for the row written when the attempt's
+    capture ended (empty ``data``; ``offset`` is then the total bytes written); ``offset``
+    the position of ``data``'s first byte in the attempt's whole output (both streams,
+    in the order read); ``at`` when it was read, epoch seconds UTC. Rows of an attempt
+    are ordered by ``seq``. A gap between a row's end and the next row's ``offset`` is
+    what the attempt's cap dropped (``runner.store.log_reader``).
+    """
+
+    __tablename__ = "attempt_logs"
+    model_config = TABLE_CONFIG
+    __table_args__ = (Index("ix_attempt_logs_attempt", "instance_id", "attempt", "seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int
+    attempt: int
+    seq: int
+    stream: int = Field(sa_type=SmallInteger)
+    at: float
+    offset: int = Field(sa_type=BigInteger)
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
 class Command(SQLModel, table=True):
     """An operator or rule request, stored as data (after rq's ``command.py``).
 
@@ -267,6 +294,7 @@ def _table(model: type[SQLModel]) -> Table:
 instances = _table(Instance)
 attempts = _table(Attempt)
 commands = _table(Command)
+attempt_logs = _table(LogChunk)
 events = _table(Event)
 sensors = _table(SensorLease)
 workers = _table(WorkerRow)

@@ -57,12 +57,14 @@ def legacy_083da5a_metadata() -> MetaData:
     Today's tables, except that attempts had a plain ``(instance_id, id)`` index instead of
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
-    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006) and
-    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010).
+    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), there
+    was no ``attempt_logs`` table (0008) and ``ix_instances_flow_status`` was on
+    ``(flow, status)`` only (0010).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
-        table.to_metadata(md)
+        if table.name != "attempt_logs":  # 0008
+            table.to_metadata(md)
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event

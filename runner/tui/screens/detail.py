@@ -158,6 +158,7 @@ class DetailScreen(GuardedScreen):
         Binding("r", "command('retry')", "Retry"),
         Binding("s", "command('send')", "Send"),
         Binding("e", "explain", "Explain", show=False),
+        Binding("l", "log", "Log", show=False),
         Binding("z", "sleep", "Sleep", show=False),
         Binding("w", "command('wake')", "Wake", show=False),
     ]
@@ -258,6 +259,20 @@ class DetailScreen(GuardedScreen):
         from runner.tui.screens.explain import ExplainScreen
 
         self.app.push_screen(ExplainScreen(self.instance_id))
+
+    def action_log(self) -> None:
+        """The output of the attempt under the attempts table's cursor when it has the
+        focus, else of the latest attempt (``runner.tui.screens.logs``)."""
+        from runner.tui.screens.logs import LogScreen
+
+        table = self.query_one("#attempts", DataTable)
+        attempt = None
+        if table.has_focus and table.row_count:
+            try:
+                attempt = int(str(table.get_row_at(table.cursor_row)[0]))
+            except (ValueError, IndexError):
+                attempt = None
+        self.app.push_screen(LogScreen(self.instance_id, attempt))
 
     def action_command(self, command: str) -> None:
         """Run ``command`` on this instance."""

@@ -94,6 +94,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("space", "mark / unmark (commands act on the marked set)"),
             ("enter", "detail of the instance"),
             ("e", "explain: its timeline (waits and their causes) and what happens next"),
+            ("l", "log: the latest attempt's output, followed live"),
             ("/", "filter by text (id, flow, state, status, error, data)"),
             ("f", "filter by status"),
             ("F", "filter by flow"),
@@ -111,7 +112,25 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("s", "send an event its state accepts"),
         ],
     ),
-    ("Detail", [("p k r s", "as above, on this instance"), ("escape", "back")]),
+    (
+        "Detail",
+        [
+            ("p k r s", "as above, on this instance"),
+            ("l", "log of the attempt under the attempts table's cursor (else the latest)"),
+            ("escape", "back"),
+        ],
+    ),
+    (
+        "Log",
+        [
+            ("[ / ]", "previous / next attempt"),
+            ("/ n", "search / next match"),
+            ("g / G", "top / bottom (G follows new output again)"),
+            ("w", "wrap long lines"),
+            ("s", "streams shown: both, stdout, stderr"),
+            ("escape", "back"),
+        ],
+    ),
 ]
 
 

@@ -33,6 +33,7 @@ class InstancesScreen(GuardedScreen):
         Binding("s", "command('send')", "Send"),
         Binding("enter", "detail", "Detail", show=False),
         Binding("e", "explain", "Explain", show=False),
+        Binding("l", "log", "Log", show=False),
         Binding("z", "sleep", "Sleep", show=False),
         Binding("w", "command('wake')", "Wake", show=False),
         Binding("slash", "text_filter", "Filter"),
@@ -172,6 +173,14 @@ class InstancesScreen(GuardedScreen):
         row = self.table.cursor_row
         if row is not None:
             self.app.push_screen(ExplainScreen(row.id))
+
+    def action_log(self) -> None:
+        """The output of the row's latest attempt, followed (``runner.tui.screens.logs``)."""
+        from runner.tui.screens.logs import LogScreen
+
+        row = self.table.cursor_row
+        if row is not None:
+            self.app.push_screen(LogScreen(row.id))
 
     def action_detail(self) -> None:
         """Open the detail of the row under the cursor."""

@@ -1,0 +1,118 @@
+"""A ``call`` handler's output, routed to its attempt's log: ``ctx.log``, ``print``, logging.
+
+A ``call`` handler runs inside the daemon, beside other handlers running at the same
+time, so its output is told apart by a context variable (:data:`current`) holding its
+attempt's ``AttemptLog`` (``runner.store.log_writer``): set in the attempt's own task for
+an async handler, in a copy of the context its thread runs in for a sync one
+(:func:`running`). Concurrent handlers never mix: each task and thread sees its own.
+
+Once :func:`install` ran (the first ``call`` attempt with capture on):
+
+- ``sys.stdout`` and ``sys.stderr`` are wrapped: what is written to them from inside a
+  handler goes to its attempt's log (stream stdout or stderr), anything else to the
+  stream as before;
+- the root logger gets a handler that copies every record logged from inside a handler
+  (any logger) to its attempt's log, on stderr, as ``LEVEL name: message``;
+- secret values of the state (``ctx.secrets``) are written as ``***``;
+- ``ctx.log`` (:func:`handler_logger`) is the logger ``flowrun.handler.<flow>.<state>``:
+  its records go to the attempt's log only (not the daemon's own log).
+
+Threads a handler starts itself do not inherit the variable: what they print is not its.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from runner.handlers.redact import redact_text
+from runner.log_buffer import STDERR, STDOUT, AttemptLog
+
+#: The attempt log of the handler running in this task or thread (``None``: none).
+current: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(
+    "flowrun_attempt_log", default=None
+)
+
+#: The parent of every ``ctx.log`` logger: does not propagate to the daemon's log.
+HANDLER_LOGGER = "flowrun.handler"
+
+_FORMAT = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+_installed = False
+_install_lock = threading.Lock()
+
+
+class _Stream:
+    """``sys.stdout``/``sys.stderr`` wrapped: a handler's writes go to its attempt log."""
+
+    def __init__(self, real: Any, stream: int) -> None:
+        self._real = real
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        log = current.get()
+        if log is None:
+            return self._real.write(text)
+        shown = redact_text(text, log.secrets) if log.secrets else text
+        log.write(self._stream, shown.encode("utf-8", "backslashreplace"))
+        return len(text)
+
+    def flush(self) -> None:
+        if current.get() is None:
+            self._real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _Route(logging.Handler):
+    """Copies a record logged inside a handler to its attempt log (stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = current.get()
+        if log is not None:
+            try:
+                line = _FORMAT.format(record) + "\n"
+            except Exception:  # noqa: BLE001 - a bad format string is the handler's
+                line = f"{record.levelname} {record.name}: {record.msg!r}\n"
+            if log.secrets:
+                line = redact_text(line, log.secrets)
+            log.write(STDERR, line.encode("utf-8", "backslashreplace"))
+
+
+def install() -> None:
+    """Wrap ``sys.stdout``/``sys.stderr`` and add the routing handler to the root logger
+    and to :data:`HANDLER_LOGGER` (once per process; idempotent). Raises nothing."""
+    global _installed
+    if _installed:
+        return
+    with _install_lock:
+        if _installed:
+            return
+        if not isinstance(sys.stdout, _Stream):
+            sys.stdout = _Stream(sys.stdout, STDOUT)
+        if not isinstance(sys.stderr, _Stream):
+            sys.stderr = _Stream(sys.stderr, STDERR)
+        route = _Route(logging.DEBUG)
+        logging.getLogger().addHandler(route)
+        parent = logging.getLogger(HANDLER_LOGGER)
+        parent.propagate = False
+        parent.setLevel(logging.DEBUG)
+        parent.addHandler(route)
+        _installed = True
+
+
+def handler_logger(flow: str, state: str) -> logging.Logger:
+    """``ctx.log`` of a handler of ``flow``'s ``state``: ``flowrun.handler.<flow>.<state>``
+    (records go to the attempt log of the handler that logs them)."""
+    return logging.getLogger(f"{HANDLER_LOGGER}.{flow}.{state}")
+
+
+def in_context(log: AttemptLog, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` to run in a thread with :data:`current` set to ``log`` (a sync handler)."""
+    context = contextvars.copy_context()
+    context.run(current.set, log)
+    return lambda *args: context.run(func, *args)
