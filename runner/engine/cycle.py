@@ -35,7 +35,7 @@ from runner.engine.outcomes import decide
 from runner.error_line import error_line
 from runner.errors import UserError
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, leases, versions
+from runner.store import commit, leases, pools, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
@@ -183,6 +183,9 @@ def decide_finished(
             and v["due_at"] <= at
             and run.claim.chain < MAX_CHAIN
             and len(chain) < free
+            # a pool's slots are taken and given back by claims only (``store.pools``)
+            and run.claim.pool is None
+            and getattr(flow.states.get(v["state"]), "pool", None) is None
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
                 v["status"] = lifecycle.check("sleeping", "wake")
@@ -323,11 +326,14 @@ def _transaction(
             commit.cancel_attempt(conn, worker_id, claim, why)
         if request.release:
             commit.give_back(conn, worker_id, request.release)
+        ended = [o.claim for o in request.outcomes if not o.chain]
+        pools.release(conn, [*ended, *(c for c, _ in request.cancels), *request.release])
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(
                 conn, lambda v, s: _max_restarts(conn, v, s), me=worker_id
             )
+            pools.sweep(conn, db_now(conn))
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)

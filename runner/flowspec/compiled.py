@@ -41,6 +41,8 @@ class CompiledState:
         policy: the effective policy (durations in seconds).
         description: free text from the flow file, or ``None``.
         setup: the handler's environment variables and secrets.
+        pool: the pool whose slots an attempt holds while it runs, or ``None``.
+        slots: how many of the pool's slots one attempt holds.
     """
 
     name: str
@@ -54,6 +56,8 @@ class CompiledState:
     policy: Policy
     description: str | None = None
     setup: HandlerSetup = NO_SETUP
+    pool: str | None = None
+    slots: int = 1
 
     @property
     def exhausted_target(self) -> str | None:
@@ -107,6 +111,11 @@ class CompiledFlow:
     machine: Machine
     spec: FlowSpec | None = field(default=None, repr=False)
     label: str | None = None
+
+    @property
+    def pools(self) -> dict[str, int]:
+        """The pools this file declares: ``{name: slots}`` (empty when built by hand)."""
+        return dict(self.spec.pools) if self.spec is not None else {}
 
     def _fire(self, event: str, state: str) -> str | None:
         ev = self.machine.events.get(event)

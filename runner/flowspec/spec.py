@@ -163,6 +163,14 @@ class StateSpec(Strict):
     group: str | int | None = Field(
         None, description="exec: the group (name or gid); default: the user's own group"
     )
+    pool: Name | None = Field(
+        None,
+        description="a pool (declared under 'pools' in a flow file) whose slots this state's "
+        "attempts hold while they run, across every daemon",
+    )
+    slots: int | None = Field(
+        None, ge=1, description="slots of the pool one attempt holds (default 1; needs pool)"
+    )
 
 
 class RetentionSpec(Strict):
@@ -217,6 +225,12 @@ class FlowSpec(Strict):
         default_factory=dict, description="sensor name -> sensor"
     )
     rules: list[RuleSpec] = Field(default_factory=list, description="what events do")
+    pools: dict[Name, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="pool name -> slots: at most that many slots in use at once across every "
+        "daemon (a state takes one with 'pool'); every file declaring a pool gives the same "
+        "number; 'flowrun pool set' changes it at run time",
+    )
     retention: RetentionSpec | None = Field(
         None,
         description="how long terminal instances are kept (a duration or 'forever' per "

@@ -56,6 +56,8 @@ CLAIM_COLS = (
     instances.c.state_restarts,
     instances.c.event_id,
     instances.c.status,
+    instances.c.pool,  # the seat last held (``runner.store.pools.settle``)
+    instances.c.due_at,
 )
 
 
@@ -94,6 +96,8 @@ class Claim:
     event_id: int | None
     started_at: float = 0.0
     chain: int = 0  # moves made since this instance was last claimed from the table
+    pool: str | None = None  # the pool whose slots the attempt holds (``store.pools``)
+    pool_slots: int = 0
 
 
 @dataclass

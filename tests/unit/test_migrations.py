@@ -57,7 +57,8 @@ def legacy_083da5a_metadata() -> MetaData:
     Today's tables, except that attempts had a plain ``(instance_id, id)`` index instead of
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
-    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006).
+    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
+    ``pools`` table nor pool columns (0007).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -65,7 +66,11 @@ def legacy_083da5a_metadata() -> MetaData:
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
-    inst.indexes = {i for i in inst.indexes if i.name != "ix_instances_event"}
+    for column in ("pool", "pool_slots", "waiting_for", "wait_due"):  # 0007
+        inst._columns.remove(inst.c[column])
+    md.remove(md.tables["pools"])
+    gone = ("ix_instances_event", "ix_instances_pool", "ix_instances_waiting")
+    inst.indexes = {i for i in inst.indexes if i.name not in gone}
     for column in ("heartbeat_every", "boot_id", "pid_started"):
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])
     att = md.tables["attempts"]
@@ -157,7 +162,7 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
             ],
         )
     with old.connect() as conn:
-        assert migrate.legacy_revision(conn) == ("0006" if legacy == "today" else "0001")
+        assert migrate.legacy_revision(conn) == ("0007" if legacy == "today" else "0001")
     old.dispose()
 
     engine = make_engine(db_url)

@@ -1,0 +1,102 @@
+"""Pools in the store (``runner.store.pools``): the limit kept inside the claim, waiters
+not due until a slot frees, a lapsed lease freeing its slot, ``set_slots``; on a real
+SQLite file and on the real PostgreSQL server. Times are passed explicitly (no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from runner.errors import UserError
+from runner.flowspec.compiled import CompiledFlow
+from runner.store import leases, pools
+from runner.store.db import make_engine
+from tests.support.fault import engine_at, load, new_instance, sql, write_flow
+
+FLOW = """\
+initial: load
+pools: {warehouse: 2}
+states:
+  load: {exec: [python, -c, "pass"], pool: warehouse, next: done}
+  done: {terminal: true}
+"""
+
+LEASE = 30.0
+T0 = 2_000_000_000.0  # a fixed "now" far after the instances' creation
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def world(request, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow]]:
+    if request.param == "sqlite":
+        engine = engine_at(tmp_path)
+    else:
+        engine = make_engine(request.getfixturevalue("pg_url"))
+    try:
+        yield engine, load(write_flow(tmp_path / "flows", "wh", FLOW))
+    finally:
+        engine.dispose()
+
+
+def _claim(engine: Engine, worker: str, at: float, limit: int = 10):
+    with engine.begin() as conn:
+        return leases.claim_batch(conn, worker, LEASE, limit, at=at)
+
+
+def _waiting(engine: Engine) -> list[int]:
+    rows = sql(engine, "SELECT id FROM instances WHERE waiting_for = 'warehouse' ORDER BY id")
+    return [r[0] for r in rows]
+
+
+def test_claim_keeps_the_limit_and_the_rest_wait_not_due(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(5)]
+    got = _claim(engine, "w1", T0)
+    assert [c.id for c in got] == ids[:2]
+    assert {c.pool for c in got} == {"warehouse"} and {c.pool_slots for c in got} == {1}
+    assert _waiting(engine) == ids[2:]
+    # the waiters are not due: another worker claims nothing, and their attempt
+    # counts were given back
+    assert _claim(engine, "w2", T0 + 1) == []
+    assert sql(engine, "SELECT max(attempts) FROM instances WHERE waiting_for IS NOT NULL") == [
+        (0,)
+    ]
+    # one holder ends: its slot wakes exactly one waiter, the oldest
+    with engine.begin() as conn:
+        sql_done = "UPDATE instances SET running_attempt = NULL, locked_by = NULL WHERE id = :i"
+        conn.exec_driver_sql(sql_done.replace(":i", str(got[0].id)))
+        pools.release(conn, [got[0]], T0 + 2)
+    assert _waiting(engine) == ids[3:]
+    again = _claim(engine, "w2", T0 + 3)
+    assert [c.id for c in again] == [ids[2]]
+
+
+def test_a_lapsed_lease_frees_its_slot(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(3)]
+    assert len(_claim(engine, "w1", T0)) == 2
+    with engine.begin() as conn:  # before the leases lapse: full
+        assert pools.sweep(conn, T0 + LEASE - 1) == 0
+        assert pools.in_use(conn, "warehouse", T0 + LEASE - 1) == 2
+    with engine.begin() as conn:  # after: both slots free, the waiter woken
+        assert pools.in_use(conn, "warehouse", T0 + LEASE + 1) == 0
+        assert pools.sweep(conn, T0 + LEASE + 1) == 1
+    assert _waiting(engine) == []
+    assert ids[2] in [c.id for c in _claim(engine, "w2", T0 + LEASE + 2)]
+
+
+def test_set_slots_wakes_and_resets(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(5)]
+    _claim(engine, "w1", T0)
+    with engine.begin() as conn:
+        pools.set_slots(conn, "warehouse", 4, T0 + 1)
+    assert _waiting(engine) == ids[4:]
+    assert len(_claim(engine, "w2", T0 + 2)) == 2
+    with engine.begin() as conn:
+        pools.set_slots(conn, "warehouse", None, T0 + 3)
+        assert pools.size_of(conn, "warehouse") == 2
+    with pytest.raises(UserError, match="unknown pool 'nope'"), engine.begin() as conn:
+        pools.set_slots(conn, "nope", 3, T0)
