@@ -381,13 +381,14 @@ def _add_novel_commands() -> None:
     migrate, serve); each module imports its heavy parts inside its command bodies."""
     from runner.cli import explain as cli_explain
     from runner.cli import migrate as cli_migrate
+    from runner.cli import pools as cli_pools
     from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
     from runner.cli import serve as cli_serve
     from runner.cli import sleep as cli_sleep
 
     novel = (*cli_explain.COMMANDS, *cli_sleep.COMMANDS, *cli_migrate.COMMANDS)
-    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS)
+    novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS, *cli_pools.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group

@@ -413,3 +413,30 @@ def workers_table(rows: list[dict], *, width: int | None = None) -> None:
         for r in rows
     ]
     click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))
+
+
+POOL_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("pool", "name", 8, None),
+    ("slots", "slots", None, None),
+    ("in use", "in_use", None, None),
+    ("waiting", "waiting", None, 1),
+    ("held by", "holders", 8, 0),
+)
+
+
+def pools_table(rows: list[dict], *, width: int | None = None) -> None:
+    """Print pools (``runner.ops.pools.read_pools``): slots in force (``*`` after a
+    number an operator set), slots in use, instances waiting, the holders' instance ids;
+    names shown literally."""
+    width = terminal_width(width)
+    cells = [
+        {
+            "name": literal(r["name"]),
+            "slots": f"{r['slots']}{'*' if r['set'] is not None else ''}",
+            "in_use": str(r["in_use"]),
+            "waiting": str(r["waiting"]),
+            "holders": ", ".join(str(i) for i in r["holders"]) or "-",
+        }
+        for r in rows
+    ]
+    click.echo("\n".join(plain_table(POOL_COLUMNS, cells, width, ("holders", "name"))))

@@ -267,9 +267,7 @@ def set_slots(conn: Connection, name: str, slots: int | None, at: float) -> None
     """
     if slots is not None and slots < 0:
         raise UserError(f"slots must be 0 or more, not {slots}", 2)
-    res = conn.execute(
-        update(pools).where(pools.c.name == name).values(slots=slots, updated_at=at)
-    )
+    res = conn.execute(update(pools).where(pools.c.name == name).values(slots=slots, updated_at=at))
     if not res.rowcount:
         known = ", ".join(sorted(conn.execute(select(pools.c.name)).scalars())) or "none"
         raise UserError(f"unknown pool {name!r} (known: {known})", 2)
