@@ -183,15 +183,21 @@ def decide_finished(
             and v["due_at"] <= at
             and run.claim.chain < MAX_CHAIN
             and len(chain) < free
-            # a pool's slots are taken and given back by claims only (``store.pools``)
-            and run.claim.pool is None
-            and getattr(flow.states.get(v["state"]), "pool", None) is None
+            # a chained attempt keeps its claim's pool slots: only into a state holding
+            # the same (``store.pools``: slots are taken by claims, given back at the end)
+            and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
                 v["status"] = lifecycle.check("sleeping", "wake")
             chain.append(outcome)
             outcome.chain = True
     return request
+
+
+def _seat(flow, state: str) -> tuple[str | None, int]:
+    """The pool and slots an attempt in ``state`` of ``flow`` holds (``(None, 0)``: none)."""
+    st = flow.states.get(state)
+    return (None, 0) if st is None or st.pool is None else (st.pool, st.slots)
 
 
 def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:

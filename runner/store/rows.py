@@ -152,6 +152,8 @@ def next_claim(o: Outcome, at: float) -> Claim:
         event_id=prev.event_id,
         started_at=at,
         chain=prev.chain + 1,
+        pool=prev.pool,  # chained only into a state holding the same slots
+        pool_slots=prev.pool_slots,
     )
 
 
