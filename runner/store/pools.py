@@ -27,15 +27,28 @@ the daemons' commit bell).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    bindparam,
+    func,
+    literal_column,
+    null,
+    select,
+    update,
+)
 
 from runner.errors import UserError
 from runner.store import versions
 from runner.store.clock import db_now
+from runner.store.db import Prepared
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE
@@ -45,6 +58,96 @@ if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
 
 i = instances.c
+
+
+class PoolStatements:
+    """The statements of a pooled claim and release, compiled once per engine
+    (``db.Prepared``: a claim cycle runs them each time)."""
+
+    def __init__(self, engine: Engine) -> None:
+        d = dialect_of(engine)
+        self.ids = d.ids_value
+        at = bindparam("at", type_=Float())
+        ins = d.insert(pools).values(
+            name=bindparam("name"), declared=bindparam("declared", type_=Integer()), updated_at=at
+        )
+        #: lock the pool's row (made if missing), its size (params: name, declared, at)
+        self.lock = Prepared(
+            engine,
+            ins.on_conflict_do_update(
+                index_elements=[pools.c.name],
+                # a write, so PostgreSQL locks the row (the declared size kept as it is)
+                set_={"declared": func.coalesce(pools.c.declared, ins.excluded.declared)},
+            ).returning(func.coalesce(pools.c.slots, pools.c.declared, 1)),
+        )
+        held = (i.pool == bindparam("name"), i.running_attempt.is_not(None), i.locked_until >= at)
+        used = func.coalesce(func.sum(i.pool_slots), 0)
+        #: slots in use but by the instances ``ids`` (params: name, at, ids)
+        self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
+        #: the claims ``ids`` hold ``n`` slots of pool ``name`` (params: ids, name, n)
+        self.hold = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id))
+            .values(
+                pool=bindparam("name"),
+                pool_slots=bindparam("n", type_=Integer()),
+                waiting_for=null(),
+                wait_due=null(),
+            ),
+        )
+        #: the claims ``ids`` undone: they wait for pool ``name``, not due (params: ids, name)
+        self.wait = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id))
+            .values(
+                locked_by=null(),
+                locked_until=null(),
+                running_attempt=null(),
+                attempts=i.attempts - 1,
+                wait_due=i.due_at,
+                due_at=null(),
+                waiting_for=bindparam("name"),
+                pool=null(),
+                pool_slots=null(),
+            ),
+        )
+        statuses = [literal_column(f"'{s}'") for s in CLAIMABLE]
+        pick = (
+            select(i.id)
+            .where(i.waiting_for == bindparam("name"), i.due_at.is_(None), i.status.in_(statuses))
+            .order_by(i.wait_due)
+            .limit(bindparam("k", type_=Integer()))
+        )
+        if d.skip_locked:
+            pick = pick.with_for_update(skip_locked=True)
+        #: up to ``k`` waiters of pool ``name`` due again (params: name, k, at)
+        self.wake = Prepared(
+            engine,
+            update(instances)
+            .where(i.id.in_(pick.scalar_subquery()))
+            .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null()),
+        )
+        #: forget the seats of ``ids`` where no attempt runs any more (params: ids)
+        self.clear = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id), i.running_attempt.is_(None))
+            .values(pool=null(), pool_slots=null()),
+        )
+
+
+_statements: weakref.WeakKeyDictionary[Engine, PoolStatements] = weakref.WeakKeyDictionary()
+
+
+def statements(conn: Connection) -> PoolStatements:
+    """The :class:`PoolStatements` of ``conn``'s engine (compiled on first use)."""
+    engine = conn.engine
+    st = _statements.get(engine)
+    if st is None:
+        st = _statements[engine] = PoolStatements(engine)
+    return st
 
 
 @dataclass(frozen=True)
@@ -90,24 +193,16 @@ def lock(conn: Connection, name: str, declared: int | None, at: float) -> int:
     """Lock pool ``name``'s row until the transaction ends (creating it, with
     ``declared`` slots, if missing) and return its size: the operator's number, else the
     declared one, else 1."""
-    ins = dialect_of(conn).insert(pools).values(name=name, declared=declared, updated_at=at)
-    stmt = ins.on_conflict_do_update(
-        index_elements=[pools.c.name],
-        # a write, so PostgreSQL locks the row (the declared size kept as it is)
-        set_={"declared": func.coalesce(pools.c.declared, ins.excluded.declared)},
-    ).returning(func.coalesce(pools.c.slots, pools.c.declared, 1))
-    return int(conn.execute(stmt).scalar_one())
+    rows = statements(conn).lock.fetch(conn, {"name": name, "declared": declared, "at": at})
+    return int(rows[0][0])
 
 
 def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) -> int:
     """Slots of pool ``name`` held at ``at`` (epoch s) by running attempts under a valid
     lease, not counting the instances ``besides`` (ids)."""
-    q = select(func.coalesce(func.sum(i.pool_slots), 0)).where(
-        i.pool == name, i.running_attempt.is_not(None), i.locked_until >= at
-    )
-    if besides:
-        q = q.where(i.id.not_in(list(besides)))
-    return int(conn.execute(q).scalar_one())
+    st = statements(conn)
+    rows = st.in_use.fetch(conn, {"name": name, "at": at, "ids": st.ids(list(besides))})
+    return int(rows[0][0])
 
 
 def settle(conn: Connection, rows: Sequence, at: float) -> tuple[list, dict[int, Seat]]:
@@ -129,7 +224,8 @@ def settle(conn: Connection, rows: Sequence, at: float) -> tuple[list, dict[int,
                 stale.append(r[0])
             continue
         wants.setdefault(seat.pool, []).append((r, seat))
-    if stale:
+    st = statements(conn)
+    if stale:  # not running now (``clear``'s condition): write the NULLs directly
         conn.execute(update(instances).where(i.id.in_(stale)).values(pool=None, pool_slots=None))
     if not wants:
         return list(rows), {}
@@ -152,28 +248,10 @@ def settle(conn: Connection, rows: Sequence, at: float) -> tuple[list, dict[int,
             if r[0] in seats:
                 held.setdefault(seat.slots, []).append(r[0])
         for n, held_ids in held.items():
-            conn.execute(
-                update(instances)
-                .where(i.id.in_(held_ids))
-                .values(pool=name, pool_slots=n, waiting_for=None, wait_due=None)
-            )
+            st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
         if late:
             waiting.update(late)
-            conn.execute(
-                update(instances)
-                .where(i.id.in_(late))
-                .values(
-                    locked_by=None,
-                    locked_until=None,
-                    running_attempt=None,
-                    attempts=i.attempts - 1,
-                    wait_due=i.due_at,
-                    due_at=None,
-                    waiting_for=name,
-                    pool=None,
-                    pool_slots=None,
-                )
-            )
+            st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
         elif free > 0:  # room left over: waiters the last release did not wake
             wake(conn, name, free, at)
     return [r for r in rows if r[0] not in waiting], seats
@@ -185,23 +263,10 @@ def wake(conn: Connection, name: str, count: int, at: float) -> int:
     has locked are skipped (PostgreSQL), so two releases wake two different waiters."""
     if count <= 0:
         return 0
-    pick = (
-        select(i.id)
-        .where(i.waiting_for == name, i.due_at.is_(None), i.status.in_(CLAIMABLE))
-        .order_by(i.wait_due)
-        .limit(count)
-    )
-    if dialect_of(conn).skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
-    res = conn.execute(
-        update(instances)
-        .where(i.id.in_(pick.scalar_subquery()))
-        .values(due_at=func.coalesce(i.wait_due, at), waiting_for=None, wait_due=None)
-    )
-    woken = res.rowcount or 0
+    woken = statements(conn).wake.executemany(conn, [{"name": name, "k": count, "at": at}])
     if woken:
         notify_due(conn)
-    return woken
+    return max(woken, 0)
 
 
 def release(conn: Connection, claims: Iterable, at: float | None = None) -> None:
@@ -218,11 +283,8 @@ def release(conn: Connection, claims: Iterable, at: float | None = None) -> None
     if not ids:
         return
     at = db_now(conn) if at is None else at
-    conn.execute(
-        update(instances)
-        .where(i.id.in_(ids), i.running_attempt.is_(None))
-        .values(pool=None, pool_slots=None)
-    )
+    st = statements(conn)
+    st.clear.executemany(conn, [{"ids": st.ids(ids)}])
     for name in sorted(freed):
         wake(conn, name, freed[name], at)
 
