@@ -178,6 +178,8 @@ def instance_table(
         due = fmt.due_in(r["due_at"], now, r["status"], running=running)
         if due == "event" and r["id"] in waits:
             due = waiting(waits[r["id"]])
+        if r.get("waiting_for") and r["due_at"] is None:  # ``store.pools``: not due
+            due = f"pool {literal(r['waiting_for'])}"
         cells.append(
             {
                 "id": str(r["id"]),

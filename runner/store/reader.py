@@ -64,6 +64,10 @@ INSTANCE_COLUMNS = (
     "event_id",
     "label",
     "history_from",
+    "pool",
+    "pool_slots",
+    "waiting_for",
+    "wait_due",
 )
 ATTEMPT_COLUMNS = (
     "id",

@@ -164,6 +164,7 @@ def test_a_sigkilled_holders_slot_returns_after_its_lease(tmp_path: Path, db: st
                 " WHERE i.running_attempt IS NOT NULL",
             )
             assert len(holder) == 1 and log.read_text().count("S ") == 1
+            _visible(fr, engine)
             os.kill(holder[0][0], signal.SIGKILL)
             killed_at = time.time()
             poll(lambda: log.read_text().count("S ") >= 2, 60, 0.05, "the waiter's start")
@@ -172,3 +173,22 @@ def test_a_sigkilled_holders_slot_returns_after_its_lease(tmp_path: Path, db: st
             print(f"slot back {started - killed_at:.2f} s after the SIGKILL (lease 4 s)")
     finally:
         engine.dispose()
+
+
+def _visible(fr: Flowrun, engine) -> None:
+    """explain, ls and pool ls say who waits for what, and who holds the slot."""
+    (waiter,), (held,) = (
+        sql(engine, "SELECT id FROM instances WHERE waiting_for IS NOT NULL")[0],
+        sql(engine, "SELECT id FROM instances WHERE running_attempt IS NOT NULL")[0],
+    )
+    res = fr("explain", str(waiter))
+    assert res.returncode == 0, res.stderr
+    assert f"waiting for pool warehouse: 1/1 in use by {held}" in res.stdout
+    ls = fr("ls")
+    assert "pool warehouse" in ls.stdout
+    listed = json.loads(fr("pool", "ls", "--json").stdout)
+    assert [(p["slots"], p["in_use"], p["holders"], p["waiting"]) for p in listed] == [
+        (1, 1, [held], 1)
+    ]
+    text = fr("pool", "ls").stdout
+    assert "warehouse" in text and "1*" in text

@@ -100,3 +100,22 @@ def test_set_slots_wakes_and_resets(world) -> None:
         assert pools.size_of(conn, "warehouse") == 2
     with pytest.raises(UserError, match="unknown pool 'nope'"), engine.begin() as conn:
         pools.set_slots(conn, "nope", 3, T0)
+
+
+def test_pool_listing_and_metrics(world) -> None:
+    from runner.ops.pools import read_pools
+    from runner.service.metrics import _pool_families
+
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(3)]
+    _claim(engine, "w1", T0)
+    (pool,) = read_pools(engine, now=T0 + 1)
+    assert (pool["name"], pool["slots"], pool["declared"], pool["set"]) == ("warehouse", 2, 2, None)
+    assert (pool["in_use"], pool["holders"], pool["waiting"]) == (2, ids[:2], 1)
+    assert pool["workers"] == ["w1"]
+    families = {f.name: f.samples[0].value for f in _pool_families([pool])}
+    assert families == {
+        "flowrun_pool_slots": 2,
+        "flowrun_pool_in_use": 2,
+        "flowrun_pool_waiting": 1,
+    }
