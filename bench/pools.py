@@ -161,16 +161,18 @@ def noop_case(db: str, n: int, pooled: bool, pg: str) -> float:
             return rate(url)[0]
 
 
-def bound_case(n: int, pg: str) -> dict:
-    """``n`` instances of two 20 ms pooled states over 4 daemons sharing a pool of 8 on
-    PostgreSQL; attempts/s and the handoff waits (ms)."""
+def bound_case(n: int, pg: str, pooled: bool = True) -> dict:
+    """``n`` instances of two 20 ms states over 4 daemons on PostgreSQL sharing a pool of
+    8 (``pooled``; else no pool and ``--concurrency 2`` each: 8 slots in all, the
+    baseline); attempts/s and the handoff waits (ms)."""
     with tempfile.TemporaryDirectory() as tmp, fresh_pg(pg) as url:
         work = Path(tmp)
         log = work / "runs.log"
-        env = prepare(work, url, n, "io", 8, {"log": str(log)})
+        env = prepare(work, url, n, "io", 8 if pooled else None, {"log": str(log)})
+        each = "8" if pooled else "2"
         procs = [
             subprocess.Popen(
-                daemon_argv("--concurrency", "8", "--worker-id", f"bench-{k}"),
+                daemon_argv("--concurrency", each, "--worker-id", f"bench-{k}"),
                 env=env,
                 cwd=work,
                 stderr=subprocess.DEVNULL,
@@ -217,14 +219,16 @@ def main() -> None:
             f"(medians of {args.repeat}); ratio {b / a:.2f} (goal >= 0.9)"
         )
     if not args.no_pg:
-        t0 = time.perf_counter()
-        r = bound_case(args.bound_n, args.pg)
-        print(
-            f"bound postgresql, 4 daemons, pool of 8, 20 ms: {r['attempts_s']:,.0f} attempts/s "
-            f"= {r['attempts_s'] / 400:.2f} x the 400/s limit (goal >= 0.9); handoff "
-            f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms over {r['handoffs']} "
-            f"(goal <= 10 / 50 ms); {time.perf_counter() - t0:.0f} s"
-        )
+        for pooled in (False, True):
+            t0 = time.perf_counter()
+            r = bound_case(args.bound_n, args.pg, pooled)
+            what = "a pool of 8" if pooled else "no pool, --concurrency 2 each (baseline)"
+            print(
+                f"bound postgresql, 4 daemons, {what}, 20 ms: {r['attempts_s']:,.0f} "
+                f"attempts/s = {r['attempts_s'] / 400:.2f} x 400/s (goal >= 0.9); handoff "
+                f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms over {r['handoffs']} "
+                f"(goal <= 10 / 50 ms); {time.perf_counter() - t0:.0f} s"
+            )
 
 
 if __name__ == "__main__":
