@@ -421,9 +421,15 @@ POOL_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("pool", "name", 8, None),
     ("slots", "slots", None, None),
     ("in use", "in_use", None, None),
+    ("rate", "rate", None, 2),
     ("waiting", "waiting", None, 1),
     ("held by", "holders", 8, 0),
 )
+
+
+def _set_mark(pool: dict) -> str:
+    """``*`` after a pool's slots when an operator set them."""
+    return "" if pool["set"] is None else "*"
 
 
 def pools_table(rows: list[dict], *, width: int | None = None) -> None:
@@ -434,7 +440,8 @@ def pools_table(rows: list[dict], *, width: int | None = None) -> None:
     cells = [
         {
             "name": literal(r["name"]),
-            "slots": f"{r['slots']}{'*' if r['set'] is not None else ''}",
+            "slots": "-" if r["slots"] is None else f"{r['slots']}{_set_mark(r)}",
+            "rate": f"{r['rate']} ({r['recent_starts']} now)" if r["rate"] else "-",
             "in_use": str(r["in_use"]),
             "waiting": str(r["waiting"]),
             "holders": ", ".join(str(i) for i in r["holders"]) or "-",

@@ -184,7 +184,9 @@ def decide_finished(
             and run.claim.chain < MAX_CHAIN
             and len(chain) < free
             # a chained attempt keeps its claim's pool slots: only into a state holding
-            # the same (``store.pools``: slots are taken by claims, given back at the end)
+            # the same (``store.pools``: slots are taken by claims, given back at the end),
+            # and never into a start a rate counts (the claim counts them)
+            and not run.claim.pool_rated
             and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
@@ -195,8 +197,11 @@ def decide_finished(
 
 
 def _seat(flow, state: str) -> tuple[str | None, int]:
-    """The pool and slots an attempt in ``state`` of ``flow`` holds (``(None, 0)``: none)."""
+    """The pool and slots an attempt in ``state`` of ``flow`` holds (``(None, 0)``: none;
+    ``("", -1)``, equal to no claim's, for a state with a rate of its own)."""
     st = flow.states.get(state)
+    if st is not None and getattr(st, "rate", None) is not None:
+        return ("", -1)
     return (None, 0) if st is None or st.pool is None else (st.pool, st.slots)
 
 

@@ -63,7 +63,8 @@ def _check_pools(spec: FlowSpec, err: Report) -> None:
     for name, st in spec.states.items():
         if st.slots is not None and st.pool is None:
             err("slots needs pool: the slots of which pool?", ("states", name, "slots"), key=True)
-        size = spec.pools.get(st.pool) if st.pool else None
+        declared = spec.pools.get(st.pool) if st.pool else None
+        size = declared.slots if declared is not None else None
         if size is not None and (st.slots or 1) > size:
             err(
                 f"state '{name}' takes {st.slots} slots of pool '{st.pool}', which has {size}",
@@ -76,7 +77,7 @@ def _check_pools(spec: FlowSpec, err: Report) -> None:
 PROCESS_KEYS = ("env_inherit", "working_dir", "limits", "user", "group")
 
 #: State keys of any handler (a ``call`` handler gets them as ``ctx.env``/``ctx.secrets``).
-HANDLER_KEYS = ("env", "secrets", "pool", "slots")
+HANDLER_KEYS = ("env", "secrets", "pool", "slots", "rate")
 
 
 def _check_process_keys(spec: FlowSpec, err: Report) -> None:

@@ -21,22 +21,23 @@ def pool_problems(flows: Iterable[CompiledFlow]) -> Iterator[tuple[CompiledFlow,
     problem at each declaration), a state naming a pool no flow declares, a state taking
     more slots than its pool (declared in another file) has."""
     flows = sorted(flows, key=lambda f: f.path)
-    declared: dict[str, list[tuple[CompiledFlow, int]]] = {}
+    declared: dict[str, list[tuple[CompiledFlow, str]]] = {}
     for flow in flows:
+        rates = flow.pool_rates
         for name, slots in flow.pools.items():
-            declared.setdefault(name, []).append((flow, slots))
+            text = f"{slots} slots" + (f", rate {rates[name]}" if name in rates else "")
+            declared.setdefault(name, []).append((flow, text))
     for name, decls in declared.items():
-        sizes = {slots for _, slots in decls}
-        if len(sizes) < 2:
+        if len({text for _, text in decls}) < 2:
             continue
-        for flow, slots in decls:
+        for flow, text in decls:
             others = ", ".join(
-                f"{Path(f.path).name} ({n})" for f, n in decls if f is not flow and n != slots
+                f"{Path(f.path).name} ({t})" for f, t in decls if f is not flow and t != text
             )
             yield (
                 flow,
-                f"pool '{name}' is declared with {slots} slots here and differently in "
-                f"{others}: every file declaring a pool gives the same number",
+                f"pool '{name}' is declared with {text} here and differently in "
+                f"{others}: every file declaring a pool declares it alike",
                 ("pools", name),
             )
     for flow in flows:
@@ -52,7 +53,7 @@ def pool_problems(flows: Iterable[CompiledFlow]) -> Iterator[tuple[CompiledFlow,
                     ("states", state.name, "pool"),
                 )
                 continue
-            size = min(n for _, n in decls)
+            size = min(f.pools[state.pool] for f, _ in decls)
             if state.slots > size and state.pool not in flow.pools:
                 yield (
                     flow,

@@ -144,6 +144,8 @@ def _due(inst: dict, flow: Any, now: float, t: Track | None) -> Entry:
         text = f"due now (since {secs(now - due)}): the next free worker claims it"
         if why:
             text += f"; it waited for: {why}"
+    elif (inst.get("waiting_for") or "").startswith("rate "):
+        text = f"{inst['waiting_for']} reached, next start {clock(due)} (in {secs(due - now)})"
     else:
         word = "sleeping" if status == "sleeping" else "due"
         text = f"{word} until {clock(due)} (in {secs(due - now)})"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from runner.flowspec.spec_types import parse_rate
 from runner.store.reader import reader_of
 
-_POOLS = "SELECT name, declared, slots FROM pools ORDER BY name"
+_POOLS = "SELECT name, declared, slots, rate, starts FROM pools ORDER BY name"
 _HOLDERS = (
     "SELECT pool, id, pool_slots, locked_by FROM instances"
     " WHERE pool IS NOT NULL AND running_attempt IS NOT NULL AND locked_until >= :now"
@@ -26,7 +27,9 @@ _WAITING = (
 
 def read_pools(db: Any, *, now: float | None = None) -> list[dict]:
     """Every recorded pool at ``now`` (epoch seconds; default: the current time), by
-    name: ``name``, ``slots`` (the size in force), ``declared`` (the flow files'),
+    name: ``name`` (a pool, or ``<flow>.<state>`` for a state's own rate), ``slots`` (the
+    size in force; ``None`` for a state's rate), ``rate`` (``"10/1m"`` or ``None``),
+    ``recent_starts`` (starts within the rate's window), ``declared`` (the flow files'),
     ``set`` (the operator's number, ``None`` when the declared one is in force),
     ``in_use`` (slots held by attempts under a valid lease), ``holders`` (their instance
     ids), ``workers`` (the workers running them, sorted), ``waiting`` (instances waiting
@@ -42,12 +45,23 @@ def read_pools(db: Any, *, now: float | None = None) -> list[dict]:
         holders = run(_HOLDERS, {"now": now})
         waiting = dict(tuple(r) for r in run(_WAITING, {}))
     out = []
-    for name, declared, slots in found:
+    for name, declared, slots, rate, starts in found:
         held = [h for h in holders if h[0] == name]
+        state_rate = "." in name  # a state's own rate: no slots
+        starts = reader.load_json(starts) or []
+        window = parse_rate(rate)[1] if rate else 0.0
         out.append(
             {
                 "name": name,
-                "slots": slots if slots is not None else declared if declared is not None else 1,
+                "slots": None
+                if state_rate
+                else slots
+                if slots is not None
+                else declared
+                if declared is not None
+                else 1,
+                "rate": rate,
+                "recent_starts": sum(1 for t in starts if t > now - window),
                 "declared": declared,
                 "set": slots,
                 "in_use": sum(h[2] or 0 for h in held),

@@ -120,7 +120,8 @@ def claim_batch(
             event_id=r[11],
             started_at=at,
             pool=seats[r[0]].pool if r[0] in seats else None,
-            pool_slots=seats[r[0]].slots if r[0] in seats else 0,
+            pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
+            pool_rated=r[0] in seats and seats[r[0]].pool_rated,
         )
         for r in rows
     ]

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
@@ -41,18 +41,20 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
+    or_,
     select,
     update,
 )
 
 from runner.errors import UserError
+from runner.flowspec.spec_types import parse_rate
 from runner.store import versions
 from runner.store.clock import db_now
 from runner.store.db import Prepared
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE
-from runner.store.tables import instances, pools
+from runner.store.tables import JSONType, instances, pools
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -68,17 +70,56 @@ class PoolStatements:
         d = dialect_of(engine)
         self.ids = d.ids_value
         at = bindparam("at", type_=Float())
+        self.json = d.json_adapter()
+        self.load = d.json_loader()
         ins = d.insert(pools).values(
-            name=bindparam("name"), declared=bindparam("declared", type_=Integer()), updated_at=at
+            name=bindparam("name"),
+            declared=bindparam("declared", type_=Integer()),
+            updated_at=at,
+            rate=bindparam("rate"),
         )
-        #: lock the pool's row (made if missing), its size (params: name, declared, at)
+        #: lock the row (made if missing): size, rate, starts (params: name, declared,
+        #: at, rate)
         self.lock = Prepared(
             engine,
             ins.on_conflict_do_update(
                 index_elements=[pools.c.name],
                 # a write, so PostgreSQL locks the row (the declared size kept as it is)
-                set_={"declared": func.coalesce(pools.c.declared, ins.excluded.declared)},
-            ).returning(func.coalesce(pools.c.slots, pools.c.declared, 1)),
+                set_={
+                    "declared": func.coalesce(pools.c.declared, ins.excluded.declared),
+                    "rate": func.coalesce(ins.excluded.rate, pools.c.rate),
+                },
+            ).returning(
+                func.coalesce(pools.c.slots, pools.c.declared, 1), pools.c.rate, pools.c.starts
+            ),
+        )
+        #: a rate's latest starts (params: name, starts)
+        self.save_starts = Prepared(
+            engine,
+            update(pools)
+            .where(pools.c.name == bindparam("name"))
+            .values(starts=bindparam("starts", type_=JSONType)),
+        )
+        #: a claim refused by a rate: unclaimed, due when the window moves (params: i,
+        #: due, why)
+        self.delay = Prepared(
+            engine,
+            update(instances)
+            .where(i.id == bindparam("i"))
+            .values(
+                locked_by=null(),
+                locked_until=null(),
+                running_attempt=null(),
+                attempts=i.attempts - 1,
+                due_at=bindparam("due", type_=Float()),
+                waiting_for=bindparam("why"),
+                pool=null(),
+                pool_slots=null(),
+            ),
+        )
+        #: the claims ``ids`` wait for nothing (params: ids)
+        self.unmark = Prepared(
+            engine, update(instances).where(d.ids_in(i.id)).values(waiting_for=null())
         )
         held = (i.pool == bindparam("name"), i.running_attempt.is_not(None), i.locked_until >= at)
         used = func.coalesce(func.sum(i.pool_slots), 0)
@@ -152,49 +193,75 @@ def statements(conn: Connection) -> PoolStatements:
 
 @dataclass(frozen=True)
 class Seat:
-    """What a state asks of a pool: ``pool`` (its name), ``slots`` (held by one attempt),
-    ``declared`` (the pool's size in the state's own flow file, ``None`` when another
-    file declares it)."""
+    """What a state asks of the limits: ``pool`` (its pool's name, or ``None``),
+    ``slots`` (held by one attempt), ``declared`` (the pool's size in the state's own
+    flow file, ``None`` when another file declares it), ``pool_rate`` (the pool's rate in
+    that file), ``rate`` (the state's own rate, ``"10/1m"``) and ``key`` (the row of the
+    state's rate: ``<flow>.<state>``)."""
 
-    pool: str
+    pool: str | None
     slots: int
     declared: int | None
+    pool_rate: str | None = None
+    rate: str | None = None
+    key: str = ""
+    pool_rated: bool = False  # (a kept claim) its pool has a rate: no chained start in it
 
 
 def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
-    """The pool ``state`` of flow ``version`` holds slots of, or ``None`` (no pool, or a
-    version that no longer compiles)."""
+    """What ``state`` of flow ``version`` asks of the limits, or ``None`` (no pool and no
+    rate, or a version that no longer compiles)."""
     try:
         flow = versions.compiled(conn, version)
     except UserError:
         return None
     st = flow.states.get(state)
-    if st is None or st.pool is None:
+    if st is None or (st.pool is None and st.rate is None):
         return None
-    return Seat(st.pool, st.slots, flow.pools.get(st.pool))
+    if st.pool is None:
+        return Seat(None, 0, None, None, st.rate, f"{flow.name}.{state}")
+    return Seat(
+        st.pool,
+        st.slots,
+        flow.pools.get(st.pool),
+        flow.pool_rates.get(st.pool),
+        st.rate,
+        f"{flow.name}.{state}",
+    )
 
 
 def declare(conn: Connection, flow: CompiledFlow, at: float) -> None:
     """Record the pools ``flow`` declares (``{name: slots}``) as their declared size (the
     last file recorded wins; ``flowrun check`` makes every file agree). In the caller's
     transaction; nothing when the flow declares none."""
+    rates = flow.pool_rates
     for name, size in flow.pools.items():
-        ins = dialect_of(conn).insert(pools).values(name=name, declared=size, updated_at=at)
+        ins = dialect_of(conn).insert(pools)
+        ins = ins.values(name=name, declared=size, updated_at=at, rate=rates.get(name))
+        x = ins.excluded
         conn.execute(
             ins.on_conflict_do_update(
                 index_elements=[pools.c.name],
-                set_={"declared": ins.excluded.declared, "updated_at": at},
-                where=pools.c.declared.is_distinct_from(ins.excluded.declared),
+                set_={"declared": x.declared, "rate": x.rate, "updated_at": at},
+                where=or_(
+                    pools.c.declared.is_distinct_from(x.declared),
+                    pools.c.rate.is_distinct_from(x.rate),
+                ),
             )
         )
 
 
-def lock(conn: Connection, name: str, declared: int | None, at: float) -> int:
-    """Lock pool ``name``'s row until the transaction ends (creating it, with
-    ``declared`` slots, if missing) and return its size: the operator's number, else the
-    declared one, else 1."""
-    rows = statements(conn).lock.fetch(conn, {"name": name, "declared": declared, "at": at})
-    return int(rows[0][0])
+def lock(
+    conn: Connection, name: str, declared: int | None, at: float, rate: str | None = None
+) -> tuple[int, str | None, list[float]]:
+    """Lock row ``name`` of ``pools`` until the transaction ends (made if missing, with
+    ``declared`` slots and ``rate``; a ``rate`` given replaces the stored one) and return
+    ``(size, rate, starts)``: the operator's size, else the declared one, else 1; the rate
+    (``"10/1m"`` or ``None``); its latest starts (epoch s)."""
+    st = statements(conn)
+    rows = st.lock.fetch(conn, {"name": name, "declared": declared, "at": at, "rate": rate})
+    size, stored_rate, starts = rows[0]
+    return int(size), stored_rate, list(st.load(starts) or [])
 
 
 def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) -> int:
@@ -205,56 +272,123 @@ def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) 
     return int(rows[0][0])
 
 
-def settle(conn: Connection, rows: Sequence, at: float) -> tuple[list, dict[int, Seat]]:
-    """Keep the pool limits on ``rows`` (claim rows just claimed in this transaction,
-    ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, ..., pool, due_at``
-    at indexes 0, 2, 3, 13, 14) at ``at`` (epoch s, the claim's time).
+@dataclass
+class _Limit:
+    """One locked row of ``pools`` while a claim is settled: slots ``free`` (``None``: no
+    slot limit), its rate as ``(count, seconds)`` and the ``starts`` within the window."""
 
-    Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat each
-    kept pooled claim holds, by instance id. The rows that did not fit are unclaimed in
-    place and wait (see the module docstring); a row whose stored ``pool`` is stale (its
+    free: int | None
+    rate: tuple[int, float] | None
+    starts: list[float]
+    text: str = ""
+    used: bool = False  # a start was added
+
+    def room(self) -> bool:
+        """Another start fits the rate (or there is none)."""
+        return self.rate is None or len(self.starts) < self.rate[0]
+
+    def next_start(self, k: int) -> float:
+        """When the ``k``-th (0-based) start refused now may start: the window moved."""
+        assert self.rate is not None
+        n, window = self.rate
+        ordered = sorted(self.starts)[-n:]
+        return ordered[k % len(ordered)] + window * (1 + k // len(ordered))
+
+
+def settle(conn: Connection, rows: Sequence, at: float) -> tuple[list, dict[int, Seat]]:
+    """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
+    transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, ...,
+    pool, due_at`` at indexes 0, 2, 3, 13, 14) at ``at`` (epoch s, the claim's time).
+
+    Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
+    each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
+    refused for its pool's slots is unclaimed in place and waits (see the module
+    docstring); one refused for a rate is unclaimed and due when the window lets it
+    start (``waiting_for`` says which rate). A row whose stored ``pool`` is stale (its
     state holds none now) has it cleared.
     """
-    wants: dict[str, list[tuple[object, Seat]]] = {}
+    asks: list[tuple[Any, Seat]] = []
     stale: list[int] = []
     for r in rows:
         seat = seat_of(conn, r[2], r[3])
-        if seat is None:
+        if seat is None or seat.pool is None:
             if r[13] is not None:
                 stale.append(r[0])
-            continue
-        wants.setdefault(seat.pool, []).append((r, seat))
+        if seat is not None:
+            asks.append((r, seat))
     st = statements(conn)
     if stale:  # not running now (``clear``'s condition): write the NULLs directly
         conn.execute(update(instances).where(i.id.in_(stale)).values(pool=None, pool_slots=None))
-    if not wants:
+    if not asks:
         return list(rows), {}
     ids = [r[0] for r in rows]
+    wanted: dict[str, tuple[int | None, str | None, bool]] = {}  # name: declared, rate, slots?
+    for _, seat in asks:
+        if seat.pool is not None:
+            old = wanted.get(seat.pool, (None, None, True))
+            wanted[seat.pool] = (old[0] or seat.declared, old[1] or seat.pool_rate, True)
+        if seat.rate is not None:
+            wanted[seat.key] = (None, seat.rate, False)
+    limits: dict[str, _Limit] = {}
+    for name in sorted(wanted):  # one lock order for every daemon: no deadlock
+        declared, rate, slotted = wanted[name]
+        size, rate_text, starts = lock(conn, name, declared, at, rate)
+        free = size - in_use(conn, name, at, ids) if slotted else None
+        parsed = parse_rate(rate_text) if rate_text else None
+        window = parsed[1] if parsed else 0.0
+        kept = [t for t in starts or [] if t > at - window]
+        limits[name] = _Limit(free, parsed, kept, rate_text or "")
     seats: dict[int, Seat] = {}
-    waiting: set[int] = set()
-    for name in sorted(wants):  # one lock order for every daemon: no deadlock
-        asks = wants[name]
-        declared = next((s.declared for _, s in asks if s.declared is not None), None)
-        free = lock(conn, name, declared, at) - in_use(conn, name, at, ids)
-        late: list[int] = []
-        for r, seat in sorted(asks, key=lambda a: a[0][14] or 0.0):
-            if seat.slots <= free:
-                free -= seat.slots
-                seats[r[0]] = seat
+    full: dict[str, list[int]] = {}
+    delayed: list[dict] = []
+    refused: dict[str, int] = {}
+    for r, seat in sorted(asks, key=lambda a: a[0][14] or 0.0):
+        pool = limits.get(seat.pool) if seat.pool is not None else None
+        rated = [limits[k] for k in (seat.pool, seat.key if seat.rate else None) if k in limits]
+        if pool is not None and pool.free is not None and seat.slots > pool.free:
+            full.setdefault(seat.pool, []).append(r[0])
+            continue
+        over = next(
+            (k for k in (seat.pool, seat.key) if k in limits and not limits[k].room()), None
+        )
+        if over is not None:
+            lim = limits[over]
+            k = refused[over] = refused.get(over, -1) + 1
+            what = f"pool {over}" if over == seat.pool else f"state {seat.key}"
+            delayed.append(
+                {"i": r[0], "due": lim.next_start(k), "why": f"rate {lim.text} ({what})"}
+            )
+            continue
+        if pool is not None and pool.free is not None:
+            pool.free -= seat.slots
+        for lim in rated:
+            if lim.rate is not None:
+                lim.starts.append(at)
+                lim.used = True
+        seats[r[0]] = replace(seat, pool_rated=pool is not None and pool.rate is not None)
+    held: dict[tuple[str, int], list[int]] = {}
+    plain: list[int] = []
+    for r, seat in asks:
+        if r[0] in seats:
+            if seat.pool is not None:
+                held.setdefault((seat.pool, seat.slots), []).append(r[0])
             else:
-                late.append(r[0])
-        held: dict[int, list[int]] = {}
-        for r, seat in asks:
-            if r[0] in seats:
-                held.setdefault(seat.slots, []).append(r[0])
-        for n, held_ids in held.items():
-            st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
-        if late:
-            waiting.update(late)
-            st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
-        elif free > 0:  # room left over: waiters the last release did not wake
-            wake(conn, name, free, at)
-    return [r for r in rows if r[0] not in waiting], seats
+                plain.append(r[0])
+    for (name, n), held_ids in held.items():
+        st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
+    if plain:  # a rate's mark, if any, is over
+        st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
+    for name, late in full.items():
+        st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
+    if delayed:
+        st.delay.executemany(conn, delayed)
+    for name, lim in limits.items():
+        if lim.used:
+            st.save_starts.executemany(conn, [{"name": name, "starts": st.json(lim.starts)}])
+        if lim.free is not None and lim.free > 0 and name not in full:
+            wake(conn, name, lim.free, at)  # room left over: waiters not woken yet
+    gone = {d["i"] for d in delayed} | {x for late in full.values() for x in late}
+    return [r for r in rows if r[0] not in gone], seats
 
 
 def wake(conn: Connection, name: str, count: int, at: float) -> int:

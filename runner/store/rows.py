@@ -98,6 +98,7 @@ class Claim:
     chain: int = 0  # moves made since this instance was last claimed from the table
     pool: str | None = None  # the pool whose slots the attempt holds (``store.pools``)
     pool_slots: int = 0
+    pool_rated: bool = False  # its pool has a rate: never chained into the same pool
 
 
 @dataclass
@@ -154,6 +155,7 @@ def next_claim(o: Outcome, at: float) -> Claim:
         chain=prev.chain + 1,
         pool=prev.pool,  # chained only into a state holding the same slots
         pool_slots=prev.pool_slots,
+        pool_rated=prev.pool_rated,
     )
 
 

@@ -270,7 +270,9 @@ class PoolRow(SQLModel, table=True):
 
     ``declared`` is the number the flow files give (the last recorded), ``slots`` the
     operator's run-time number (``flowrun pool set``; ``NULL``: the declared one). A claim
-    of a pooled state locks this row (PostgreSQL) while it counts the slots in use.
+    of a pooled state locks this row (PostgreSQL) while it counts the slots in use. A
+    ``rate`` (``10/1m``) keeps its latest ``starts``; a state's own rate has a row named
+    ``<flow>.<state>`` with a rate and no slots.
     """
 
     __tablename__ = "pools"
@@ -280,6 +282,14 @@ class PoolRow(SQLModel, table=True):
     declared: int | None = Field(default=None)
     slots: int | None = Field(default=None, description="set by an operator; NULL: declared")
     updated_at: float = Field(default=0.0)
+    rate: str | None = Field(
+        default=None, max_length=40, description="at most COUNT starts per DURATION: 10/1m"
+    )
+    starts: list[float] | None = Field(
+        default=None,
+        sa_column=Column(JSONType, nullable=True),
+        description="the latest starts (epoch s) within the rate's window",
+    )
 
 
 instances = Instance.__table__

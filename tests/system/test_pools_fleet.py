@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -192,3 +193,62 @@ def _visible(fr: Flowrun, engine) -> None:
     ]
     text = fr("pool", "ls").stdout
     assert "warehouse" in text and "1*" in text
+
+
+RATED = """\
+initial: call
+states:
+  call: {call: "MODULE:run", rate: 5/2s, next: done}
+  done: {terminal: true}
+"""
+
+
+class StartsWatcher(threading.Thread):
+    """Collects, until stopped, every claim time a rate records (``pools.starts`` of row
+    ``key`` keeps the latest 5; at most 5 come per 2 s, so a look every 20 ms sees each)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key = url, key
+        self.seen: dict[float, int] = {}  # claim time: starts at it (one claim, many)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        engine = make_engine(self.url)
+        try:
+            while not self.done.is_set():
+                rows = sql(engine, "SELECT starts FROM pools WHERE name = :k", k=self.key)
+                for (starts,) in rows:
+                    value = json.loads(starts) if isinstance(starts, str) else starts
+                    for at in set(value or []):
+                        self.seen[at] = max(self.seen.get(at, 0), value.count(at))
+                self.done.wait(0.02)
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("db", "daemons"), [("sqlite", 2), pytest.param("postgres", 4, marks=pytest.mark.postgres)]
+)
+def test_a_rate_is_never_exceeded_across_daemons(tmp_path: Path, db: str, daemons: int, request):
+    fr = Flowrun(tmp_path)
+    if db == "postgres":
+        fr.db = request.getfixturevalue("pg_url")
+    module = unique("rate_tasks")
+    path = write_flow(fr.flows, "rated", RATED.replace("MODULE", module), {module: TASKS})
+    _start(fr, load_flow(path), 30, tmp_path / "runs.log", 0.01)
+    watcher = StartsWatcher(fr.db, "rated.call")
+    watcher.start()
+    try:
+        with contextlib_all(fr, [f"r{k}" for k in range(daemons)]):
+            poll(lambda: _completed(fr) >= 30, 120, 0.2, "every instance completed")
+    finally:
+        watcher.done.set()
+        watcher.join(30)
+    # the claims' own times (the database's clock) are what the rate counts; the
+    # handlers start a little after their claim
+    starts = sorted(at for at, n in watcher.seen.items() for _ in range(n))
+    assert len(starts) == 30, "a claim time was missed (or a start made twice)"
+    gaps = [starts[k + 5] - starts[k] for k in range(len(starts) - 5)]
+    assert min(gaps) >= 2.0, f"6 starts within {min(gaps):.3f} s"
+    assert min(starts[k + 4] - starts[k] for k in range(len(starts) - 4)) < 2.0

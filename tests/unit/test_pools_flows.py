@@ -51,9 +51,9 @@ def test_two_files_declaring_one_pool_differently_is_an_error_at_both(tmp_path: 
     (tmp_path / "other.yaml").write_text(OTHER)
     assert messages(tmp_path) == [
         "loads.yaml:2:20: pool 'warehouse' is declared with 2 slots here and differently "
-        "in other.yaml (3): every file declaring a pool gives the same number",
+        "in other.yaml (3 slots): every file declaring a pool declares it alike",
         "other.yaml:4:14: pool 'warehouse' is declared with 3 slots here and differently "
-        "in loads.yaml (2): every file declaring a pool gives the same number",
+        "in loads.yaml (2 slots): every file declaring a pool declares it alike",
     ]
     (tmp_path / "other.yaml").write_text(OTHER.replace("warehouse: 3", "warehouse: 2"))
     assert messages(tmp_path) == []

@@ -119,3 +119,33 @@ def test_pool_listing_and_metrics(world) -> None:
         "flowrun_pool_in_use": 2,
         "flowrun_pool_waiting": 1,
     }
+
+
+RATED = """\
+initial: call
+pools: {api: {slots: 5, rate: 2/10s}}
+states:
+  call: {exec: [python, -c, "pass"], rate: 3/10s, next: done}
+  done: {terminal: true}
+"""
+POOL_RATED = RATED.replace("rate: 3/10s, next", "pool: api, next")
+
+
+@pytest.mark.parametrize(("body", "per"), [(RATED, 3), (POOL_RATED, 2)])
+def test_a_rate_counts_starts_in_the_window(world, tmp_path: Path, body: str, per: int) -> None:
+    engine, _ = world
+    flow = load(write_flow(tmp_path / "rated", "rated", body))
+    ids = [new_instance(engine, flow) for _ in range(6)]
+    got = _claim(engine, "w1", T0)
+    assert [c.id for c in got] == ids[:per]
+    # the others are not due until the window moves, marked with the rate
+    rows = sql(engine, "SELECT due_at, waiting_for FROM instances WHERE locked_by IS NULL")
+    what = "state rated.call" if per == 3 else "pool api"
+    limit = "3/10s" if per == 3 else "2/10s"
+    dues = sorted(round(d - T0, 3) for d, _ in rows)  # spread over the windows to come
+    assert dues == ([10.0] * 3 if per == 3 else [10.0, 10.0, 20.0, 20.0])
+    assert {w for _, w in rows} == {f"rate {limit} ({what})"}
+    assert _claim(engine, "w2", T0 + 9.9) == []
+    # once the window moved, as many again (the first ones still run: a rate counts
+    # starts, not attempts running)
+    assert len(_claim(engine, "w2", T0 + 10.01)) == per

@@ -1,7 +1,8 @@
 """Pools: the ``pools`` table and the instance columns of slots held and waited for.
 
-``pools`` (name, declared, slots, updated_at) holds each pool's size: the flow files'
-(``declared``) and the operator's (``slots``, ``flowrun pool set``). On ``instances``:
+``pools`` (name, declared, slots, updated_at, rate, starts) holds each pool's size: the
+flow files' (``declared``) and the operator's (``slots``, ``flowrun pool set``), and a
+rate's latest starts (a state's own rate: a row ``<flow>.<state>``). On ``instances``:
 ``pool``/``pool_slots`` (the pool and slots the running attempt holds), ``waiting_for``/
 ``wait_due`` (the pool an instance waits for, not due meanwhile, and the due time it had),
 with a partial index each (only the rows that hold or wait).
@@ -25,6 +26,13 @@ _HOLDS = sa.text("pool IS NOT NULL")
 _WAITS = sa.text("waiting_for IS NOT NULL")
 
 
+def _json() -> sa.types.TypeEngine:
+    """JSON, JSONB on PostgreSQL (as ``runner.store.tables.JSONType``)."""
+    from sqlalchemy.dialects.postgresql import JSONB
+
+    return sa.JSON().with_variant(JSONB(), "postgresql")
+
+
 def upgrade() -> None:
     """Add the ``pools`` table, the four instance columns and their partial indexes."""
     op.create_table(
@@ -33,6 +41,8 @@ def upgrade() -> None:
         sa.Column("declared", sa.Integer(), nullable=True),
         sa.Column("slots", sa.Integer(), nullable=True),
         sa.Column("updated_at", sa.Float(), nullable=False),
+        sa.Column("rate", sa.String(length=40), nullable=True),
+        sa.Column("starts", _json(), nullable=True),
         sa.PrimaryKeyConstraint("name"),
     )
     with op.batch_alter_table("instances") as batch:
