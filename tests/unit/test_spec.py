@@ -246,7 +246,8 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
         "timeout, keepalive, error_budget, backoff, max_restarts, env, secrets, env_inherit)",
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
-        "max_restarts, env, secrets, env_inherit, working_dir, limits, user, group, pool, slots, rate)",
+        "max_restarts, env, secrets, env_inherit, working_dir, limits, user, group, pool, "
+        "slots, rate)",
     ]
 
 
