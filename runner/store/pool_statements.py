@@ -148,8 +148,7 @@ _statements: weakref.WeakKeyDictionary[Engine, PoolStatements] = weakref.WeakKey
 
 def statements(conn: Connection) -> PoolStatements:
     """The :class:`PoolStatements` of ``conn``'s engine (compiled on first use)."""
-    engine = conn.engine
-    st = _statements.get(engine)
-    if st is None:
-        st = _statements[engine] = PoolStatements(engine)
-    return st
+    try:
+        return _statements[conn.engine]
+    except KeyError:
+        return _statements.setdefault(conn.engine, PoolStatements(conn.engine))
