@@ -107,7 +107,9 @@ WORKER_COLUMNS = (
     "pid_started",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
-JSON_COLUMNS = frozenset({"data", "state_errors", "checkpoint", "args", "payload", "cursor", "starts"})
+JSON_COLUMNS = frozenset(
+    {"data", "state_errors", "checkpoint", "args", "payload", "cursor", "starts"}
+)
 
 
 class Reader(Protocol):
