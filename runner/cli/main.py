@@ -418,6 +418,7 @@ def _add_novel_commands() -> None:
     from runner.cli import explain as cli_explain
     from runner.cli import logs as cli_logs
     from runner.cli import migrate as cli_migrate
+    from runner.cli import pools as cli_pools
     from runner.cli import prune as cli_prune
     from runner.cli import rules as cli_rules
     from runner.cli import serve as cli_serve
@@ -429,6 +430,7 @@ def _add_novel_commands() -> None:
         *cli_migrate.COMMANDS,
     )
     novel += (*cli_serve.COMMANDS, *cli_prune.COMMANDS, *cli_logs.COMMANDS)
+    novel += tuple(cli_pools.COMMANDS)
     for sub in (*novel, cli_rules.rules_group):
         main_group.add_command(sub)
     # `flowrun events` (the listing) stays the default of the `events` group

@@ -183,6 +183,8 @@ def instance_table(
         due = fmt.due_in(r["due_at"], now, r["status"], running=running)
         if due == "event" and r["id"] in waits:
             due = waiting(waits[r["id"]])
+        if r.get("waiting_for") and r["due_at"] is None:  # ``store.pools``: not due
+            due = f"pool {literal(r['waiting_for'])}"
         cells.append(
             {
                 "id": str(r["id"]),
@@ -420,3 +422,37 @@ def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> No
         for r in rows
     ]
     click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))
+
+
+POOL_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("pool", "name", 8, None),
+    ("slots", "slots", None, None),
+    ("in use", "in_use", None, None),
+    ("rate", "rate", None, 2),
+    ("waiting", "waiting", None, 1),
+    ("held by", "holders", 8, 0),
+)
+
+
+def _set_mark(pool: dict[str, Any]) -> str:
+    """``*`` after a pool's slots when an operator set them."""
+    return "" if pool["set"] is None else "*"
+
+
+def pools_table(rows: list[dict[str, Any]], *, width: int | None = None) -> None:
+    """Print pools (``runner.ops.pools.read_pools``): slots in force (``*`` after a
+    number an operator set), slots in use, instances waiting, the holders' instance ids;
+    names shown literally."""
+    width = terminal_width(width)
+    cells = [
+        {
+            "name": literal(r["name"]),
+            "slots": "-" if r["slots"] is None else f"{r['slots']}{_set_mark(r)}",
+            "rate": f"{r['rate']} ({r['recent_starts']} now)" if r["rate"] else "-",
+            "in_use": str(r["in_use"]),
+            "waiting": str(r["waiting"]),
+            "holders": ", ".join(str(i) for i in r["holders"]) or "-",
+        }
+        for r in rows
+    ]
+    click.echo("\n".join(plain_table(POOL_COLUMNS, cells, width, ("holders", "name"))))

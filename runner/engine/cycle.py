@@ -36,7 +36,7 @@ from runner.error_line import error_line
 from runner.errors import UserError
 from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, leases, versions
+from runner.store import commit, leases, pools, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.rows import Claim, Outcome
@@ -187,12 +187,26 @@ def decide_finished(
             and v["due_at"] <= at
             and run.claim.chain < MAX_CHAIN
             and len(chain) < free
+            # a chained attempt keeps its claim's pool slots: only into a state holding
+            # the same (``store.pools``: slots are taken by claims, given back at the end),
+            # and never into a start a rate counts (the claim counts them)
+            and not run.claim.pool_rated
+            and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
                 v["status"] = lifecycle.check("sleeping", "wake")
             chain.append(outcome)
             outcome.chain = True
     return request
+
+
+def _seat(flow, state: str) -> tuple[str | None, int]:
+    """The pool and slots an attempt in ``state`` of ``flow`` holds (``(None, 0)``: none;
+    ``("", -1)``, equal to no claim's, for a state with a rate of its own)."""
+    st = flow.states.get(state)
+    if st is not None and getattr(st, "rate", None) is not None:
+        return ("", -1)
+    return (None, 0) if st is None or st.pool is None else (st.pool, st.slots)
 
 
 def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
@@ -327,9 +341,12 @@ def _transaction(
             commit.cancel_attempt(conn, worker_id, claim, why)
         if request.release:
             commit.give_back(conn, worker_id, request.release)
+        ended = [o.claim for o in request.outcomes if not o.chain]
+        pools.release(conn, [*ended, *(c for c, _ in request.cancels), *request.release])
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
+            pools.sweep(conn, db_now(conn))
         claims = []
         if limit > 0:
             claims = leases.claim_batch(conn, worker_id, lease, limit)

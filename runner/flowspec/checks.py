@@ -54,6 +54,22 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     _check_process_keys(spec, err)
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
+    _check_pools(spec, err)
+
+
+def _check_pools(spec: FlowSpec, err: Report) -> None:
+    """``slots`` needs ``pool``, and asks no more slots than this file's pool has (a pool
+    declared in another file is checked against it by ``FlowRegistry``)."""
+    for name, st in spec.states.items():
+        if st.slots is not None and st.pool is None:
+            err("slots needs pool: the slots of which pool?", ("states", name, "slots"), key=True)
+        declared = spec.pools.get(st.pool) if st.pool else None
+        size = declared.slots if declared is not None else None
+        if size is not None and (st.slots or 1) > size:
+            err(
+                f"state '{name}' takes {st.slots} slots of pool '{st.pool}', which has {size}",
+                ("states", name, "slots"),
+            )
 
 
 #: State keys that set up an ``exec`` handler's own process: a ``call`` handler runs in
@@ -61,7 +77,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
 PROCESS_KEYS = ("env_inherit", "working_dir", "limits", "user", "group")
 
 #: State keys of any handler (a ``call`` handler gets them as ``ctx.env``/``ctx.secrets``).
-HANDLER_KEYS = ("env", "secrets")
+HANDLER_KEYS = ("env", "secrets", "pool", "slots", "rate")
 
 
 def _check_process_keys(spec: FlowSpec, err: Report) -> None:

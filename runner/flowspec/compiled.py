@@ -41,6 +41,9 @@ class CompiledState:
         policy: the effective policy (durations in seconds).
         description: free text from the flow file, or ``None``.
         setup: the handler's environment variables and secrets.
+        pool: the pool whose slots an attempt holds while it runs, or ``None``.
+        slots: how many of the pool's slots one attempt holds.
+        rate: the state's own rate (``"10/1m"``), or ``None``.
     """
 
     name: str
@@ -54,6 +57,9 @@ class CompiledState:
     policy: Policy
     description: str | None = None
     setup: HandlerSetup = NO_SETUP
+    pool: str | None = None
+    slots: int = 1
+    rate: str | None = None
 
     @property
     def exhausted_target(self) -> str | None:
@@ -107,6 +113,20 @@ class CompiledFlow:
     machine: Machine
     spec: FlowSpec | None = field(default=None, repr=False)
     label: str | None = None
+
+    @property
+    def pools(self) -> dict[str, int]:
+        """The pools this file declares: ``{name: slots}`` (empty when built by hand)."""
+        if self.spec is None:
+            return {}
+        return {name: p.slots for name, p in self.spec.pools.items()}
+
+    @property
+    def pool_rates(self) -> dict[str, str]:
+        """The rates of the pools this file declares with one: ``{name: "10/1m"}``."""
+        if self.spec is None:
+            return {}
+        return {name: p.rate for name, p in self.spec.pools.items() if p.rate}
 
     def _fire(self, event: str, state: str) -> str | None:
         ev = self.machine.events.get(event)

@@ -118,6 +118,9 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
             policy=state_policy(spec.defaults, st),
             description=st.description,
             setup=state_setup(spec.defaults, st),
+            pool=st.pool,
+            slots=st.slots or 1,
+            rate=st.rate,
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))

@@ -34,6 +34,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
     ("retention", spec.RetentionSpec, "retention"),
     ("state", spec.StateSpec, "states.S"),
+    ("pools", spec.PoolSpec, "pools.P"),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
     ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
     ("limits", spec_handler.LimitsSpec, "states.S.limits"),

@@ -18,6 +18,7 @@ from runner.errors import FlowError, FlowErrors, UserError
 from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import load_flow
 from runner.flowspec.loader import did_you_mean
+from runner.flowspec.pool_checks import pool_problems
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -174,6 +175,8 @@ class FlowRegistry:
                     ("flow",) if declared else (),
                 )
         names = {flow.name: flow for flow in candidate.values()}
+        for flow, message, loc in pool_problems(list(candidate.values())):
+            err(flow, message, loc)
         for flow in candidate.values():
             for i, rule in enumerate(flow.rules):
                 action = rule.action

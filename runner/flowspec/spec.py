@@ -34,6 +34,7 @@ from runner.flowspec.spec_types import (
     LabelTemplate,
     Name,
     OptDuration,
+    Rate,
     StateName,
     Strict,
     Window,
@@ -170,6 +171,32 @@ class StateSpec(Strict):
     group: str | int | None = Field(
         None, description="exec: the group (name or gid); default: the user's own group"
     )
+    pool: Name | None = Field(
+        None,
+        description="a pool (declared under 'pools' in a flow file) whose slots this state's "
+        "attempts hold while they run, across every daemon",
+    )
+    slots: int | None = Field(
+        None, ge=1, description="slots of the pool one attempt holds (default 1; needs pool)"
+    )
+    rate: Rate | None = Field(
+        None,
+        description="at most COUNT attempt starts of this state per DURATION across every "
+        "daemon: 10/1m",
+    )
+
+
+class PoolSpec(Strict):
+    """A pool declared with more than its slots."""
+
+    slots: int = Field(ge=1, description="slots in use at once at most, across every daemon")
+    rate: Rate | None = Field(
+        None, description="at most COUNT attempt starts in this pool per DURATION: 10/1m"
+    )
+
+
+def _pool(value: Any) -> Any:
+    return {"slots": value} if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class RetentionSpec(Strict):
@@ -224,6 +251,12 @@ class FlowSpec(Strict):
         default_factory=dict, description="sensor name -> sensor"
     )
     rules: list[RuleSpec] = Field(default_factory=list, description="what events do")
+    pools: dict[Name, Annotated[PoolSpec, BeforeValidator(_pool)]] = Field(
+        default_factory=dict,
+        description="pool name -> slots, or {slots, rate}: at most that many slots in use at "
+        "once across every daemon (a state takes one with 'pool'); every file declaring a "
+        "pool declares it alike; 'flowrun pool set' changes the slots at run time",
+    )
     retention: RetentionSpec | None = Field(
         None,
         description="how long terminal instances are kept (a duration or 'forever' per "

@@ -68,6 +68,42 @@ Window = Annotated[
 ]
 """A retention window: seconds, or ``"forever"``."""
 
+
+def parse_rate(value: Any) -> tuple[int, float]:
+    """``"10/1m"`` → ``(10, 60.0)``: at most that many starts per that many seconds.
+
+    Raises:
+        ValueError: not ``COUNT/DURATION`` with a count of 1 or more and a duration above 0.
+    """
+    count, sep, per = str(value).partition("/")
+    try:
+        n = int(count.strip())
+        window = parse_duration(per.strip()) if sep else 0.0
+    except ValueError:
+        n, window = 0, 0.0
+    if n < 1 or window <= 0:
+        raise ValueError(f"a rate is COUNT/DURATION such as 10/1m or 20/10s, not {value!r}")
+    return n, window
+
+
+def _rate(value: Any) -> str:
+    parse_rate(value)
+    return str(value).strip()
+
+
+Rate = Annotated[
+    str,
+    BeforeValidator(_rate),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\s*\d+\s*/\s*\S+\s*$",
+            "description": "at most COUNT starts per DURATION: 10/1m, 20/10s",
+        }
+    ),
+]
+"""A rate, ``"COUNT/DURATION"`` (``parse_rate`` gives ``(count, seconds)``)."""
+
 StateName = Annotated[str, Field(pattern=IDENT_RE)]
 Name = Annotated[str, Field(pattern=NAME_RE)]
 

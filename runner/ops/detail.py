@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runner.ops.pools import pool_of
 from runner.ops.views import attempt_json, instance_json, iso, waits_for
 from runner.store.reader import (
     ATTEMPT_COLUMNS,
@@ -111,6 +112,8 @@ def read_instance(
         att = run(att_sql, params)
         cmds = run(cmd_sql, params)
     row = as_dicts(reader, INSTANCE_COLUMNS, found)[0]
+    if row["waiting_for"] and row["due_at"] is None:  # the pool it waits for, as it is now
+        row["pool_now"] = pool_of(reader, row["waiting_for"])
     history_rows = with_running(row, as_dicts(reader, ATTEMPT_COLUMNS, att))
     return InstanceRecord(row, history_rows[:history], as_dicts(reader, COMMAND_COLUMNS, cmds))
 

@@ -96,6 +96,19 @@ def forecast(inst: dict[str, Any], flow: Any, now: float, t: Track | None = None
     return out
 
 
+def pool_wait(name: str, pool: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+    """The forecast text of an instance waiting for a slot of pool ``name``, from the
+    pool as ``runner.ops.pools.read_pools`` gives it (``None``: unknown), and that dict."""
+    if pool is None:
+        return f"waiting for pool {name}: due again when a slot frees", None
+    holders = ", ".join(str(i) for i in pool["holders"]) or "none"
+    return (
+        f"waiting for pool {name}: {pool['in_use']}/{pool['slots']} in use by {holders}; "
+        f"due again when a slot frees ({pool['waiting']} waiting)",
+        pool,
+    )
+
+
 def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
     iid, status, due = inst["id"], inst["status"], inst["due_at"]
     why = t.wait_cause if t is not None and t.wait_cause else None
@@ -126,12 +139,16 @@ def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
     elif due is None and st is not None and st.kind == "external":
         events = ", ".join(f"`flowrun send {iid} {e}` (→ {s})" for e, s in st.on.items())
         text = f"waits in {inst['state']!r} for an event: {events or 'none accepted'}"
+    elif due is None and inst.get("waiting_for"):
+        text, data["pool"] = pool_wait(inst["waiting_for"], inst.get("pool_now"))
     elif due is None:
         text = "not scheduled"
     elif due <= now:
         text = f"due now (since {secs(now - due)}): the next free worker claims it"
         if why:
             text += f"; it waited for: {why}"
+    elif (inst.get("waiting_for") or "").startswith("rate "):
+        text = f"{inst['waiting_for']} reached, next start {clock(due)} (in {secs(due - now)})"
     else:
         word = "sleeping" if status == "sleeping" else "due"
         text = f"{word} until {clock(due)} (in {secs(due - now)})"

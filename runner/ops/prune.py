@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 
 from runner.retention import DEFAULT, EVENT_WINDOW, KINDS, Retention, Rules, cut_attempt
 from runner.store import prune as sql
+from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -117,13 +118,15 @@ class _Run:
 
 #: Rows per write transaction by default: on SQLite (one writer at a time: a worker's
 #: claim waits for the whole transaction, then for SQLite's busy-wait steps of 1, 2, 5,
-#: 10, 15... ms) a short one; on PostgreSQL (row locks) the issue's bound.
-BATCH = {"sqlite": 100, "postgresql": 500}
+#: 10, 15... ms) a short one; with row locks (PostgreSQL) the longer one.
+BATCH_SERIAL, BATCH = 100, 500
 
 
 def default_batch(engine: Engine) -> int:
-    """:data:`BATCH` for ``engine``'s database (500 for any other)."""
-    return BATCH.get(engine.dialect.name, 500)
+    """Rows per write transaction on ``engine``'s database: :data:`BATCH_SERIAL` where
+    one write transaction holds the whole database (``Dialect.serial_writes``), else
+    :data:`BATCH`."""
+    return BATCH_SERIAL if dialect_of(engine).serial_writes else BATCH
 
 
 def rules_for(

@@ -29,6 +29,7 @@ INSTANCE_KEYS = (
     "locked_until",
     "created_at",
     "updated_at",
+    "waiting_for",
 )
 _TIME_KEYS = ("due_at", "locked_until", "created_at", "updated_at", "state_changed")
 #: The columns :func:`instance_json` reads.

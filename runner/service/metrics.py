@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, event, func, select
 
+from runner.ops.pools import read_pools
 from runner.retention import KINDS
 from runner.store.db import reading
 from runner.store.space import database_bytes
@@ -75,6 +76,20 @@ def parse_address(text: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} out of range")
     return host, number
+
+
+def _pool_families(pools: list[dict[str, Any]]) -> Iterator[Any]:
+    """``flowrun_pool_slots``, ``flowrun_pool_in_use`` and ``flowrun_pool_waiting`` of
+    ``pools`` (``runner.ops.pools.read_pools``), labelled by pool."""
+    for key, name, doc in (
+        ("slots", "flowrun_pool_slots", "Slots of the pool in force (every daemon)."),
+        ("in_use", "flowrun_pool_in_use", "Slots held by attempts running under a lease."),
+        ("waiting", "flowrun_pool_waiting", "Instances waiting for a slot of the pool."),
+    ):
+        fam = GaugeMetricFamily(name, doc, labels=["pool"])
+        for p in pools:
+            fam.add_metric([p["name"]], p[key])
+        yield fam
 
 
 class AttemptTally:
@@ -172,6 +187,7 @@ class DaemonCollector(Collector):
         self._latency = [0.0] * (len(LATENCY_BUCKETS) + 2)
         self._latency_after = 0  # last attempts.id observed
         self._bytes = 0
+        self._pools: list[dict[str, Any]] = []  # ``runner.ops.pools.read_pools``
         self.pruner: Pruner | None = None  # the daemon's, if any
         # a pool event, not an engine one: engine events would put a dispatch check on
         # every statement of the worker's hot path
@@ -211,6 +227,7 @@ class DaemonCollector(Collector):
                         .limit(10_000)
                     ).all()
                 self._bytes = database_bytes(self.engine)
+                self._pools = read_pools(self.engine)
             except Exception as exc:  # noqa: BLE001 - a scrape during an outage shows old figures
                 log.debug("metrics: database read failed: %s", exc)
                 return
@@ -265,6 +282,7 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "flowrun_database_bytes", "Size of the database (SQLite: without its WAL).", self._bytes
         )
+        yield from _pool_families(self._pools)
         if self.pruner is not None:
             fam = CounterMetricFamily(
                 "flowrun_pruned_rows", "Rows deleted by this daemon's pruner.", labels=["kind"]

@@ -31,6 +31,7 @@ from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.sensors.events import claim_leases, release_leases
 from runner.store import space
 from runner.store.db import short_error
+from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:
     from runner.flowspec.registry import FlowRegistry
@@ -89,7 +90,7 @@ class Pruner:
         self.lease, self.default, self.events = lease, default, events
         self.every, self.first_after = every, first_after
         self.pacing = pacing or Pacing()
-        if log_store_max is None and engine.dialect.name == "sqlite":
+        if log_store_max is None and dialect_of(engine).in_process:  # SQLite: one file
             log_store_max = LOG_STORE_MAX
         self.log_store_max = log_store_max or None
         self.pruned: Counter[str] = Counter()

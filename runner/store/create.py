@@ -14,6 +14,7 @@ from sqlalchemy import Connection, insert
 from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.notify import notify_due
+from runner.store.pools import declare
 from runner.store.tables import flow_versions, instances
 from runner.templating import render_label
 
@@ -31,6 +32,7 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
         conn: a connection inside the caller's transaction.
         flow: a ``CompiledFlow`` (needs ``version``, ``name``, ``path``, ``source``).
     """
+    at = db_now(conn)
     insert_ignore(
         conn,
         flow_versions,
@@ -39,9 +41,11 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
             "flow": flow.name,
             "path": str(flow.path),
             "source": flow.source,
-            "loaded_at": db_now(conn),
+            "loaded_at": at,
         },
     )
+    if getattr(flow, "pools", None):  # the sizes of the pools it declares
+        declare(conn, flow, at)
 
 
 def initial_row(

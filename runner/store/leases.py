@@ -32,6 +32,7 @@ from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
+from runner.store.pools import Seat, seat_of, settle
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
 
@@ -93,10 +94,15 @@ def claim_batch(
     instance row records the running attempt (``running_attempt``, ``locked_by``,
     ``state_attempted``) until its row is written at the end. An instance whose attempt a
     dead worker left running is not claimed until :func:`recover_lost` has recorded it.
+    The pool limits are kept here, in the claim's transaction (``runner.store.pools``):
+    a claim of a pooled state that does not fit is undone and its instance waits.
     """
     hot = hot_for(conn)
     at = hot.clock.now() if at is None else at
     rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
+    seats: dict[int, Seat] = {}
+    if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
+        rows, seats = settle(conn, rows, at)  # the pool limits, in this transaction
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
     if sleeping:  # due after its backoff: it runs now (lifecycle's "wake")
@@ -116,6 +122,9 @@ def claim_batch(
             state_restarts=r[10],
             event_id=r[11],
             started_at=at,
+            pool=seats[r[0]].pool if r[0] in seats else None,
+            pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
+            pool_rated=r[0] in seats and seats[r[0]].pool_rated,
         )
         for r in rows
     ]
@@ -284,7 +293,11 @@ def busy_count(conn: Connection, at: float | None = None) -> int:
                 i.running_attempt.is_not(None),
                 or_(i.locked_until > at, i.status.in_(CLAIMABLE)),
             ),
-            and_(instances.c.status.in_(CLAIMABLE), instances.c.due_at.is_not(None)),
+            and_(
+                instances.c.status.in_(CLAIMABLE),
+                # waiting for a pool's slot (``store.pools``) is work left too
+                or_(instances.c.due_at.is_not(None), instances.c.waiting_for.is_not(None)),
+            ),
         )
     )
     return conn.execute(q).scalar_one()

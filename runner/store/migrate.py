@@ -113,6 +113,7 @@ def _index_columns(conn: Connection, table: str, name: str) -> int:
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
     ("0010", lambda c: _index_columns(c, "instances", "ix_instances_flow_status") == 3),
     ("0008", lambda c: inspect(c).has_table("attempt_logs")),
+    ("0007", lambda c: _has_column(c, "instances", "waiting_for")),
     ("0006", lambda c: _has_column(c, "instances", "history_from")),
     ("0005", lambda c: _has_column(c, "workers", "pid_started")),
     ("0004", lambda c: _has_column(c, "workers", "heartbeat_every")),

@@ -64,6 +64,10 @@ INSTANCE_COLUMNS = (
     "event_id",
     "label",
     "history_from",
+    "pool",
+    "pool_slots",
+    "waiting_for",
+    "wait_due",
 )
 ATTEMPT_COLUMNS = (
     "id",
@@ -103,7 +107,9 @@ WORKER_COLUMNS = (
     "pid_started",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
-JSON_COLUMNS = frozenset({"data", "state_errors", "checkpoint", "args", "payload", "cursor"})
+JSON_COLUMNS = frozenset(
+    {"data", "state_errors", "checkpoint", "args", "payload", "cursor", "starts"}
+)
 
 
 class Reader(Protocol):

@@ -58,6 +58,8 @@ CLAIM_COLS = (
     instances.c.state_restarts,
     instances.c.event_id,
     instances.c.status,
+    instances.c.pool,  # the seat last held (``runner.store.pools.settle``)
+    instances.c.due_at,
 )
 
 
@@ -96,6 +98,9 @@ class Claim:
     event_id: int | None
     started_at: float = 0.0
     chain: int = 0  # moves made since this instance was last claimed from the table
+    pool: str | None = None  # the pool whose slots the attempt holds (``store.pools``)
+    pool_slots: int = 0
+    pool_rated: bool = False  # its pool has a rate: never chained into the same pool
 
 
 @dataclass
@@ -150,6 +155,9 @@ def next_claim(o: Outcome, at: float) -> Claim:
         event_id=prev.event_id,
         started_at=at,
         chain=prev.chain + 1,
+        pool=prev.pool,  # chained only into a state holding the same slots
+        pool_slots=prev.pool_slots,
+        pool_rated=prev.pool_rated,
     )
 
 

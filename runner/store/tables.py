@@ -86,6 +86,15 @@ class Instance(SQLModel, table=True):
         # partial on PostgreSQL too, where naming ``postgresql_where`` here would load
         # SQLAlchemy's PostgreSQL dialect in every SQLite process
         Index("ix_instances_event", "event_id", sqlite_where=text("event_id IS NOT NULL")),
+        # partial (0007 makes them partial on PostgreSQL too): the attempts holding a
+        # pool's slots, and the instances waiting for one (``runner.store.pools``)
+        Index("ix_instances_pool", "pool", sqlite_where=text("pool IS NOT NULL")),
+        Index(
+            "ix_instances_waiting",
+            "waiting_for",
+            "wait_due",
+            sqlite_where=text("waiting_for IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -118,6 +127,14 @@ class Instance(SQLModel, table=True):
     history_from: float | None = Field(
         default=None, description="attempts that ended before this were pruned (live instance)"
     )
+    pool: str | None = Field(
+        default=None, max_length=200, description="the pool whose slots its attempt holds"
+    )
+    pool_slots: int | None = Field(default=None, description="how many of them")
+    waiting_for: str | None = Field(
+        default=None, max_length=200, description="the pool it waits for (not due meanwhile)"
+    )
+    wait_due: float | None = Field(default=None, description="its due time when it began to wait")
 
 
 class Attempt(SQLModel, table=True):
@@ -286,6 +303,33 @@ class FlowVersion(SQLModel, table=True):
     loaded_at: float
 
 
+class PoolRow(SQLModel, table=True):
+    """A pool of slots shared by every daemon (``runner.store.pools``).
+
+    ``declared`` is the number the flow files give (the last recorded), ``slots`` the
+    operator's run-time number (``flowrun pool set``; ``NULL``: the declared one). A claim
+    of a pooled state locks this row (PostgreSQL) while it counts the slots in use. A
+    ``rate`` (``10/1m``) keeps its latest ``starts``; a state's own rate has a row named
+    ``<flow>.<state>`` with a rate and no slots.
+    """
+
+    __tablename__ = "pools"
+    model_config = TABLE_CONFIG
+
+    name: str = Field(primary_key=True, max_length=200)
+    declared: int | None = Field(default=None)
+    slots: int | None = Field(default=None, description="set by an operator; NULL: declared")
+    updated_at: float = Field(default=0.0)
+    rate: str | None = Field(
+        default=None, max_length=40, description="at most COUNT starts per DURATION: 10/1m"
+    )
+    starts: list[float] | None = Field(
+        default=None,
+        sa_column=Column(JSONType, nullable=True),
+        description="the latest starts (epoch s) within the rate's window",
+    )
+
+
 def _table(model: type[SQLModel]) -> Table:
     """The SQLAlchemy ``Table`` SQLModel made of ``model`` (``table=True``)."""
     return model.__table__  # type: ignore[attr-defined]  # set by the declarative base
@@ -299,4 +343,5 @@ events = _table(Event)
 sensors = _table(SensorLease)
 workers = _table(WorkerRow)
 flow_versions = _table(FlowVersion)
+pools = _table(PoolRow)
 metadata = SQLModel.metadata

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, event, func, select
 
 from runner.ops.detail import read_instance
 from runner.ops.liveness import read_workers
+from runner.ops.pools import read_pools
 from runner.ops.queries import count_by_status, shown_action
 from runner.store.db import read_engine
 from runner.store.tables import (
@@ -278,6 +279,11 @@ class ConsoleData:
         verdict at the console's clock and ``holding`` (the attempts each runs now):
         ``runner.ops.liveness.read_workers``, the same as ``flowrun workers``."""
         return read_workers(self.reader, now=self.clock())
+
+    def pools(self) -> list[dict[str, Any]]:
+        """Pools with their slots, slots in use, holders, waiters and rates at the
+        console's clock: ``runner.ops.pools.read_pools``, the same as ``flowrun pool ls``."""
+        return read_pools(self.reader, now=self.clock())
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest ``limit`` sensor events (rows, newest first) with what the rules did."""

@@ -69,6 +69,7 @@ class Row:
     window: float | None = None
     label: str | None = None
     waits_for: tuple[str, ...] | None = None
+    waiting_for: str | None = None  # the pool (or rate) it waits for (``store.pools``)
 
 
 @dataclass

@@ -54,6 +54,7 @@ _ROW_COLS = (
     instances.c.due_at,
     instances.c.last_error,
     instances.c.label,
+    instances.c.waiting_for,
 )
 
 
@@ -189,6 +190,7 @@ def read_page(
                 window=pol[1] if pol else None,
                 label=r.label,
                 waits_for=waits(r.version, r.state) if waits is not None else None,
+                waiting_for=r.waiting_for,
             )
         )
     return Page(q, offset, rows, limit, time.perf_counter() - t0)

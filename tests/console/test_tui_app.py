@@ -425,3 +425,29 @@ async def test_an_instance_in_an_external_state_says_which_events_it_waits_for(d
         summary = app.screen.query_one("#summary", Static).render()
         assert "waits for an event: approve, reject" in str(summary)
         assert "due event" not in str(summary)
+
+
+async def test_pools_view_and_an_instance_waiting_for_a_slot(db):
+    engine, _ = db
+    from sqlalchemy import insert, update
+
+    from runner.store.tables import instances, pools
+
+    with engine.begin() as conn:  # instance 1 waits for a slot of the pool 3 holds
+        conn.execute(insert(pools).values(name="warehouse", declared=2, slots=1, updated_at=0))
+        conn.execute(
+            update(instances)
+            .where(instances.c.id == 1)
+            .values(status="runnable", due_at=None, waiting_for="warehouse", wait_due=1.0)
+        )
+    app = make_app(db)
+    async with app.run_test(size=(200, 36)) as pilot:
+        await settle(app, pilot)
+        line = "".join(s.text for s in app.screen.table.render_line(1))
+        assert " pool " in line and "waits for pool warehouse · exit status 1" in line
+        await pilot.press("2")
+        await settle(app, pilot)
+        table = app.screen.query_one("#pools", DataTable)
+        assert table.row_count == 1
+        row = [str(c) for c in table.get_row_at(0)]
+        assert row[:5] == ["warehouse", "1 (set)", "0", "1", "-"]

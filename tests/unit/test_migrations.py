@@ -57,9 +57,9 @@ def legacy_083da5a_metadata() -> MetaData:
     Today's tables, except that attempts had a plain ``(instance_id, id)`` index instead of
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
-    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), there
-    was no ``attempt_logs`` table (0008) and ``ix_instances_flow_status`` was on
-    ``(flow, status)`` only (0010).
+    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
+    ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008) and
+    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -68,9 +68,11 @@ def legacy_083da5a_metadata() -> MetaData:
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
-    inst.indexes = {
-        i for i in inst.indexes if i.name not in ("ix_instances_event", "ix_instances_flow_status")
-    }
+    for column in ("pool", "pool_slots", "waiting_for", "wait_due"):  # 0007
+        inst._columns.remove(inst.c[column])
+    md.remove(md.tables["pools"])
+    gone = ("ix_instances_event", "ix_instances_flow_status", "ix_instances_pool")
+    inst.indexes = {i for i in inst.indexes if i.name not in (*gone, "ix_instances_waiting")}
     Index("ix_instances_flow_status", inst.c.flow, inst.c.status)  # (flow, status, id): 0010
     for column in ("heartbeat_every", "boot_id", "pid_started"):
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])

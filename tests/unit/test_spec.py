@@ -247,7 +247,8 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
         "env_inherit)",
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
-        "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group)",
+        "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group, "
+        "pool, slots, rate)",
     ]
 
 
@@ -255,7 +256,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     out = errors(tmp_path, MINIMAL + "sensor: {}\n")
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
-        "description, label, initial, data, defaults, states, sensors, rules, retention)"
+        "description, label, initial, data, defaults, states, sensors, rules, pools, retention)"
     ]
 
 

@@ -101,21 +101,24 @@ WHAT_LIMIT = 200
 class WorkersScreen(TableView):
     """Workers: id, host, pid, heartbeat age, attempts running, liveness verdict."""
 
-    TITLE_TEXT = "workers"
+    TITLE_TEXT = "workers and pools"
     TABLES = (
         (
             "workers",
             "workers",
             ("id", "host", "pid", "heartbeat", "running", "holding", "up for", "state"),
         ),
+        ("pools", "pools", ("pool", "slots", "in use", "waiting", "rate", "held by")),
     )
 
-    def load(self) -> list[dict[str, Any]]:
-        return self.app.data.workers()
+    def load(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return self.app.data.workers(), self.app.data.pools()
 
-    def show(self, result: list[dict[str, Any]], now: float) -> None:
+    def show(self, result: tuple[list[dict[str, Any]], list[dict[str, Any]]], now: float) -> None:
+        workers, pools = result
+        self.fill("pools", [pool_cells(p) for p in pools])
         rows = []
-        for w in result:
+        for w in workers:
             age = now - w["heartbeat_at"]
             state = literal.cell(w["verdict"], VERDICT_STYLES.get(w["verdict"], ""))
             rows.append(
@@ -131,6 +134,22 @@ class WorkersScreen(TableView):
                 )
             )
         self.fill("workers", rows)
+
+
+def pool_cells(pool: dict[str, Any]) -> tuple[Any, ...]:
+    """One row of the pools table (``runner.ops.pools.read_pools``)."""
+    slots = "-" if pool["slots"] is None else str(pool["slots"])
+    if pool["set"] is not None:
+        slots += " (set)"
+    rate = f"{pool['rate']}: {pool['recent_starts']} now" if pool["rate"] else "-"
+    return (
+        literal.cell(pool["name"]),
+        slots,
+        str(pool["in_use"]),
+        str(pool["waiting"]),
+        rate,
+        literal.cell(", ".join(str(i) for i in pool["holders"]) or "-"),
+    )
 
 
 class EventsScreen(TableView):

@@ -68,6 +68,13 @@ NO_MATCH = "no instances match"
 CELL_LIMIT = 400
 
 
+def _pool_wait(row: Row) -> str | None:
+    """The pool an instance waits for a slot of (not due meanwhile), else ``None``."""
+    if row.waiting_for and row.due_at is None and row.status in ("runnable", "sleeping"):
+        return row.waiting_for
+    return None
+
+
 def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
     """The text of each column for one row at time ``now``; stored text made visible
     (``runner.tui.literal``). An instance in an external state with nothing due says,
@@ -77,6 +84,11 @@ def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
     error = literal.visible(error_line(row.last_error), CELL_LIMIT)
     if waits:
         error = f"waits for {literal.visible(waits, CELL_LIMIT)}" + (f" · {error}" if error else "")
+    pool = _pool_wait(row)
+    if pool:
+        error = f"waits for pool {literal.visible(pool, CELL_LIMIT)}" + (
+            f" · {error}" if error else ""
+        )
     return {
         "mark": "●" if marked else " ",
         "id": str(row.id),
@@ -88,7 +100,7 @@ def cells(row: Row, now: float, marked: bool) -> dict[str, str]:
         "attempts": str(row.attempts),
         "restarts": str(row.restarts),
         "budget": fmt.budget(used, row.max_errors),
-        "due": "on event" if waits else fmt.due_in(row.due_at, now, row.status),
+        "due": "on event" if waits else "pool" if pool else fmt.due_in(row.due_at, now, row.status),
         "error": error,
     }
 

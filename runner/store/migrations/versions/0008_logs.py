@@ -4,7 +4,7 @@ One row per chunk (``runner.store.tables.LogChunk``), keyed by instance, attempt
 ``seq`` (``ix_attempt_logs_attempt``); deleted with the instance (``runner.store.prune``).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-27 00:00:00
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0006"
+down_revision: str | None = "0007"
 branch_labels: str | None = None
 depends_on: str | None = None
 

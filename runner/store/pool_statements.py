@@ -1,0 +1,156 @@
+"""The statements of a pooled claim and release (``runner.store.pools``), compiled once
+per engine (``db.Prepared``: a claim cycle runs them each time)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    bindparam,
+    func,
+    literal_column,
+    null,
+    select,
+    update,
+)
+
+from runner.store.db import Prepared
+from runner.store.dialect import dialect_of
+from runner.store.rows import CLAIMABLE
+from runner.store.tables import JSONType, instances, pools
+
+i = instances.c
+
+
+class PoolStatements:
+    """The statements of a pooled claim and release, compiled once per engine
+    (``db.Prepared``: a claim cycle runs them each time)."""
+
+    def __init__(self, engine: Engine) -> None:
+        d = dialect_of(engine)
+        self.ids = d.ids_value
+        at = bindparam("at", type_=Float())
+        self.json = d.json_adapter()
+        self.load = d.json_loader()
+        ins = d.insert(pools).values(
+            name=bindparam("name"),
+            declared=bindparam("declared", type_=Integer()),
+            updated_at=at,
+            rate=bindparam("rate"),
+        )
+        #: lock the row (made if missing): size, rate, starts (params: name, declared,
+        #: at, rate)
+        self.lock = Prepared(
+            engine,
+            ins.on_conflict_do_update(
+                index_elements=[pools.c.name],
+                # a write, so PostgreSQL locks the row (the declared size kept as it is)
+                set_={
+                    "declared": func.coalesce(pools.c.declared, ins.excluded.declared),
+                    "rate": func.coalesce(ins.excluded.rate, pools.c.rate),
+                },
+            ).returning(
+                func.coalesce(pools.c.slots, pools.c.declared, 1), pools.c.rate, pools.c.starts
+            ),
+        )
+        #: a rate's latest starts (params: name, starts)
+        self.save_starts = Prepared(
+            engine,
+            update(pools)
+            .where(pools.c.name == bindparam("name"))
+            .values(starts=bindparam("starts", type_=JSONType)),
+        )
+        #: a claim refused by a rate: unclaimed, due when the window moves (params: i,
+        #: due, why)
+        self.delay = Prepared(
+            engine,
+            update(instances)
+            .where(i.id == bindparam("i"))
+            .values(
+                locked_by=null(),
+                locked_until=null(),
+                running_attempt=null(),
+                attempts=i.attempts - 1,
+                due_at=bindparam("due", type_=Float()),
+                waiting_for=bindparam("why"),
+                pool=null(),
+                pool_slots=null(),
+            ),
+        )
+        #: the claims ``ids`` wait for nothing (params: ids)
+        self.unmark = Prepared(
+            engine, update(instances).where(d.ids_in(i.id)).values(waiting_for=null())
+        )
+        held = (i.pool == bindparam("name"), i.running_attempt.is_not(None), i.locked_until >= at)
+        used = func.coalesce(func.sum(i.pool_slots), 0)
+        #: slots in use but by the instances ``ids`` (params: name, at, ids)
+        self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
+        #: the claims ``ids`` hold ``n`` slots of pool ``name`` (params: ids, name, n)
+        self.hold = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id))
+            .values(
+                pool=bindparam("name"),
+                pool_slots=bindparam("n", type_=Integer()),
+                waiting_for=null(),
+                wait_due=null(),
+            ),
+        )
+        #: the claims ``ids`` undone: they wait for pool ``name``, not due (params: ids, name)
+        self.wait = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id))
+            .values(
+                locked_by=null(),
+                locked_until=null(),
+                running_attempt=null(),
+                attempts=i.attempts - 1,
+                wait_due=i.due_at,
+                due_at=null(),
+                waiting_for=bindparam("name"),
+                pool=null(),
+                pool_slots=null(),
+            ),
+        )
+        statuses: list[ColumnElement[Any]] = [literal_column(f"'{s}'") for s in CLAIMABLE]
+        pick = (
+            select(i.id)
+            .where(i.waiting_for == bindparam("name"), i.due_at.is_(None), i.status.in_(statuses))
+            .order_by(i.wait_due)
+            .limit(bindparam("k", type_=Integer()))
+        )
+        if d.skip_locked:
+            pick = pick.with_for_update(skip_locked=True)
+        #: up to ``k`` waiters of pool ``name`` due again (params: name, k, at)
+        self.wake = Prepared(
+            engine,
+            update(instances)
+            .where(i.id.in_(pick.scalar_subquery()))
+            .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null()),
+        )
+        #: forget the seats of ``ids`` where no attempt runs any more (params: ids)
+        self.clear = Prepared(
+            engine,
+            update(instances)
+            .where(d.ids_in(i.id), i.running_attempt.is_(None))
+            .values(pool=null(), pool_slots=null()),
+        )
+
+
+_statements: weakref.WeakKeyDictionary[Engine, PoolStatements] = weakref.WeakKeyDictionary()
+
+
+def statements(conn: Connection) -> PoolStatements:
+    """The :class:`PoolStatements` of ``conn``'s engine (compiled on first use)."""
+    try:
+        return _statements[conn.engine]
+    except KeyError:
+        return _statements.setdefault(conn.engine, PoolStatements(conn.engine))

@@ -1,0 +1,336 @@
+"""Pools: named slot counts shared by every daemon, enforced inside the claim.
+
+A state with ``pool: NAME`` (``slots: N``, default 1) holds N of the pool's slots while
+its attempt runs, exactly as long as the attempt's lease: the holders of a pool are the
+instances whose row names the pool (``pool``, ``pool_slots``) with an attempt running
+(``running_attempt``) under a lease not expired (``locked_until``). A crashed holder's
+slots are free when its lease lapses.
+
+The limit is kept inside the claim's own transaction (:func:`settle`, called by
+``runner.store.leases.claim_batch`` after its ``UPDATE``): for each pool among the rows
+just claimed it locks the pool's row (an upsert: on PostgreSQL the row lock is held to
+the end of the transaction, so the claims of one pool are serialised across daemons, and
+each counts the holders in a snapshot taken after the previous one committed; on SQLite
+the claim's write transaction excludes every other writer already), counts the slots in
+use, keeps the claims that fit (highest priority, then earliest due) and turns the others
+into waiters in the same transaction: unclaimed (their attempt count given back),
+``due_at`` NULL (so no claim looks at them: no busy polling), ``waiting_for`` the pool,
+``wait_due`` the due time they had.
+
+A waiter becomes due again when slots free: :func:`release` (the commit of a pooled
+attempt, in the commit's transaction), :func:`set_slots` (an operator), and
+:func:`sweep` (with the worker's periodic look for lost attempts: a holder whose lease
+lapsed, an attempt a command ended) wake as many waiters as slots freed, oldest due
+first, telling the listening daemons (``notify_due``; on SQLite the commit itself rings
+the daemons' commit bell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Connection,
+    func,
+    or_,
+    select,
+    update,
+)
+
+from runner.errors import UserError
+from runner.flowspec.spec_types import parse_rate
+from runner.store import versions
+from runner.store.clock import db_now
+from runner.store.dialect import dialect_of
+from runner.store.notify import notify_due
+from runner.store.pool_statements import statements
+from runner.store.tables import instances, pools
+
+if TYPE_CHECKING:
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.store.rows import Claim
+
+i = instances.c
+
+
+@dataclass(frozen=True)
+class Seat:
+    """What a state asks of the limits: ``pool`` (its pool's name, or ``None``),
+    ``slots`` (held by one attempt), ``declared`` (the pool's size in the state's own
+    flow file, ``None`` when another file declares it), ``pool_rate`` (the pool's rate in
+    that file), ``rate`` (the state's own rate, ``"10/1m"``) and ``key`` (the row of the
+    state's rate: ``<flow>.<state>``)."""
+
+    pool: str | None
+    slots: int
+    declared: int | None
+    pool_rate: str | None = None
+    rate: str | None = None
+    key: str = ""
+    pool_rated: bool = False  # (a kept claim) its pool has a rate: no chained start in it
+
+
+def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
+    """What ``state`` of flow ``version`` asks of the limits, or ``None`` (no pool and no
+    rate, or a version that no longer compiles)."""
+    try:
+        flow = versions.compiled(conn, version)
+    except UserError:
+        return None
+    st = flow.states.get(state)
+    if st is None or (st.pool is None and st.rate is None):
+        return None
+    if st.pool is None:
+        return Seat(None, 0, None, None, st.rate, f"{flow.name}.{state}")
+    return Seat(
+        st.pool,
+        st.slots,
+        flow.pools.get(st.pool),
+        flow.pool_rates.get(st.pool),
+        st.rate,
+        f"{flow.name}.{state}",
+    )
+
+
+def declare(conn: Connection, flow: CompiledFlow, at: float) -> None:
+    """Record the pools ``flow`` declares (``{name: slots}``) as their declared size (the
+    last file recorded wins; ``flowrun check`` makes every file agree). In the caller's
+    transaction; nothing when the flow declares none."""
+    rates = flow.pool_rates
+    for name, size in flow.pools.items():
+        ins = dialect_of(conn).insert(pools)
+        ins = ins.values(name=name, declared=size, updated_at=at, rate=rates.get(name))
+        x = ins.excluded
+        conn.execute(
+            ins.on_conflict_do_update(
+                index_elements=[pools.c.name],
+                set_={"declared": x.declared, "rate": x.rate, "updated_at": at},
+                where=or_(
+                    pools.c.declared.is_distinct_from(x.declared),
+                    pools.c.rate.is_distinct_from(x.rate),
+                ),
+            )
+        )
+
+
+def lock(
+    conn: Connection, name: str, declared: int | None, at: float, rate: str | None = None
+) -> tuple[int, str | None, list[float]]:
+    """Lock row ``name`` of ``pools`` until the transaction ends (made if missing, with
+    ``declared`` slots and ``rate``; a ``rate`` given replaces the stored one) and return
+    ``(size, rate, starts)``: the operator's size, else the declared one, else 1; the rate
+    (``"10/1m"`` or ``None``); its latest starts (epoch s)."""
+    st = statements(conn)
+    rows = st.lock.fetch(conn, {"name": name, "declared": declared, "at": at, "rate": rate})
+    size, stored_rate, starts = rows[0]
+    return int(size), stored_rate, list(st.load(starts) or [])
+
+
+def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) -> int:
+    """Slots of pool ``name`` held at ``at`` (epoch s) by running attempts under a valid
+    lease, not counting the instances ``besides`` (ids)."""
+    st = statements(conn)
+    rows = st.in_use.fetch(conn, {"name": name, "at": at, "ids": st.ids(list(besides))})
+    return int(rows[0][0])
+
+
+@dataclass
+class _Limit:
+    """One locked row of ``pools`` while a claim is settled: slots ``free`` (``None``: no
+    slot limit), its rate as ``(count, seconds)`` and the ``starts`` within the window."""
+
+    free: int | None
+    rate: tuple[int, float] | None
+    starts: list[float]
+    text: str = ""
+    used: bool = False  # a start was added
+
+    def room(self) -> bool:
+        """Another start fits the rate (or there is none)."""
+        return self.rate is None or len(self.starts) < self.rate[0]
+
+    def next_start(self, k: int) -> float:
+        """When the ``k``-th (0-based) start refused now may start: the window moved."""
+        assert self.rate is not None
+        n, window = self.rate
+        ordered = sorted(self.starts)[-n:]
+        return ordered[k % len(ordered)] + window * (1 + k // len(ordered))
+
+
+def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
+    """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
+    transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, ...,
+    pool, due_at`` at indexes 0, 2, 3, 13, 14) at ``at`` (epoch s, the claim's time).
+
+    Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
+    each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
+    refused for its pool's slots is unclaimed in place and waits (see the module
+    docstring); one refused for a rate is unclaimed and due when the window lets it
+    start (``waiting_for`` says which rate). A row whose stored ``pool`` is stale (its
+    state holds none now) has it cleared.
+    """
+    asks: list[tuple[Any, Seat]] = []
+    stale: list[int] = []
+    for r in rows:
+        seat = seat_of(conn, r[2], r[3])
+        if seat is None or seat.pool is None:
+            if r[13] is not None:
+                stale.append(r[0])
+        if seat is not None:
+            asks.append((r, seat))
+    st = statements(conn)
+    if stale:  # not running now (``clear``'s condition): write the NULLs directly
+        conn.execute(update(instances).where(i.id.in_(stale)).values(pool=None, pool_slots=None))
+    if not asks:
+        return list(rows), {}
+    ids = [r[0] for r in rows]
+    wanted: dict[str, tuple[int | None, str | None, bool]] = {}  # name: declared, rate, slots?
+    for _, seat in asks:
+        if seat.pool is not None:
+            old = wanted.get(seat.pool, (None, None, True))
+            wanted[seat.pool] = (old[0] or seat.declared, old[1] or seat.pool_rate, True)
+        if seat.rate is not None:
+            wanted[seat.key] = (None, seat.rate, False)
+    limits: dict[str, _Limit] = {}
+    for name in sorted(wanted):  # one lock order for every daemon: no deadlock
+        declared, rate, slotted = wanted[name]
+        size, rate_text, starts = lock(conn, name, declared, at, rate)
+        free = size - in_use(conn, name, at, ids) if slotted else None
+        parsed = parse_rate(rate_text) if rate_text else None
+        window = parsed[1] if parsed else 0.0
+        kept = [t for t in starts or [] if t > at - window]
+        limits[name] = _Limit(free, parsed, kept, rate_text or "")
+    seats: dict[int, Seat] = {}
+    full: dict[str, list[int]] = {}
+    delayed: list[dict[str, Any]] = []
+    refused: dict[str, int] = {}
+    for r, seat in sorted(asks, key=lambda a: a[0][14] or 0.0):
+        pool = limits.get(seat.pool) if seat.pool is not None else None
+        rated = [limits[k] for k in (seat.pool, seat.key if seat.rate else None) if k in limits]
+        if pool is not None and pool.free is not None and seat.slots > pool.free:
+            assert seat.pool is not None  # pool is its limit
+            full.setdefault(seat.pool, []).append(r[0])
+            continue
+        over = next(
+            (k for k in (seat.pool, seat.key) if k in limits and not limits[k].room()), None
+        )
+        if over is not None:
+            lim = limits[over]
+            k = refused[over] = refused.get(over, -1) + 1
+            what = f"pool {over}" if over == seat.pool else f"state {seat.key}"
+            delayed.append(
+                {"i": r[0], "due": lim.next_start(k), "why": f"rate {lim.text} ({what})"}
+            )
+            continue
+        if pool is not None and pool.free is not None:
+            pool.free -= seat.slots
+        for lim in rated:
+            if lim.rate is not None:
+                lim.starts.append(at)
+                lim.used = True
+        seats[r[0]] = replace(seat, pool_rated=pool is not None and pool.rate is not None)
+    held: dict[tuple[str, int], list[int]] = {}
+    plain: list[int] = []
+    for r, seat in asks:
+        if r[0] in seats:
+            if seat.pool is not None:
+                held.setdefault((seat.pool, seat.slots), []).append(r[0])
+            else:
+                plain.append(r[0])
+    for (name, n), held_ids in held.items():
+        st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
+    if plain:  # a rate's mark, if any, is over
+        st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
+    for name, late in full.items():
+        st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
+    if delayed:
+        st.delay.executemany(conn, delayed)
+    for name, lim in limits.items():
+        if lim.used:
+            st.save_starts.executemany(conn, [{"name": name, "starts": st.json(lim.starts)}])
+        if lim.free is not None and lim.free > 0 and name not in full:
+            wake(conn, name, lim.free, at)  # room left over: waiters not woken yet
+    gone = {d["i"] for d in delayed} | {x for late in full.values() for x in late}
+    return [r for r in rows if r[0] not in gone], seats
+
+
+def wake(conn: Connection, name: str, count: int, at: float) -> int:
+    """Make up to ``count`` waiters of pool ``name`` due again (oldest due first), at the
+    due time they had (``at`` when unknown); returns how many. Waiters another transaction
+    has locked are skipped (PostgreSQL), so two releases wake two different waiters."""
+    if count <= 0:
+        return 0
+    woken = statements(conn).wake.executemany(conn, [{"name": name, "k": count, "at": at}])
+    if woken:
+        notify_due(conn)
+    return max(woken, 0)
+
+
+def release(conn: Connection, claims: Iterable[Claim], at: float | None = None) -> None:
+    """After the commit of finished attempts (``rows.Claim`` objects; only those holding
+    a pool's slots, ``claim.pool``, matter), in the same transaction: forget their seats
+    (where no attempt runs on the row any more) and wake as many waiters as slots freed
+    (due at ``at``, epoch s, when their old due time is unknown; default: now)."""
+    freed: dict[str, int] = {}
+    ids: list[int] = []
+    for c in claims:
+        if c.pool is not None:
+            freed[c.pool] = freed.get(c.pool, 0) + c.pool_slots
+            ids.append(c.id)
+    if not ids:
+        return
+    at = db_now(conn) if at is None else at
+    st = statements(conn)
+    st.clear.executemany(conn, [{"ids": st.ids(ids)}])
+    for name in sorted(freed):
+        wake(conn, name, freed[name], at)
+
+
+def size_of(conn: Connection, name: str) -> int | None:
+    """Pool ``name``'s size now (operator's, else declared, else 1); ``None``: no such
+    pool recorded."""
+    row = conn.execute(
+        select(func.coalesce(pools.c.slots, pools.c.declared, 1)).where(pools.c.name == name)
+    ).first()
+    return None if row is None else int(row[0])
+
+
+def sweep(conn: Connection, at: float) -> int:
+    """Wake the waiters of every pool that has slots free at ``at`` (a holder's lease
+    lapsed, a command ended its attempt, the pool grew) and forget the seats of rows with
+    no attempt running; returns how many waiters it woke. Cheap: two reads of partial
+    indexes (the holders, the waiters) when nothing waits."""
+    conn.execute(
+        update(instances)
+        .where(i.pool.is_not(None), i.running_attempt.is_(None))
+        .values(pool=None, pool_slots=None)
+    )
+    names = conn.execute(
+        select(i.waiting_for).where(i.waiting_for.is_not(None)).distinct()
+    ).scalars()
+    woken = 0
+    for name in sorted(names):
+        size = size_of(conn, name)
+        free = (1 if size is None else size) - in_use(conn, name, at)
+        woken += wake(conn, name, free, at)
+    return woken
+
+
+def set_slots(conn: Connection, name: str, slots: int | None, at: float) -> None:
+    """Set pool ``name``'s size at run time (``slots``; ``None``: back to the declared
+    size) and wake the waiters the new size lets run.
+
+    Raises:
+        UserError: no pool of that name is recorded (no flow declaring it has run), or
+            ``slots`` below 0.
+    """
+    if slots is not None and slots < 0:
+        raise UserError(f"slots must be 0 or more, not {slots}", 2)
+    res = conn.execute(update(pools).where(pools.c.name == name).values(slots=slots, updated_at=at))
+    if not res.rowcount:
+        known = ", ".join(sorted(conn.execute(select(pools.c.name)).scalars())) or "none"
+        raise UserError(f"unknown pool {name!r} (known: {known})", 2)
+    size = size_of(conn, name) or 0
+    wake(conn, name, size - in_use(conn, name, at), at)

@@ -1,0 +1,151 @@
+"""Pools in the store (``runner.store.pools``): the limit kept inside the claim, waiters
+not due until a slot frees, a lapsed lease freeing its slot, ``set_slots``; on a real
+SQLite file and on the real PostgreSQL server. Times are passed explicitly (no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from runner.errors import UserError
+from runner.flowspec.compiled import CompiledFlow
+from runner.store import leases, pools
+from runner.store.db import make_engine
+from tests.support.fault import engine_at, load, new_instance, sql, write_flow
+
+FLOW = """\
+initial: load
+pools: {warehouse: 2}
+states:
+  load: {exec: [python, -c, "pass"], pool: warehouse, next: done}
+  done: {terminal: true}
+"""
+
+LEASE = 30.0
+T0 = 2_000_000_000.0  # a fixed "now" far after the instances' creation
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def world(request, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow]]:
+    if request.param == "sqlite":
+        engine = engine_at(tmp_path)
+    else:
+        engine = make_engine(request.getfixturevalue("pg_url"))
+    try:
+        yield engine, load(write_flow(tmp_path / "flows", "wh", FLOW))
+    finally:
+        engine.dispose()
+
+
+def _claim(engine: Engine, worker: str, at: float, limit: int = 10):
+    with engine.begin() as conn:
+        return leases.claim_batch(conn, worker, LEASE, limit, at=at)
+
+
+def _waiting(engine: Engine) -> list[int]:
+    rows = sql(engine, "SELECT id FROM instances WHERE waiting_for = 'warehouse' ORDER BY id")
+    return [r[0] for r in rows]
+
+
+def test_claim_keeps_the_limit_and_the_rest_wait_not_due(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(5)]
+    got = _claim(engine, "w1", T0)
+    assert [c.id for c in got] == ids[:2]
+    assert {c.pool for c in got} == {"warehouse"} and {c.pool_slots for c in got} == {1}
+    assert _waiting(engine) == ids[2:]
+    # the waiters are not due: another worker claims nothing, and their attempt
+    # counts were given back
+    assert _claim(engine, "w2", T0 + 1) == []
+    assert sql(engine, "SELECT max(attempts) FROM instances WHERE waiting_for IS NOT NULL") == [
+        (0,)
+    ]
+    # one holder ends: its slot wakes exactly one waiter, the oldest
+    with engine.begin() as conn:
+        sql_done = "UPDATE instances SET running_attempt = NULL, locked_by = NULL WHERE id = :i"
+        conn.exec_driver_sql(sql_done.replace(":i", str(got[0].id)))
+        pools.release(conn, [got[0]], T0 + 2)
+    assert _waiting(engine) == ids[3:]
+    again = _claim(engine, "w2", T0 + 3)
+    assert [c.id for c in again] == [ids[2]]
+
+
+def test_a_lapsed_lease_frees_its_slot(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(3)]
+    assert len(_claim(engine, "w1", T0)) == 2
+    with engine.begin() as conn:  # before the leases lapse: full
+        assert pools.sweep(conn, T0 + LEASE - 1) == 0
+        assert pools.in_use(conn, "warehouse", T0 + LEASE - 1) == 2
+    with engine.begin() as conn:  # after: both slots free, the waiter woken
+        assert pools.in_use(conn, "warehouse", T0 + LEASE + 1) == 0
+        assert pools.sweep(conn, T0 + LEASE + 1) == 1
+    assert _waiting(engine) == []
+    assert ids[2] in [c.id for c in _claim(engine, "w2", T0 + LEASE + 2)]
+
+
+def test_set_slots_wakes_and_resets(world) -> None:
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(5)]
+    _claim(engine, "w1", T0)
+    with engine.begin() as conn:
+        pools.set_slots(conn, "warehouse", 4, T0 + 1)
+    assert _waiting(engine) == ids[4:]
+    assert len(_claim(engine, "w2", T0 + 2)) == 2
+    with engine.begin() as conn:
+        pools.set_slots(conn, "warehouse", None, T0 + 3)
+        assert pools.size_of(conn, "warehouse") == 2
+    with pytest.raises(UserError, match="unknown pool 'nope'"), engine.begin() as conn:
+        pools.set_slots(conn, "nope", 3, T0)
+
+
+def test_pool_listing_and_metrics(world) -> None:
+    from runner.ops.pools import read_pools
+    from runner.service.metrics import _pool_families
+
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(3)]
+    _claim(engine, "w1", T0)
+    (pool,) = read_pools(engine, now=T0 + 1)
+    assert (pool["name"], pool["slots"], pool["declared"], pool["set"]) == ("warehouse", 2, 2, None)
+    assert (pool["in_use"], pool["holders"], pool["waiting"]) == (2, ids[:2], 1)
+    assert pool["workers"] == ["w1"]
+    families = {f.name: f.samples[0].value for f in _pool_families([pool])}
+    assert families == {
+        "flowrun_pool_slots": 2,
+        "flowrun_pool_in_use": 2,
+        "flowrun_pool_waiting": 1,
+    }
+
+
+RATED = """\
+initial: call
+pools: {api: {slots: 5, rate: 2/10s}}
+states:
+  call: {exec: [python, -c, "pass"], rate: 3/10s, next: done}
+  done: {terminal: true}
+"""
+POOL_RATED = RATED.replace("rate: 3/10s, next", "pool: api, next")
+
+
+@pytest.mark.parametrize(("body", "per"), [(RATED, 3), (POOL_RATED, 2)])
+def test_a_rate_counts_starts_in_the_window(world, tmp_path: Path, body: str, per: int) -> None:
+    engine, _ = world
+    flow = load(write_flow(tmp_path / "rated", "rated", body))
+    ids = [new_instance(engine, flow) for _ in range(6)]
+    got = _claim(engine, "w1", T0)
+    assert [c.id for c in got] == ids[:per]
+    # the others are not due until the window moves, marked with the rate
+    rows = sql(engine, "SELECT due_at, waiting_for FROM instances WHERE locked_by IS NULL")
+    what = "state rated.call" if per == 3 else "pool api"
+    limit = "3/10s" if per == 3 else "2/10s"
+    dues = sorted(round(d - T0, 3) for d, _ in rows)  # spread over the windows to come
+    assert dues == ([10.0] * 3 if per == 3 else [10.0, 10.0, 20.0, 20.0])
+    assert {w for _, w in rows} == {f"rate {limit} ({what})"}
+    assert _claim(engine, "w2", T0 + 9.9) == []
+    # once the window moved, as many again (the first ones still run: a rate counts
+    # starts, not attempts running)
+    assert len(_claim(engine, "w2", T0 + 10.01)) == per
