@@ -24,11 +24,13 @@ from runner.sensors.clock import ClockSensor
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
+from runner.sensors.lifecycle import LifecycleSensor, declare_flows
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
 from runner.store.data_version import data_version
 from runner.store.db import short_error
+from runner.store.lifecycle_events import forget
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -38,6 +40,7 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
     "tail": TailSensor,
     "every": ClockSensor,
     "cron": ClockSensor,
+    "lifecycle": LifecycleSensor,
 }
 
 
@@ -198,6 +201,7 @@ class SensorHub:
     async def leases(self) -> None:
         """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
         desired = self.desired()
+        declare_flows(self.engine, self.registry)  # lifecycle events of the flows loaded
         held = await asyncio.to_thread(
             claim_leases, self.engine, desired, self.worker_id, self.lease
         )
@@ -210,6 +214,7 @@ class SensorHub:
         gone = [n for n in stale if n not in desired]
         if gone:
             await asyncio.to_thread(release_leases, self.engine, self.worker_id, gone)
+            await asyncio.to_thread(forget, self.engine, gone)
         for name in sorted(held - set(self._running)):
             flow, spec = desired[name]
             sensor = self.make_sensor(name, flow, spec)

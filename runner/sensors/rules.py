@@ -31,9 +31,10 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.ops import commands
 from runner.sensors.base import log
+from runner.sensors.lifecycle import enrich
 from runner.store import create
 from runner.store.db import reading
-from runner.store.tables import events
+from runner.store.tables import JSONType, events
 from runner.templating import render_event_refs, render_value
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ def rule_error(exc: BaseException) -> str:
 
 
 _SET_ACTION = update(events).where(events.c.id == bindparam("eid")).values(action=bindparam("text"))
+_SET_PAYLOAD = (
+    update(events)
+    .where(events.c.id == bindparam("eid"))
+    .values(payload=bindparam("payload", type_=JSONType))
+)
 
 
 def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
@@ -107,6 +113,7 @@ class RuleEngine:
         if not rows:
             return 0, 0
         at = time.time()
+        rows, enriched = self._enrich(rows, at)
         with self.engine.begin() as conn:
             claimed = set(
                 conn.execute(
@@ -126,8 +133,28 @@ class RuleEngine:
                 done.append({"eid": event_id, "text": "; ".join(texts)})
             if done:
                 conn.execute(_SET_ACTION, done)
+            kept = [e for e in enriched if e["eid"] in claimed]
+            if kept:
+                conn.execute(_SET_PAYLOAD, kept)
         self.actions.update(by_sensor)
         return len(rows), acted
+
+    def _enrich(self, rows: list, at: float) -> tuple[list, list[dict]]:
+        """``rows`` (id, sensor, payload) with each lifecycle event's ``label`` and
+        ``explain`` added (read now, outside the claim's transaction), and the payloads
+        to store (``[{"eid", "payload"}]``)."""
+        out, enriched = [], []
+        for event_id, sensor, payload in rows:
+            flow_name, _, sensor_name = sensor.partition(".")
+            flow = self.registry.flows.get(flow_name)
+            spec = (getattr(flow, "sensors", None) or {}).get(sensor_name)
+            if spec is not None and spec.kind == "lifecycle" and payload:
+                richer = enrich(self.engine, payload, at)
+                if richer is not payload:
+                    enriched.append({"eid": event_id, "payload": richer})
+                    payload = richer
+            out.append((event_id, sensor, payload))
+        return out, enriched
 
     def _apply_rules(
         self, conn: Connection, event_id: int, sensor: str, payload: dict[str, Any]

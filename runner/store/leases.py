@@ -29,6 +29,7 @@ from sqlalchemy import Connection, and_, func, or_, select, update
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
+from runner.store.lifecycle_events import emit_lost
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
 
@@ -218,6 +219,7 @@ def recover_lost(
             Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])
         )
     hot_for(conn).close_attempts.executemany(conn, rows)
+    emit_lost(conn, found, at)  # lifecycle events, in the same transaction
     return found
 
 
