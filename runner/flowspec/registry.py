@@ -18,6 +18,7 @@ from runner.errors import FlowError, FlowErrors, UserError
 from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import load_flow
 from runner.flowspec.loader import did_you_mean
+from runner.flowspec.spec_rules import DELIVERED
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -181,6 +182,8 @@ class FlowRegistry:
                     if rule.start not in names:
                         err(flow, self._unknown(rule.start, names), ("rules", i, "start"))
                     continue
+                if action in DELIVERED:
+                    continue  # reaches people, not instances
                 sel = getattr(rule, action)
                 if sel.flow is None or sel.flow == flow.name:
                     continue  # checked by the compiler

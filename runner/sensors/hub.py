@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
+from runner.sensors.deliver import Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
@@ -98,6 +99,8 @@ class SensorHub:
         self.ready = asyncio.Event()
         self.on_work: Callable[[], None] | None = None
         self.rules = RuleEngine(engine, registry)
+        #: sends the rules' exec and webhook actions (``runner.sensors.deliver``)
+        self.deliverer = Deliverer(engine, registry, worker_id)
         self._running: dict[str, _Running] = {}
         self._rules_kick = asyncio.Event()
         self.watch = FlowWatch(self)
@@ -140,11 +143,14 @@ class SensorHub:
         watch_task = asyncio.ensure_future(
             self._keep("watcher and flow reload", lambda: self.watch.run(stop), stop)
         )
+        deliver_task = asyncio.ensure_future(
+            self._keep("deliveries", lambda: self.deliverer.run(stop), stop)
+        )
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
         finally:
             await self._stop_sensors(list(self._running))
-            for task in (watch_task, rules_task):
+            for task in (watch_task, rules_task, deliver_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -262,6 +268,8 @@ class SensorHub:
             while not stop.is_set():
                 before = changes.read() if changes is not None else None
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                if acted:
+                    self.deliverer.kick()
                 if acted and self.on_work is not None:
                     self.on_work()
                 if seen >= self.rules.batch:

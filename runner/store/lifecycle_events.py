@@ -218,7 +218,7 @@ def outcome_events(worker_id: str, outcomes: Iterable[Any], at: float) -> list:
                 "flow": c.flow,
                 "version": c.version,
                 "attempts": c.attempt,
-                "last_error": v["last_error"] or o.attempt_values["error"],
+                "last_error": o.attempt_values["error"] or v["last_error"],  # the cause
             }
             rows.append(transition(f"{c.id}:a{c.attempt}", row, kind, worker_id, at))
     return rows

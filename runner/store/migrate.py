@@ -105,6 +105,7 @@ def _has_index(conn: Connection, table: str, name: str) -> bool:
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0009", lambda c: _has_column(c, "deliveries", "folded_before")),
     ("0006", lambda c: _has_column(c, "instances", "history_from")),
     ("0005", lambda c: _has_column(c, "workers", "pid_started")),
     ("0004", lambda c: _has_column(c, "workers", "heartbeat_every")),

@@ -57,11 +57,13 @@ def legacy_083da5a_metadata() -> MetaData:
     Today's tables, except that attempts had a plain ``(instance_id, id)`` index instead of
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
-    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006).
+    ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), and there
+    was no ``deliveries`` table (0009).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
-        table.to_metadata(md)
+        if table.name != "deliveries":
+            table.to_metadata(md)
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
@@ -157,7 +159,7 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
             ],
         )
     with old.connect() as conn:
-        assert migrate.legacy_revision(conn) == ("0006" if legacy == "today" else "0001")
+        assert migrate.legacy_revision(conn) == (migrate.head() if legacy == "today" else "0001")
     old.dispose()
 
     engine = make_engine(db_url)
