@@ -44,6 +44,8 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("rule", spec_rules.RuleSpec, "rules[i]"),
     ("selector", spec_rules.SelectorSpec, "rules[i].pause / resume / kill"),
     ("send", spec_rules.SendSpec, "rules[i].send"),
+    ("webhook", spec_rules.WebhookSpec, "rules[i].webhook"),
+    ("once_per", spec_rules.OncePerSpec, "rules[i].once_per"),
 )
 
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)

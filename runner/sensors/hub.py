@@ -25,13 +25,13 @@ from runner.sensors.deliver import Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
-from runner.sensors.lifecycle import LifecycleSensor, declare_flows
+from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
 from runner.store.data_version import data_version
 from runner.store.db import short_error
-from runner.store.lifecycle_events import forget
+from runner.store.lifecycle_events import declare_flows, forget
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow

@@ -4,7 +4,8 @@ Unlike the other sensors it watches nothing: the events are written by whoever w
 transition, in the same transaction (``runner.store.lifecycle_events``). What it does is
 publish its subscription (the flows and kinds it listens to) in its ``sensors`` row, so
 every process (another daemon, a CLI ``flowrun kill``) emits for it; the daemon also
-declares the subscriptions of its own flows at once (:func:`declare_flows`).
+declares the subscriptions of its own flows at once
+(``runner.store.lifecycle_events.declare_flows``).
 
 At handling time (``runner.sensors.rules``) an event gets the fields that are too costly
 for the transition's transaction: ``label`` and ``explain`` (:func:`enrich`).
@@ -18,34 +19,10 @@ from typing import Any
 from sqlalchemy import Engine
 
 from runner.sensors.base import Sensor
-from runner.store.lifecycle_events import Subscription, declare
+from runner.store.lifecycle_events import subscription
 
 #: Timeline entries of ``flowrun explain`` kept in an event's ``explain`` (the latest).
 EXPLAIN_ENTRIES = 4
-
-
-def subscription(name: str, spec: Any) -> Subscription:
-    """The subscription of ``lifecycle`` sensor ``name`` (``"<flow>.<sensor>"``) whose
-    ``SensorSpec`` is ``spec``."""
-    life = spec.lifecycle
-    flows = None if life.flows is None else frozenset(life.flows)
-    return Subscription(name, flows, frozenset(life.on))
-
-
-def flow_subscriptions(registry: Any) -> list[Subscription]:
-    """The subscriptions of every ``lifecycle`` sensor of ``registry``'s flows."""
-    return [
-        subscription(f"{flow.name}.{sname}", spec)
-        for flow in registry.flows.values()
-        for sname, spec in (flow.sensors or {}).items()
-        if spec.kind == "lifecycle"
-    ]
-
-
-def declare_flows(engine: Engine, registry: Any) -> None:
-    """Make this process emit lifecycle events for ``registry``'s ``lifecycle`` sensors
-    from now on (replacing what it declared before)."""
-    declare(engine, flow_subscriptions(registry))
 
 
 class LifecycleSensor(Sensor):

@@ -68,7 +68,7 @@ def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
         for warning in setup_warnings(flow):  # its attempts will be errors until fixed
             log.warning("%s", warning)
     remember_all(engine, registry)
-    from runner.sensors.lifecycle import declare_flows  # wiring: lifecycle events
+    from runner.store.lifecycle_events import declare_flows  # wiring: lifecycle events
 
     declare_flows(engine, registry)  # wiring: lifecycle events, before the hub starts
     return registry

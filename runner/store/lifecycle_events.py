@@ -18,7 +18,6 @@ by the daemon's sensor hub) and the ``sensors`` rows whose cursor holds ``"lifec
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,13 +67,16 @@ class _Known:
         return list(merged.values())
 
 
-_known: weakref.WeakKeyDictionary[Engine, _Known] = weakref.WeakKeyDictionary()
+#: By database URL, not ``Engine``: the worker commits through engines of its own (the
+#: no-wait engine of ``runner.store.db``) on the same database.
+_known: dict[str, _Known] = {}
 
 
 def _of(engine: Engine) -> _Known:
-    known = _known.get(engine)
+    key = engine.url.render_as_string(hide_password=True)
+    known = _known.get(key)
     if known is None:
-        known = _known[engine] = _Known()
+        known = _known[key] = _Known()
     return known
 
 
@@ -84,6 +86,28 @@ def declare(engine: Engine, subs: Iterable[Subscription]) -> None:
     known = _of(engine)
     known.local = {s.sensor: s for s in subs}
     known.read_at = float("-inf")
+
+
+def subscription(name: str, spec: Any) -> Subscription:
+    """The subscription of ``lifecycle`` sensor ``name`` (``"<flow>.<sensor>"``) whose
+    ``SensorSpec`` is ``spec``."""
+    life = spec.lifecycle
+    flows = None if life.flows is None else frozenset(life.flows)
+    return Subscription(name, flows, frozenset(life.on))
+
+
+def declare_flows(engine: Engine, registry: Any) -> None:
+    """Make this process emit lifecycle events for the ``lifecycle`` sensors of
+    ``registry``'s flows (a ``FlowRegistry``) from now on, replacing what it declared."""
+    declare(
+        engine,
+        [
+            subscription(f"{flow.name}.{sname}", spec)
+            for flow in registry.flows.values()
+            for sname, spec in (flow.sensors or {}).items()
+            if spec.kind == "lifecycle"
+        ],
+    )
 
 
 def forget(engine: Engine, names: Iterable[str]) -> None:

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fault import Flowrun, daemon_running, engine_at, poll, sql, write_flow
+from tests.support.fault import (
+    Flowrun,
+    daemon_running,
+    engine_at,
+    load,
+    new_instance,
+    poll,
+    sql,
+    write_flow,
+)
 from tests.support.receiver import Receiver, receiving
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,9 +43,10 @@ SECRET = "s3cret-token-never-stored"
 
 
 def _start(fr: Flowrun, flow: str, n: int) -> None:
+    """``n`` instances of ``flow``, created directly (a `flowrun start` costs ~1 s here)."""
+    engine, compiled = engine_at(fr.home), load(fr.flows / f"{flow}.yaml")
     for _ in range(n):
-        res = fr("start", flow)
-        assert res.returncode == 0, res.stderr
+        new_instance(engine, compiled, {})
 
 
 def _deliveries(engine) -> list[dict]:
@@ -120,8 +130,9 @@ def test_once_per_folds_and_exec_notifier(tmp_path: Path) -> None:
     with daemon_running(fr, "once"):
         _start(fr, "bad", n)
         poll(
-            lambda: sql(engine, "SELECT count(*) FROM events WHERE handled_at IS NOT NULL")[0][0]
-            == n,
+            lambda: (
+                sql(engine, "SELECT count(*) FROM events WHERE handled_at IS NOT NULL")[0][0] == n
+            ),
             what=f"{n} events handled",
         )
         poll(lambda: (fr.flows / "alerts.log").exists(), what="the notifier ran")
@@ -136,3 +147,15 @@ def test_once_per_folds_and_exec_notifier(tmp_path: Path) -> None:
     assert actions[0] == f"exec queued (delivery {only['id']})"
     assert actions[1:] == [f"exec folded into delivery {only['id']} (once_per)"] * (n - 1)
     assert os.environ.get("FLOWRUN_EVENT_ID") is None
+    # flowrun events: the lifecycle event, its delivery and the folded count
+    shown = json.loads(fr("events", "--json", "--limit", "200").stdout)
+    first = next(e for e in shown if e["id"] == only["event_id"])
+    assert (
+        first["what"]
+        == f"instance {doc['instance']} (bad, work) budget_spent: exit code 1: disk full"
+    )
+    [d] = first["deliveries"]
+    assert (d["status"], d["attempts"], d["suppressed"]) == ("delivered", 1, n - 1)
+    text = fr("events", "--limit", "200").stdout
+    assert f"delivery {only['id']} exec python notify.py bad: delivered at" in text
+    assert f"after 1 try (exit 0), {n - 1} suppressed (once_per)" in text

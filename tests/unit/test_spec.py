@@ -381,9 +381,10 @@ def test_rule_errors(tmp_path: Path) -> None:
             data: {p: "{event.path}"}
         """
     assert errors(tmp_path, text) == [
-        "7:5: rules.0: a rule needs exactly one of start, send, pause, resume, kill "
-        "(got: start, kill)",
-        "10:5: rules.1: a rule needs exactly one of start, send, pause, resume, kill (got: none)",
+        "7:5: rules.0: a rule needs exactly one of start, send, pause, resume, kill, exec, "
+        "webhook (got: start, kill)",
+        "10:5: rules.1: a rule needs exactly one of start, send, pause, resume, kill, exec, "
+        "webhook (got: none)",
         "12:19: rules.2.match.code: invalid regex '[5': unterminated character set at position 0",
         "13:36: rules.2.send.data.path: invalid regex '(x': missing ), unterminated subpattern "
         "at position 0",
