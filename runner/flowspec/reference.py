@@ -46,6 +46,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("send", spec_rules.SendSpec, "rules[i].send"),
     ("webhook", spec_rules.WebhookSpec, "rules[i].webhook"),
     ("once_per", spec_rules.OncePerSpec, "rules[i].once_per"),
+    ("on_failure", spec_rules.OnFailureSpec, "on_failure"),
 )
 
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)

@@ -23,7 +23,7 @@ from runner.flowspec.spec_handler import (
     SecretSpec,
     WorkingDirSpec,
 )
-from runner.flowspec.spec_rules import RuleSpec
+from runner.flowspec.spec_rules import OnFailureSpec, RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
     CALL_RE,
@@ -217,6 +217,11 @@ class FlowSpec(Strict):
         default_factory=dict, description="sensor name -> sensor"
     )
     rules: list[RuleSpec] = Field(default_factory=list, description="what events do")
+    on_failure: OnFailureSpec | None = Field(
+        None,
+        description="exec or webhook on each failed, budget_spent or restarts_spent "
+        "instance of this flow (a lifecycle sensor 'on_failure' and its rule)",
+    )
     retention: RetentionSpec | None = Field(
         None,
         description="how long terminal instances are kept (a duration or 'forever' per "

@@ -139,6 +139,41 @@ class RuleSpec(Strict):
         return next(a for a in ACTIONS if getattr(self, a) is not None)
 
 
+class OnFailureSpec(Strict):
+    """A flow's ``on_failure:``: sugar for a ``lifecycle`` sensor named ``on_failure`` on
+    this flow's ``failed``, ``budget_spent`` and ``restarts_spent`` transitions, and a
+    rule running exactly one of ``exec`` or ``webhook`` for each."""
+
+    exec: list[EventTemplate] | None = Field(
+        None, description="run this argv (no shell) with the event as JSON on stdin"
+    )
+    webhook: WebhookSpec | None = Field(None, description="send an HTTP request")
+    once_per: OncePerSpec | None = Field(None, description="one delivery per key per window")
+    retry_for: Duration = Field(3600.0, description="how long a failed delivery is retried")
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        if (self.exec is None) == (self.webhook is None):
+            raise ValueError("on_failure needs exactly one of exec, webhook")
+        return self
+
+    def rule(self) -> RuleSpec:
+        """The rule this sugar stands for (``when: on_failure``)."""
+        return RuleSpec(
+            when=ON_FAILURE,
+            exec=self.exec,
+            webhook=self.webhook,
+            once_per=self.once_per,
+            retry_for=self.retry_for,
+        )
+
+
+#: The sensor name ``on_failure:`` declares.
+ON_FAILURE = "on_failure"
+#: The lifecycle kinds ``on_failure:`` hears.
+ON_FAILURE_KINDS = ("failed", "budget_spent", "restarts_spent")
+
+
 def delivery_templates(rule: RuleSpec) -> list[tuple[tuple, str]]:
     """The ``(location under the rule, template)`` pairs of a rule's ``exec``,
     ``webhook`` and ``once_per`` (for the check of the event fields they name)."""

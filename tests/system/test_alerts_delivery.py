@@ -159,3 +159,18 @@ def test_once_per_folds_and_exec_notifier(tmp_path: Path) -> None:
     text = fr("events", "--limit", "200").stdout
     assert f"delivery {only['id']} exec python notify.py bad: delivered at" in text
     assert f"after 1 try (exit 0), {n - 1} suppressed (once_per)" in text
+
+
+def test_on_failure_sugar_posts_each_failure(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    with receiving() as rec:
+        flow = BAD.split("sensors:")[0] + f"on_failure: {{webhook: {{url: '{rec.url}/f'}}}}\n"
+        write_flow(fr.flows, "bad", flow)
+        with daemon_running(fr, "sugar"):
+            _start(fr, "bad", 2)
+            poll(lambda: len(rec.got()) == 2, what="2 failures posted")
+        got = [r.json() for r in rec.got()]
+    assert sorted(g["instance"] for g in got) == [1, 2]
+    assert {(g["sensor"], g["kind"], g["status"]) for g in got} == {
+        ("bad.on_failure", "budget_spent", "failed")
+    }
