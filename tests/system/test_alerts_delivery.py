@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,44 @@ def test_on_failure_sugar_posts_each_failure(tmp_path: Path) -> None:
     assert {(g["sensor"], g["kind"], g["status"]) for g in got} == {
         ("bad.on_failure", "budget_spent", "failed")
     }
+
+
+def test_delivery_of_a_killed_daemon_is_finished_by_another(tmp_path: Path) -> None:
+    fr = Flowrun(tmp_path)
+    release, arrived = threading.Event(), threading.Event()
+    rec = Receiver()
+
+    def answer(request) -> tuple[int, dict]:
+        arrived.set()
+        return (200, {}) if release.wait(120) else (500, {})
+
+    rec.answer = answer
+    with receiving(receiver=rec):
+        rule = f"  - when: trouble\n    webhook: {{url: '{rec.url}/x', timeout: 2m}}\n"
+        write_flow(fr.flows, "bad", BAD + rule)
+        engine = engine_at(tmp_path)
+        daemons = {w: fr.daemon(worker_id=w, log=w) for w in ("da", "db")}
+        try:
+            for d in daemons.values():
+                poll(lambda d=d: "sensors ready" in d.log(), 60, what="hub ready")
+            _start(fr, "bad", 1)
+            holder = poll(
+                lambda: arrived.is_set() and sql(engine, "SELECT locked_by FROM deliveries")[0][0],
+                what="a daemon sending (the receiver holds the request)",
+            )
+            daemons[holder].proc.kill()  # SIGKILL mid-delivery
+            daemons[holder].wait(30)
+            release.set()
+            poll(
+                lambda: sql(engine, "SELECT status FROM deliveries")[0][0] == "delivered",
+                90,
+                what="the other daemon delivered it",
+            )
+            [(by, attempts)] = sql(engine, "SELECT last_result, attempts FROM deliveries")
+        finally:
+            release.set()
+            for d in daemons.values():
+                d.stop()
+    assert by == "HTTP 200" and attempts == 1  # the killed daemon's try was never recorded
+    keys = {r.headers["Idempotency-Key"] for r in rec.got()}
+    assert len(keys) == 1 and len(rec.got()) >= 1  # at least once, one event id
