@@ -31,6 +31,7 @@ from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
 from runner.store.data_version import data_version
 from runner.store.db import short_error
+from runner.store.deliveries import untried
 from runner.store.lifecycle_events import declare_flows, forget
 
 if TYPE_CHECKING:
@@ -114,11 +115,12 @@ class SensorHub:
         self._rules_kick.set()
 
     def pending(self) -> bool:
-        """True while a sensor of this daemon holds unstored input (a file settling) or
-        any event is not handled yet (blocking: one ``COUNT`` query)."""
+        """True while a sensor of this daemon holds unstored input (a file settling), any
+        event is not handled yet, or a delivery was never tried (blocking: ``COUNT``
+        queries)."""
         if any(r.sensor.busy() for r in self._running.values()):
             return True
-        return pending_events(self.engine) > 0
+        return pending_events(self.engine) > 0 or untried(self.engine) > 0
 
     def running(self) -> list[str]:
         """Names of the sensors this daemon runs now."""

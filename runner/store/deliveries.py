@@ -202,6 +202,20 @@ def next_due(engine: Engine) -> float | None:
         ).scalar()
 
 
+def untried(engine: Engine) -> int:
+    """How many deliveries were queued and never tried yet (work a daemon about to exit
+    when idle still owes; one failing and waiting for its retry is not counted)."""
+    d = deliveries.c
+    with reading(engine) as conn:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(deliveries)
+                .where(d.status == "pending", d.attempts == 0)
+            ).scalar_one()
+        )
+
+
 def of_events(engine: Engine, event_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     """The deliveries of each event in ``event_ids`` (``{event id: [row dicts]}``), in
     the order they were queued (for ``flowrun events`` and the console)."""
