@@ -46,6 +46,11 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
 }
 
 
+#: Longest wait of the rules for events while a ``lifecycle`` sensor exists (seconds):
+#: a transition reaches its alert this soon (``bench/alerts.py``).
+LIFECYCLE_POLL = 0.02
+
+
 @dataclass
 class _Running:
     sensor: Sensor
@@ -257,6 +262,16 @@ class SensorHub:
 
     # -- rules -----------------------------------------------------------------------
 
+    def _poll(self, counted: bool) -> float:
+        """Seconds between the rules' looks for events stored elsewhere: :attr:`poll`, or
+        at most :data:`LIFECYCLE_POLL` while a flow has a ``lifecycle`` sensor and the
+        looks are ``counted`` (SQLite: a look costs one read of the change counter while
+        nobody commits; PostgreSQL's notifications wake the rules instead)."""
+        if not counted:
+            return self.poll
+        lifecycle = any(spec.kind == "lifecycle" for _, spec in self.desired().values())
+        return min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
+
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
         restarts it).
@@ -277,7 +292,11 @@ class SensorHub:
                 if seen >= self.rules.batch:
                     continue
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
+                    await first_of(
+                        self._rules_kick.wait(),
+                        stop.wait(),
+                        timeout=self._poll(changes is not None),
+                    )
                     if before is None or changes is None or changes.read() != before:
                         break
                 self._rules_kick.clear()
