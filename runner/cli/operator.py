@@ -207,7 +207,7 @@ def send(c: Ctx, instance_id: int, event: str):
 @click.option("--limit", type=int, default=50, show_default=True)
 @pass_ctx
 def events(c: Ctx, as_json: bool, limit: int):
-    """Recent sensor events and what the rules did with each.
+    """Recent sensor events, what the rules did, and each exec or webhook delivery.
 
     \f
     Raises:

@@ -28,6 +28,8 @@ from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.policy import state_policy
 from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec_rules import ON_FAILURE, ON_FAILURE_KINDS
+from runner.flowspec.spec_sensors import SensorSpec
 
 
 def _import(call: str, folder: str) -> tuple[Callable[..., Any] | None, str | None]:
@@ -135,12 +137,20 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
         initial=spec.initial,
         data=dict(spec.data),
         states=states,
-        sensors=dict(spec.sensors),
-        rules=list(spec.rules),
+        sensors={**spec.sensors, **on_failure_sensor(spec)},
+        rules=[*spec.rules, *([spec.on_failure.rule()] if spec.on_failure else [])],
         machine=_machine(spec),
         spec=spec,
         label=spec.label,
     )
+
+
+def on_failure_sensor(spec: FlowSpec) -> dict[str, SensorSpec]:
+    """The ``lifecycle`` sensor a flow's ``on_failure:`` declares (none without it)."""
+    if spec.on_failure is None:
+        return {}
+    lifecycle = {"flows": [spec.name], "on": list(ON_FAILURE_KINDS)}
+    return {ON_FAILURE: SensorSpec.model_validate({"lifecycle": lifecycle})}
 
 
 def load_flow(path: str | Path) -> CompiledFlow:

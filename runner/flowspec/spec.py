@@ -24,7 +24,7 @@ from runner.flowspec.spec_handler import (
     SecretSpec,
     WorkingDirSpec,
 )
-from runner.flowspec.spec_rules import RuleSpec
+from runner.flowspec.spec_rules import OnFailureSpec, RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
     CALL_RE,
@@ -256,6 +256,11 @@ class FlowSpec(Strict):
         description="pool name -> slots, or {slots, rate}: at most that many slots in use at "
         "once across every daemon (a state takes one with 'pool'); every file declaring a "
         "pool declares it alike; 'flowrun pool set' changes the slots at run time",
+    )
+    on_failure: OnFailureSpec | None = Field(
+        None,
+        description="exec or webhook on each failed, budget_spent or restarts_spent "
+        "instance of this flow (a lifecycle sensor 'on_failure' and its rule)",
     )
     retention: RetentionSpec | None = Field(
         None,

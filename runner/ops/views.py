@@ -111,10 +111,17 @@ def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
 def event_what(payload: Any) -> str:
     """What happened, in one text, from a stored event's ``payload``: a tail sensor's
     ``line``, a files sensor's file (``a.csv (12 bytes) in /srv/inbox``), a clock sensor's
-    ``tick`` at ``scheduled`` (and how many ticks it missed); any other payload as compact
+    ``tick`` at ``scheduled`` (and how many ticks it missed), a lifecycle event's instance,
+    flow, state, kind and error; any other payload as compact
     JSON. As stored: the caller shows it literally."""
     if not isinstance(payload, dict):
         return json.dumps(payload)
+    if isinstance(payload.get("kind"), str) and isinstance(payload.get("instance"), int):
+        error = f": {payload['error']}" if payload.get("error") else ""  # a lifecycle event
+        return (
+            f"instance {payload['instance']} ({payload.get('flow')}, {payload.get('state')}) "
+            f"{payload['kind']}{error}"
+        )
     if isinstance(payload.get("line"), str):
         return payload["line"]
     if isinstance(payload.get("path"), str):  # the file's name first: it survives a cut

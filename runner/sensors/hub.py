@@ -21,14 +21,18 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
+from runner.sensors.deliver import Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
+from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
 from runner.store.data_version import data_version
 from runner.store.db import short_error
+from runner.store.deliveries import untried
+from runner.store.lifecycle_events import declare_flows, forget
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -39,7 +43,13 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
     "tail": TailSensor,
     "every": ClockSensor,
     "cron": ClockSensor,
+    "lifecycle": LifecycleSensor,
 }
+
+
+#: Longest wait of the rules for events while a ``lifecycle`` sensor exists (seconds):
+#: a transition reaches its alert this soon (``bench/alerts.py``).
+LIFECYCLE_POLL = 0.02
 
 
 @dataclass
@@ -96,6 +106,8 @@ class SensorHub:
         self.ready = asyncio.Event()
         self.on_work: Callable[[], None] | None = None
         self.rules = RuleEngine(engine, registry)
+        #: sends the rules' exec and webhook actions (``runner.sensors.deliver``)
+        self.deliverer = Deliverer(engine, registry, worker_id)
         self._running: dict[str, _Running] = {}
         self._rules_kick = asyncio.Event()
         self.watch = FlowWatch(self)
@@ -109,11 +121,12 @@ class SensorHub:
         self._rules_kick.set()
 
     def pending(self) -> bool:
-        """True while a sensor of this daemon holds unstored input (a file settling) or
-        any event is not handled yet (blocking: one ``COUNT`` query)."""
+        """True while a sensor of this daemon holds unstored input (a file settling), any
+        event is not handled yet, or a delivery was never tried (blocking: ``COUNT``
+        queries)."""
         if any(r.sensor.busy() for r in self._running.values()):
             return True
-        return pending_events(self.engine) > 0
+        return pending_events(self.engine) > 0 or untried(self.engine) > 0
 
     def running(self) -> list[str]:
         """Names of the sensors this daemon runs now."""
@@ -138,11 +151,14 @@ class SensorHub:
         watch_task = asyncio.ensure_future(
             self._keep("watcher and flow reload", lambda: self.watch.run(stop), stop)
         )
+        deliver_task = asyncio.ensure_future(
+            self._keep("deliveries", lambda: self.deliverer.run(stop), stop)
+        )
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
         finally:
             await self._stop_sensors(list(self._running))
-            for task in (watch_task, rules_task):
+            for task in (watch_task, rules_task, deliver_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -199,6 +215,7 @@ class SensorHub:
     async def leases(self) -> None:
         """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
         desired = self.desired()
+        declare_flows(self.engine, self.registry)  # lifecycle events of the flows loaded
         held = await asyncio.to_thread(
             claim_leases, self.engine, desired, self.worker_id, self.lease
         )
@@ -211,6 +228,7 @@ class SensorHub:
         gone = [n for n in stale if n not in desired]
         if gone:
             await asyncio.to_thread(release_leases, self.engine, self.worker_id, gone)
+            await asyncio.to_thread(forget, self.engine, gone)
         for name in sorted(held - set(self._running)):
             flow, spec = desired[name]
             sensor = self.make_sensor(name, flow, spec)
@@ -245,6 +263,16 @@ class SensorHub:
 
     # -- rules -----------------------------------------------------------------------
 
+    def _poll(self, counted: bool) -> float:
+        """Seconds between the rules' looks for events stored elsewhere: :attr:`poll`, or
+        at most :data:`LIFECYCLE_POLL` while a flow has a ``lifecycle`` sensor and the
+        looks are ``counted`` (SQLite: a look costs one read of the change counter while
+        nobody commits; PostgreSQL's notifications wake the rules instead)."""
+        if not counted:
+            return self.poll
+        lifecycle = any(spec.kind == "lifecycle" for _, spec in self.desired().values())
+        return min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
+
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
         restarts it).
@@ -258,12 +286,18 @@ class SensorHub:
             while not stop.is_set():
                 before = changes.read() if changes is not None else None
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                if acted:
+                    self.deliverer.kick()
                 if acted and self.on_work is not None:
                     self.on_work()
                 if seen >= self.rules.batch:
                     continue
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
+                    await first_of(
+                        self._rules_kick.wait(),
+                        stop.wait(),
+                        timeout=self._poll(changes is not None),
+                    )
                     if before is None or changes is None or changes.read() != before:
                         break
                 self._rules_kick.clear()

@@ -32,6 +32,7 @@ from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
+from runner.store.lifecycle_events import emit_lost
 from runner.store.pools import Seat, seat_of, settle
 from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
 from runner.store.tables import instances
@@ -233,6 +234,7 @@ def recover_lost(
             Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])
         )
     hot_for(conn).close_attempts.executemany(conn, rows)
+    emit_lost(conn, found, at)  # lifecycle events, in the same transaction
     return found
 
 

@@ -241,6 +241,46 @@ class Event(SQLModel, table=True):
     action: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
+class Delivery(SQLModel, table=True):
+    """One notification a rule's ``exec`` or ``webhook`` owes for one event.
+
+    Written in the rule's transaction (with the event's ``handled_at``), then delivered by
+    any daemon (``runner.sensors.deliver``): claimed with a lease (``locked_by``,
+    ``locked_until``), so one that died mid-delivery is delivered again by another (at
+    least once). ``status``: ``pending`` (``due_at`` is the next try), ``delivered``
+    (``delivered_at``) or ``failed`` (``retry_for`` passed). ``target`` is what to do:
+    ``{"exec": argv}`` or ``{"webhook": {url, method, headers (templates; ``{env.X}`` read
+    when sent, never stored), body, timeout}}``. ``once_key``: the ``once_per`` key;
+    ``suppressed``: the events folded into this delivery (not delivered themselves);
+    ``folded_before``: how many its key folded since the key's previous delivery.
+    """
+
+    __tablename__ = "deliveries"
+    model_config = TABLE_CONFIG
+    __table_args__ = (
+        Index("ix_deliveries_due", "status", "due_at"),
+        Index("ix_deliveries_event", "event_id"),
+        Index("ix_deliveries_once", "rule", "once_key", "created_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: int
+    rule: str = Field(max_length=400, description="rule:<flow>#<n>")
+    target: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
+    status: str = Field(default="pending", max_length=16)
+    created_at: float
+    due_at: float | None = Field(default=None)
+    give_up_at: float
+    attempts: int = Field(default=0)
+    last_result: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    delivered_at: float | None = Field(default=None)
+    once_key: str | None = Field(default=None, max_length=1000)
+    suppressed: int = Field(default=0)
+    folded_before: int = Field(default=0)
+    locked_by: str | None = Field(default=None, max_length=200)
+    locked_until: float | None = Field(default=None)
+
+
 class SensorLease(SQLModel, table=True):
     """Durable cursor and lease of one sensor (``"<flow>.<sensor name>"``).
 
@@ -340,6 +380,7 @@ attempts = _table(Attempt)
 commands = _table(Command)
 attempt_logs = _table(LogChunk)
 events = _table(Event)
+deliveries = _table(Delivery)
 sensors = _table(SensorLease)
 workers = _table(WorkerRow)
 flow_versions = _table(FlowVersion)

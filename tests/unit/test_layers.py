@@ -542,7 +542,7 @@ def test_a_sqlite_daemon_starts_without_prometheus_or_sensors(tmp_path):
     assert "runner.engine.worker" in loaded  # the check sees the daemon's imports
     # the tables' pydantic validators are built on first use only (``TABLE_CONFIG``):
     # the store writes through their ``Table``s, so a daemon builds none
-    assert out["tables"] == 9  # with ``attempt_logs`` and ``pools``
+    assert out["tables"] == 10  # with ``attempt_logs``, ``pools`` and ``deliveries``
     assert out["built"] == []
     assert tops(loaded) & {"prometheus_client", "watchfiles", "croniter", "psycopg"} == set()
     assert not [m for m in loaded if layer(m) == "sensors"]

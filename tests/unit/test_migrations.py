@@ -58,12 +58,13 @@ def legacy_083da5a_metadata() -> MetaData:
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
     ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
-    ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008) and
-    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010).
+    ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008), no
+    ``deliveries`` table (0009) and ``ix_instances_flow_status`` on ``(flow, status)``
+    only (0010).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
-        if table.name != "attempt_logs":  # 0008
+        if table.name not in ("attempt_logs", "deliveries"):  # 0008, 0009
             table.to_metadata(md)
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
