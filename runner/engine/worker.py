@@ -16,8 +16,9 @@ Shutdown (:meth:`Worker.request_stop` once: graceful, twice: abort) is a
 
 Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one turn, in
 named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
-below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
-``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
+below it. The chores (leases, fences, the heartbeat, the idle exit's look) are a
+``chores.Chores``, on :class:`timers.LoopingTimer` objects (Takahē's
+``stator/runner.py``) like the idle looks and the recovery; the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
 a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
 ``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when
 ``pacing.plan`` decides (claim-ahead, batch waiting, the overlapped second cycle,
@@ -40,6 +41,7 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.engine import batching, cycle
 from runner.engine.ahead import WAIT_MAX, ClaimAhead
+from runner.engine.chores import Chores
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import CycleRunner
@@ -77,7 +79,6 @@ class Worker:
     ):
         self.engine = engine
         self.config = cfg = config or WorkerConfig()
-        self.idle_hint = idle_hint
         # a call waiting on the network longer than this is broken off (PostgreSQL)
         timeout = None if dialect_of(engine).in_process else CALL_TIMEOUT
         self._db = DatabaseThread(timeout=timeout)
@@ -120,12 +121,8 @@ class Worker:
         self._probe = LoopingTimer(fallback if self._notified else cfg.poll)  # idle look
         recover_every = fallback if self._notified else min(1.0, cfg.lease / 4)
         self._recover = LoopingTimer(recover_every)  # attempts of dead workers
-        self._fence = LoopingTimer(cfg.fence_poll)  # instances taken away (commands)
-        self._renew = LoopingTimer(cfg.lease / 3)  # the running attempts' leases
-        #: seconds between this worker's heartbeats (recorded in its ``workers`` row)
-        self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
-        self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
-        self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
+        # leases, fences, the heartbeat, the idle exit's look
+        self._chores = Chores(engine, cfg, self.attempts, self._db, idle_hint)
         # SQLite: idle looks skipped while nobody commits (set up in ``start``)
         self._looks = IdleLooks()
 
@@ -209,11 +206,11 @@ class Worker:
         if self._wake.take(now):
             self._want_claim = True
         if self.cycles.can_submit() and self._start_cycle(now):
-            if self._renew.due(now) and (self.running or self.attempts.waiting):
-                await self._chores(now)  # a busy loop must still renew its leases
+            if self._chores.renew_due(now):
+                await self._chores.run(now)  # a busy loop must still renew its leases
             return True
-        await self._chores(now)
-        if self.config.exit_when_idle and await self._idle_exit(now):
+        await self._chores.run(now)
+        if self.config.exit_when_idle and await self._chores.idle_exit(now, self.quiet()):
             return False
         await self._wake.wait(self._timeout())
         return True
@@ -244,7 +241,7 @@ class Worker:
                 heartbeat.register,
                 self.engine,
                 cfg.worker_id,
-                self.heartbeat,
+                self._chores.heartbeat,
                 give_up=lambda: self._stop.abort or self._stop.stopping,
             )
         except DBAPIError:
@@ -334,33 +331,6 @@ class Worker:
         self._probe.next_at = 0.0
         self._wake.set()
 
-    async def _chores(self, now: float) -> None:
-        """Check fences (and renew leases) of the running attempts and beat the
-        heartbeat, each when its timer is due at ``now`` (monotonic seconds)."""
-        held = self.running or self.attempts.waiting
-        if held and (self._fence.due(now) or self._renew.due(now)):
-            check = self.attempts.lease_check(renew=self._renew.check(now), lease=self.config.lease)
-            checked = await self._db.guard(check)
-            if checked is not None:
-                self.attempts.lease_checked(checked)
-            self._fence.restart(now)
-        if self._beat.check(now):
-            await self._db.guard(
-                heartbeat.beat, self.engine, self.config.worker_id, len(self.running)
-            )
-
-    async def _idle_exit(self, now: float) -> bool:
-        """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
-        pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if not self.quiet():
-            return False
-        if not self._idle_check.check(now):
-            return False
-        if await self._db.guard(self._nothing_left):
-            log.info("nothing runnable, due, running or pending: exiting")
-            return True
-        return False
-
     def _timeout(self) -> float:
         """How long the loop may wait (seconds) before its next step is due."""
         cfg = self.config
@@ -370,7 +340,7 @@ class Worker:
             timeout = 1.0  # their done-callbacks wake us
         elif not self._stop.stopping and len(self.running) < cfg.concurrency:
             next_at = min(
-                self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake.at
+                self._probe.next_at, self._recover.next_at, self._chores.beat.next_at, self._wake.at
             )
             timeout = max(0.0, next_at - time.monotonic())
         else:
@@ -424,10 +394,6 @@ class Worker:
             self._wake.plan(result.next_due, result.next_expiry)
         self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)
         self.attempts.start(result.chained + result.claims, result.lease_from)
-
-    def _nothing_left(self) -> bool:
-        hint = self.idle_hint
-        return (hint is None or not hint()) and cycle.nothing_pending(self.engine)
 
     # -- bookkeeping -------------------------------------------------------------------
 
