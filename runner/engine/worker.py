@@ -18,13 +18,14 @@ Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one tu
 named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
 below it. The chores (leases, fences, the heartbeat, the idle exit's look) are a
 ``chores.Chores``, on :class:`timers.LoopingTimer` objects (Takahē's
-``stator/runner.py``) like the idle looks and the recovery; the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
-a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
-``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when
-``pacing.plan`` decides (claim-ahead, batch waiting, the overlapped second cycle,
-chaining); the attempts in progress are a ``running.RunningAttempts``; blocking
-calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``;
-the loop sleeps until a ``wakeup.WakeUp``; it stops through a ``shutdown.Shutdown``.
+``stator/runner.py``) like the idle looks and the recovery; the database cycle is
+``cycle.run_cycle`` (a ``CycleRequest`` in, a ``CycleResult`` out, counted in
+``stats``, a ``cycle.WorkerStats``), run by a ``cycle_runner.CycleRunner`` (where it
+runs, and the attempts it commits) when ``pacing.plan`` decides (claim-ahead, batch
+waiting, the overlapped second cycle, chaining); the attempts in progress are a
+``running.RunningAttempts``; blocking calls go to a ``db_thread.DatabaseThread``; the
+options are a ``config.WorkerConfig``; the loop sleeps until a ``wakeup.WakeUp``; it
+stops through a ``shutdown.Shutdown``.
 :meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
