@@ -206,7 +206,8 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
 
     Like a lost attempt found by ``store.recover_lost``, it counts one restart (the
     state's too, unless the command moved the instance to another state, whose counters
-    start at zero).
+    start at zero), but the command's own outcome wins: no fault-model verdict is applied
+    (never ``failed`` for spent restarts; why: ``runner.flowspec.faults``, "Not here").
     """
     if row["running_attempt"] is None:
         return

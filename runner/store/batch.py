@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from runner.store.db import Prepared
+from runner.store.prepared import Prepared
 from runner.store.rows import Claim, Outcome, completing_open, next_claim
 from runner.store.tables import attempts, instances
 
@@ -226,7 +226,7 @@ def batch_rows(
 
 
 class Batch:
-    """The batch statements of one engine (compiled once, see ``db.Prepared``)."""
+    """The batch statements of one engine (compiled once, see ``prepared.Prepared``)."""
 
     def __init__(self, engine: Engine) -> None:
         #: the whole fenced commit of a batch (:func:`commit_statement`)

@@ -3,7 +3,7 @@
 ``Claim`` (an instance claimed with its attempt running) and ``Outcome`` (what a finished
 attempt writes) are shared by the claim side (``runner.store.leases``) and the commit side
 (``runner.store.commit``); ``hot_for(conn)`` gives the statements both run thousands of times a
-second, compiled once per engine (``db.Prepared``).
+second, compiled once per engine (``prepared.Prepared``).
 
 An attempt's row is written once, when the attempt ends (``Hot.close_attempts``). While it
 runs, the instance row says so: ``running_attempt`` (its number), ``locked_by`` (its
@@ -36,8 +36,9 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnClause
 
 from runner.store.clock import clock_of
-from runner.store.db import STATEMENT_TIMEOUT, Prepared
+from runner.store.db import STATEMENT_TIMEOUT
 from runner.store.dialect import dialect_of
+from runner.store.prepared import Prepared
 from runner.store.tables import JSONType, attempts, instances
 
 #: Statuses a claim may pick up (``sleeping`` ones wake once due).
@@ -179,7 +180,7 @@ INDEXED = ("status", "due_at")
 
 
 class Hot:
-    """The worker's hot statements, compiled once per engine (see ``db.Prepared``), and
+    """The worker's hot statements, compiled once per engine (see ``prepared.Prepared``), and
     the engine's ``Dialect`` (``dialect``), resolved once for the claim and commit path."""
 
     def __init__(self, engine: Engine):
