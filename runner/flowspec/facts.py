@@ -111,7 +111,7 @@ def facts_from_json(data: dict[str, Any]) -> FlowFacts:
     Raises:
         KeyError, TypeError, ValueError: the dict is not of this ``FORMAT``.
     """
-    if data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError("facts of another format")
     states = {}
     for s in data["states"]:
