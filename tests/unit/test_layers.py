@@ -516,7 +516,7 @@ def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
         assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors")]
 
 
-def test_show_and_explain_load_no_compiler_once_the_flow_facts_are_cached(tmp_path):
+def test_show_explain_and_ls_load_no_compiler_once_the_flow_facts_are_cached(tmp_path):
     from runner.flowspec.compiler import load_flow
     from runner.store.create import create_instances
     from runner.store.db import make_engine
@@ -536,6 +536,8 @@ def test_show_and_explain_load_no_compiler_once_the_flow_facts_are_cached(tmp_pa
         ["show", "--json", "1"],
         ["explain", "1"],
         ["explain", "--json", "1"],
+        ["ls", "--limit", "50"],
+        ["ls", "--json"],
     ):
         loaded = tops(run_cli(["--db", url, *args], tmp_path, XDG_CACHE_HOME=str(cache)))
         assert loaded & heavy == set(), args
