@@ -76,13 +76,15 @@ def _machine(spec: FlowSpec) -> Machine:
     return machine
 
 
-def compile_source(source: str, path: str | Path) -> CompiledFlow:
+def compile_source(source: str, path: str | Path, *, imports: bool = True) -> CompiledFlow:
     """Parse, validate, check and compile one flow file's text.
 
     Args:
         source: the YAML text.
         path: the file path (messages, default flow name, folder for ``call`` imports;
             that folder is put on ``sys.path``).
+        imports: ``False``: import no ``call`` module (each ``func`` is ``None``), for a
+            reader that only shows the flow (``runner.flowspec.facts``).
 
     Raises:
         FlowErrors: every problem found, each with ``file:line:col``, sorted by position.
@@ -104,7 +106,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
     states: dict[str, CompiledState] = {}
     for name, st in spec.states.items():
         func = None
-        if st.call is not None and not st.terminal:
+        if imports and st.call is not None and not st.terminal:
             func, problem = _import(st.call, folder)
             if problem:
                 err(problem, ("states", name, "call"))

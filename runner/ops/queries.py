@@ -203,7 +203,7 @@ def waiting_events(db: EngineOrReader, rows: list[dict[str, Any]]) -> dict[int, 
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     from runner.errors import UserError
-    from runner.ops.detail import stored_flow
+    from runner.ops.detail import stored_facts
 
     flows: dict[str, Any] = {}
     out: dict[int, tuple[str, ...]] = {}
@@ -213,7 +213,7 @@ def waiting_events(db: EngineOrReader, rows: list[dict[str, Any]]) -> dict[int, 
         version = r["version"]
         if version not in flows:
             try:
-                flows[version] = stored_flow(db, version)
+                flows[version] = stored_facts(db, version)
             except UserError:
                 flows[version] = None
         events = waits_for(r, flows[version])

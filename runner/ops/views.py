@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.facts import FlowFacts
 
 INSTANCE_KEYS = (
     "id",
@@ -93,7 +94,7 @@ def attempt_json(row: Any) -> dict[str, Any]:
     }
 
 
-def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
+def waits_for(row: Any, flow: CompiledFlow | FlowFacts | None) -> tuple[str, ...] | None:
     """The ``on:`` events (in the flow's order) an instance ``row`` (with ``state``,
     ``status``, ``due_at``, ``running_attempt``) waits for, when it is runnable in an
     external state of ``flow`` (its version) with nothing due: ``("release",
