@@ -29,7 +29,7 @@ from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
-from runner.store.data_version import data_version
+from runner.store.data_version import CommitBell, commit_bell, data_version
 from runner.store.db import short_error
 from runner.store.deliveries import untried
 from runner.store.lifecycle_events import declare_flows, forget
@@ -47,8 +47,10 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
 }
 
 
-#: Longest wait of the rules for events while a ``lifecycle`` sensor exists (seconds):
-#: a transition reaches its alert this soon (``bench/alerts.py``).
+#: While a ``lifecycle`` sensor exists on SQLite (seconds): the shortest time between two
+#: looks of the rules woken by a commit (the commit bell), and their longest wait where
+#: there is no bell (no inotify). A transition reaches its alert about this soon
+#: (``bench/alerts.py``); an idle daemon, which commits nothing, is not woken at all.
 LIFECYCLE_POLL = 0.02
 
 
@@ -263,15 +265,9 @@ class SensorHub:
 
     # -- rules -----------------------------------------------------------------------
 
-    def _poll(self, counted: bool) -> float:
-        """Seconds between the rules' looks for events stored elsewhere: :attr:`poll`, or
-        at most :data:`LIFECYCLE_POLL` while a flow has a ``lifecycle`` sensor and the
-        looks are ``counted`` (SQLite: a look costs one read of the change counter while
-        nobody commits; PostgreSQL's notifications wake the rules instead)."""
-        if not counted:
-            return self.poll
-        lifecycle = any(spec.kind == "lifecycle" for _, spec in self.desired().values())
-        return min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
+    def _lifecycle(self) -> bool:
+        """Whether a loaded flow has a ``lifecycle`` sensor."""
+        return any(spec.kind == "lifecycle" for _, spec in self.desired().values())
 
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
@@ -282,9 +278,19 @@ class SensorHub:
         ``poll`` is skipped while nobody committed anything since the last look
         (``runner.store.data_version``): it would find what that one found."""
         changes = data_version(self.engine)
+        # SQLite with a lifecycle sensor: transitions are events stored by any commit, of
+        # this daemon's worker too; the commit bell wakes the rules for them (an idle
+        # database rings nothing). PostgreSQL's notifications wake the rules instead.
+        bell = commit_bell(self.engine) if changes is not None else None
+        rung = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if bell is not None:
+            loop.add_reader(bell.fd, _ring, bell, rung)
         try:
             while not stop.is_set():
                 before = changes.read() if changes is not None else None
+                rung.clear()  # a commit from here on rings for the next look
+                looked = loop.time()
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
                 if acted:
                     self.deliverer.kick()
@@ -293,14 +299,28 @@ class SensorHub:
                 if seen >= self.rules.batch:
                     continue
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    await first_of(
-                        self._rules_kick.wait(),
-                        stop.wait(),
-                        timeout=self._poll(changes is not None),
-                    )
+                    lifecycle = changes is not None and self._lifecycle()
+                    if lifecycle and bell is not None:
+                        await first_of(
+                            self._rules_kick.wait(), stop.wait(), rung.wait(), timeout=self.poll
+                        )
+                        if rung.is_set():  # at most one look a LIFECYCLE_POLL
+                            await asyncio.sleep(max(0.0, looked + LIFECYCLE_POLL - loop.time()))
+                    else:
+                        wait = min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
+                        await first_of(self._rules_kick.wait(), stop.wait(), timeout=wait)
                     if before is None or changes is None or changes.read() != before:
                         break
                 self._rules_kick.clear()
         finally:
+            if bell is not None:
+                loop.remove_reader(bell.fd)
+                bell.close()
             if changes is not None:
                 changes.close()
+
+
+def _ring(bell: CommitBell, rung: asyncio.Event) -> None:
+    """The commit bell rang (a commit, anyone's): forget it and wake the rules."""
+    bell.drain()
+    rung.set()
