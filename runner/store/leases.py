@@ -90,8 +90,8 @@ def claim_batch(
         limit: the most instances to claim.
         at: the current time (epoch seconds); defaults to now on the database's clock.
 
-    Returns the claims to run, oldest due first. No attempt row is written here: the
-    instance row records the running attempt (``running_attempt``, ``locked_by``,
+    Returns the claims to run, highest priority first, then oldest due. No attempt row is
+    written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
     ``state_attempted``) until its row is written at the end. An instance whose attempt a
     dead worker left running is not claimed until :func:`recover_lost` has recorded it.
     The pool limits are kept here, in the claim's transaction (``runner.store.pools``):
@@ -125,9 +125,17 @@ def claim_batch(
             pool=seats[r[0]].pool if r[0] in seats else None,
             pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
             pool_rated=r[0] in seats and seats[r[0]].pool_rated,
+            priority=r[15],
+            pinned=r[16] is not None,
         )
-        for r in rows
+        for r in sorted(rows, key=_claim_order)
     ]
+
+
+def _claim_order(r: Any) -> tuple[int, float]:
+    """A claimed row's place: highest priority first, then earliest due (``RETURNING``
+    keeps no order)."""
+    return (-r[15], r[14] or 0.0)
 
 
 @dataclass
