@@ -6,9 +6,10 @@ plan on 100,000 rows. Times are passed explicitly (no sleeps)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, event, insert
 
 from runner.engine.outcomes import decide
 from runner.errors import FlowErrors
@@ -183,8 +184,29 @@ def test_the_claim_reads_the_index_in_order_on_100k_rows(tmp_path: Path) -> None
         got = _claim(engine, T0 + 500, limit=64)
         assert len(got) == 64 and {c.priority for c in got} == {9}
         assert [c.started_at for c in got] == [T0 + 500] * 64
+        with engine.connect() as conn:  # an idle worker's look for the next due time
+            assert leases.next_times(conn, T0 + 500)[0] == pytest.approx(T0 + 1000.001)
+            statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
+            plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params).all()
+        steps = [r[-1] for r in plan if "instances" in r[-1]]
+        assert len(steps) == 18 and all(range_.replace("<", ">") in d for d in steps), steps
     finally:
         engine.dispose()
+
+
+def _first_statement(conn, run) -> tuple[str, Any]:
+    """The SQL and parameters of the first statement ``run()`` sends on ``conn``."""
+    seen: list[tuple[str, Any]] = []
+
+    def grab(_conn, _cursor, statement, parameters, *_rest) -> None:
+        seen.append((statement, parameters))
+
+    event.listen(conn, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        event.remove(conn, "before_cursor_execute", grab)
+    return seen[0]
 
 
 @pytest.mark.postgres
@@ -206,5 +228,11 @@ def test_the_claim_plans_one_ordered_index_scan_per_priority_on_postgresql(
         assert "Seq Scan on instances" not in plan and "Bitmap" not in plan, plan
         got = _claim(engine, T0 + 500, limit=64)
         assert len(got) == 64 and {c.priority for c in got} == {9}
+        with engine.begin() as conn:  # an idle worker's look for the next due time
+            leases.by_index(conn)
+            statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
+            plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + statement, params).scalars())
+        assert plan.count("Index Scan using ix_instances_claim") == 18, plan
+        assert "Seq Scan on instances" not in plan, plan
     finally:
         engine.dispose()
