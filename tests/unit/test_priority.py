@@ -21,7 +21,7 @@ from runner.store.create import create_instance, initial_row
 from runner.store.db import make_engine
 from runner.store.rows import hot_for
 from runner.store.tables import instances
-from tests.support.fault import either_world, engine_at, load, sql, write_flow
+from tests.support.fault import either_world, engine_at, flow_world, load, sql, write_flow
 
 FLOW = """\
 initial: a
@@ -237,5 +237,31 @@ def test_the_claim_plans_an_ordered_index_scan_per_priority_on_postgresql(
             plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + statement, params).scalars())
         assert plan.count("Index Scan using ix_instances_claim") == 18, plan
         assert "Seq Scan on instances" not in plan, plan
+    finally:
+        engine.dispose()
+
+
+SENT = """\
+initial: wait
+priority: 4
+states:
+  wait: {external: true, on: {go: urgent}}
+  urgent: {exec: [python, -c, "pass"], next: done, priority: 8}
+  done: {terminal: true}
+"""
+
+
+def test_a_command_moving_an_instance_writes_the_state_priority_unless_pinned(
+    tmp_path: Path,
+) -> None:
+    from runner.ops.commands import submit
+
+    engine, flow = flow_world(tmp_path, "sent", SENT)
+    try:
+        plain, pinned = _new(engine, flow, T0), _new(engine, flow, T0, priority=2)
+        assert (_priority(engine, plain), _priority(engine, pinned)) == (4, 2)
+        results = submit(engine, [plain, pinned], "send", event="go")
+        assert all(r.ok for r in results), results
+        assert (_priority(engine, plain), _priority(engine, pinned)) == (8, 2)
     finally:
         engine.dispose()
