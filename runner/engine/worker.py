@@ -151,6 +151,12 @@ class Worker:
         return not (self.cycles.flights or self.running or self.attempts.unsettled())
 
     @property
+    def heartbeat(self) -> float:
+        """Seconds between this worker's heartbeats (``WorkerConfig.heartbeat``, else a
+        third of the lease, at most ``store.heartbeat.HEARTBEAT_MAX``)."""
+        return self._chores.heartbeat
+
+    @property
     def stopping(self) -> bool:
         """True once a stop was requested."""
         return self._stop.stopping

@@ -125,6 +125,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
             pool=st.pool,
             slots=st.slots or 1,
             rate=st.rate,
+            priority=st.priority or spec.priority,
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))

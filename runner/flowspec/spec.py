@@ -184,6 +184,13 @@ class StateSpec(Strict):
         description="at most COUNT attempt starts of this state per DURATION across every "
         "daemon: 10/1m",
     )
+    priority: int | None = Field(
+        None,
+        ge=1,
+        le=9,
+        description="1..9, overrides the flow's priority while an instance is in this state "
+        "(flowrun start --priority overrides both)",
+    )
 
 
 class PoolSpec(Strict):
@@ -261,6 +268,13 @@ class FlowSpec(Strict):
         None,
         description="exec or webhook on each failed, budget_spent or restarts_spent "
         "instance of this flow (a lifecycle sensor 'on_failure' and its rule)",
+    )
+    priority: int = Field(
+        5,
+        ge=1,
+        le=9,
+        description="1..9: among due instances the higher priority is claimed first (then "
+        "the earliest due), and a pool's free slot goes to it; a state's own overrides it",
     )
     retention: RetentionSpec | None = Field(
         None,

@@ -109,6 +109,8 @@ def apply(
             _log(conn, iid, command, event, source, at, "refused", str(exc), until, tag)
             continue
         values.update(fence=instances.c.fence + 1, updated_at=at)
+        if "priority" in values and row["start_priority"] is not None:
+            values["priority"] = row["start_priority"]  # the start's wins over a state's
         conn.execute(update(instances).where(instances.c.id == iid).values(**values))
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]

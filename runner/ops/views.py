@@ -31,6 +31,7 @@ INSTANCE_KEYS = (
     "created_at",
     "updated_at",
     "waiting_for",
+    "priority",
 )
 _TIME_KEYS = ("due_at", "locked_until", "created_at", "updated_at", "state_changed")
 #: The columns :func:`instance_json` reads.

@@ -131,6 +131,7 @@ def _commit_rows(
         else:
             row["status"] = v["status"]
             row["due_at"] = v["due_at"]
+            row["priority"] = v.get("priority")  # a move's; None keeps the row's
             row["b_attempts"] = c.attempt
             released.append(row)
         checkpoint = av["checkpoint"]

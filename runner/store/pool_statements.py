@@ -124,7 +124,7 @@ class PoolStatements:
         pick = (
             select(i.id)
             .where(i.waiting_for == bindparam("name"), i.due_at.is_(None), i.status.in_(statuses))
-            .order_by(i.wait_due)
+            .order_by(i.priority.desc(), i.wait_due)
             .limit(bindparam("k", type_=Integer()))
         )
         if d.skip_locked:

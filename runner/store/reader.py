@@ -68,6 +68,8 @@ INSTANCE_COLUMNS = (
     "pool_slots",
     "waiting_for",
     "wait_due",
+    "priority",
+    "start_priority",
 )
 ATTEMPT_COLUMNS = (
     "id",

@@ -59,8 +59,9 @@ def legacy_083da5a_metadata() -> MetaData:
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
     ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
     ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008), no
-    ``deliveries`` table (0009) and ``ix_instances_flow_status`` on ``(flow, status)``
-    only (0010).
+    ``deliveries`` table (0009), ``ix_instances_flow_status`` on ``(flow, status)`` only
+    (0010), no ``priority`` nor ``start_priority`` and ``ix_instances_claim`` on
+    ``(status, due_at)`` (0011).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -71,10 +72,18 @@ def legacy_083da5a_metadata() -> MetaData:
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
     for column in ("pool", "pool_slots", "waiting_for", "wait_due"):  # 0007
         inst._columns.remove(inst.c[column])
+    for column in ("priority", "start_priority"):  # 0011
+        inst._columns.remove(inst.c[column])
     md.remove(md.tables["pools"])
-    gone = ("ix_instances_event", "ix_instances_flow_status", "ix_instances_pool")
+    gone = (
+        "ix_instances_event",
+        "ix_instances_flow_status",
+        "ix_instances_pool",
+        "ix_instances_claim",
+    )
     inst.indexes = {i for i in inst.indexes if i.name not in (*gone, "ix_instances_waiting")}
     Index("ix_instances_flow_status", inst.c.flow, inst.c.status)  # (flow, status, id): 0010
+    Index("ix_instances_claim", inst.c.status, inst.c.due_at)  # priority in it: 0011
     for column in ("heartbeat_every", "boot_id", "pid_started"):
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])
     att = md.tables["attempts"]
@@ -149,7 +158,10 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
     md = metadata if legacy == "today" else legacy_083da5a_metadata()
     with old.begin() as conn:
         md.create_all(conn)
-        iid = conn.execute(insert(instances).returning(instances.c.id), _instance_row()).scalar()
+        old_instances = md.tables["instances"]  # without the columns added since
+        iid = conn.execute(
+            insert(old_instances).returning(old_instances.c.id), _instance_row()
+        ).scalar()
         conn.execute(
             insert(attempts),
             [
