@@ -196,16 +196,25 @@ class _Supervised:
             child.on_exit = self._exited
         else:
             self.loop.call_soon(self._poll_exit)
-        # Most handlers are done before the pipes matter: they are watched only from
-        # READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more meanwhile
-        # waits that long), and drained at the exit. Two selector registrations an
-        # attempt instead of eight.
+        # Without a log most handlers are done before the pipes matter: they are watched
+        # only from READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more
+        # meanwhile waits that long), and drained at the exit. With a log, stdout and
+        # stderr are read from the start, as data comes, so the order of the two streams
+        # is kept (read at the exit, what was left in both could not be ordered).
+        self._live: set[int] = set()
+        if log is not None:
+            self._watch_live()
         self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
+
+    def _watch_live(self) -> None:
+        for fd in (self.child.out, self.child.err):
+            self._live.add(fd)
+            self.loop.add_reader(fd, self._readable, fd)
 
     def _start_reading(self) -> None:
         if not self._reading:
             self._reading = True
-            for fd in self._open:
+            for fd in self._open - self._live:
                 self.loop.add_reader(fd, self._readable, fd)
 
     # -- exit ------------------------------------------------------------------------
@@ -299,7 +308,7 @@ class _Supervised:
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
             self._open.discard(fd)
-            if self._reading:
+            if self._reading or fd in self._live:
                 self.loop.remove_reader(fd)
             os.close(fd)
             if fd in self._redactors:  # what was held back: no secret completes it now
