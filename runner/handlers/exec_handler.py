@@ -12,7 +12,8 @@ Per attempt the cost outside the process itself is one spawn on a spawn thread
 (``runner.handlers.spawn``), its exit from its pidfd in an epoll set the loop reads
 (``runner.handlers.exits``), and one ``poll`` of its pipes at the exit; no asyncio
 transport, stream or task, and no selector registration of its own unless it runs longer
-than ``READ_AFTER``.
+than ``READ_AFTER`` (with an attempt log, stdout and stderr are read from the start: two
+registrations, which keep the order of the two streams).
 """
 
 from __future__ import annotations
