@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from runner import control_channel
 from runner.control_channel import EXIT_NOT_YET
-from runner.handlers import reaper
+from runner.handlers import exits, reaper
 from runner.handlers.attempt import (
     TAIL,
     AttemptResult,
@@ -203,6 +203,7 @@ class _Supervised:
         # stderr are read from the start, as data comes, so the order of the two streams
         # is kept (read at the exit, what was left in both could not be ordered).
         self._live: set[int] = set()
+        self._raw: set[int] = set()  # of those, watched through the exit set
         if log is not None:
             self._watch_live()
         self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
@@ -210,7 +211,10 @@ class _Supervised:
     def _watch_live(self) -> None:
         for fd in (self.child.out, self.child.err):
             self._live.add(fd)
-            self.loop.add_reader(fd, self._readable, fd)
+            if exits.watch_pipe(self.loop, fd, self._readable):
+                self._raw.add(fd)
+            else:
+                self.loop.add_reader(fd, self._readable, fd)
 
     def _start_reading(self) -> None:
         if not self._reading:
@@ -309,7 +313,9 @@ class _Supervised:
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
             self._open.discard(fd)
-            if self._reading or fd in self._live:
+            if fd in self._raw:
+                exits.unwatch_pipe(self.loop, fd)
+            elif self._reading or fd in self._live:
                 self.loop.remove_reader(fd)
             os.close(fd)
             if fd in self._redactors:  # what was held back: no secret completes it now
