@@ -10,7 +10,9 @@ In one run, on SQLite and (``--pg URL``) PostgreSQL:
 3. one handler writing 100 MB: the daemon's wall time against ``cat > /dev/null`` of the
    same bytes, and the daemon's peak RSS (``ru_maxrss``) with capture on and off;
 4. ``flowrun logs -f`` latency: a handler prints its clock every 50 ms for 3 s; the
-   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms);
+   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms), over the lines printed
+   once it showed its first (not the backlog it started with); and how long after a
+   silent attempt (``sleep 2``) ended a follower of it exits;
 5. the loop under load: 20 handlers writing at full speed (``yes``) for the whole
    measure while 40 ``/bin/true`` instances are created one every 50 ms; their start
    latency (attempt started - instance created) p50/p99 against the same with no noisy
@@ -171,18 +173,51 @@ def _follow(db: str, tmp: Path) -> list[float]:
         env=_env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     lags = []
-    first = True
-    for line in follower.stdout:  # the first lines were there before it started
-        if first:
-            first = False
-            continue
+    up = None  # when the follower showed its first line: it is following from then on
+    for line in follower.stdout:
+        now = time.time()
+        up = up or now
         try:
-            lags.append(time.time() - float(line))
+            printed = float(line)
         except ValueError:
-            pass
+            continue
+        if printed > up:  # printed while it followed (not the backlog it started with)
+            lags.append(now - printed)
     follower.wait()
     daemon.wait()
-    return lags[5:]  # past what was stored before the follower's first look
+    return lags
+
+
+def _silent_end(db: str, tmp: Path) -> float:
+    """Seconds from a silent attempt's end (its ``finished_at``) to the exit of a
+    ``logs -f`` following it."""
+    from sqlalchemy import text
+
+    flows, _name = _world(db, tmp, ["sleep", "2"], 1)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", db, "--daemon",
+         "--exit-when-idle", "--prune-every", "0"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    with _engine(db).connect() as conn:
+        iid = conn.execute(text("SELECT max(id) FROM instances")).scalar()
+    q = "SELECT running_attempt FROM instances WHERE id = :i"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with _engine(db).connect() as conn:
+            if conn.execute(text(q), {"i": iid}).scalar():
+                break
+        time.sleep(0.02)
+    follower = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--db", db, "logs", str(iid), "-f"],
+        env=_env(), capture_output=True, check=False,
+    )  # fmt: skip
+    ended = time.time()
+    daemon.wait()
+    with _engine(db).connect() as conn:
+        q = "SELECT max(finished_at) FROM attempts WHERE instance_id = :i"
+        finished = conn.execute(text(q), {"i": iid}).scalar()
+    return ended - float(finished) if follower.returncode == 0 and finished else float("nan")
 
 
 NOISY = """\
@@ -356,6 +391,11 @@ def main() -> None:
                 p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
                 print(f"[{label}] logs -f latency over {len(lags)} lines: p50 {p50:.0f} ms, "
                       f"p99 {p99:.0f} ms (goal p99 <= 500 ms)")  # fmt: skip
+            if "follow" in parts:
+                late = sorted(_silent_end(db, tmp) for _ in range(3))
+                runs = [round(x * 1000) for x in late]
+                print(f"[{label}] logs -f of a silent attempt exits {late[1] * 1000:.0f} ms "
+                      f"after it ended (median of 3; runs {runs})")  # fmt: skip
             if label == "sqlite" and "console" in parts:
                 opened, p50, worst = _console(tmp)
                 print(f"[console] 10.5 MB log opened in {opened * 1000:.0f} ms (goal <= 1 s); "
