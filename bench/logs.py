@@ -357,9 +357,10 @@ def main() -> None:
             dbs.append(("postgresql", args.pg))
         for label, db in dbs:
             on, off, four = [], [], []
-            for _ in range(args.repeat if "quiet" in parts else 0):
-                off.append(_rates(db, tmp, ["/bin/true"], args.n, False))
-                on.append(_rates(db, tmp, ["/bin/true"], args.n, True))
+            for i in range(args.repeat if "quiet" in parts else 0):
+                # in turn first: the database grows by --n instances a run
+                for capture in (False, True) if i % 2 == 0 else (True, False):
+                    (on if capture else off).append(_rates(db, tmp, ["/bin/true"], args.n, capture))
             for _ in range(args.repeat if "print" in parts else 0):
                 four.append(_rates(db, tmp, ["python", "-c", PRINT_4K], args.n // 4, True))
             if on:
