@@ -211,7 +211,7 @@ class _Supervised:
     def _watch_live(self) -> None:
         for fd in (self.child.out, self.child.err):
             self._live.add(fd)
-            if exits.watch_pipe(self.loop, fd, self._readable):
+            if exits.watch_pipe(self.loop, fd, self._ready):
                 self._raw.add(fd)
             else:
                 self.loop.add_reader(fd, self._readable, fd)
@@ -240,6 +240,13 @@ class _Supervised:
             self._exited(code)
 
     # -- pipes -----------------------------------------------------------------------
+
+    def _ready(self, fd: int, events: int) -> None:
+        """``fd`` (a live pipe) is readable, or its writers are gone: no read needed."""
+        if events & select.EPOLLIN:
+            self._readable(fd)
+        else:
+            self._close_fd(fd)
 
     def _readable(self, fd: int) -> bool:
         """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);
