@@ -58,27 +58,30 @@ class LogBell:
         else:
             self._bell = commit_bell(engine)
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         """Return after the next commit (of log rows on PostgreSQL, of anything on
         SQLite) or ``timeout`` seconds, whichever is first; never sooner than
-        :data:`MIN_GAP` after the previous return."""
+        :data:`MIN_GAP` after the previous return. True when a commit rang."""
         gap = self._last + MIN_GAP - time.monotonic()
         if gap > 0:
             time.sleep(gap)
             timeout -= gap
+        rang = False
         if self._bell is not None:
             ready, _, _ = select.select([self._bell.fd], [], [], max(0.0, timeout))
             if ready:
                 self._bell.drain()
+                rang = True
         elif self._pg is not None:
             try:
                 for _ in self._pg.notifies(timeout=max(0.0, timeout), stop_after=1):
-                    pass
+                    rang = True
             except Exception:  # noqa: BLE001 - the connection went: poll from now on
                 self._pg = None
         else:
             time.sleep(max(0.0, timeout))
         self._last = time.monotonic()
+        return rang
 
     def close(self) -> None:
         """Close the bell or the connection (idempotent)."""
