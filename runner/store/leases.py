@@ -125,6 +125,7 @@ def claim_batch(
             pool=seats[r[0]].pool if r[0] in seats else None,
             pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
             pool_rated=r[0] in seats and seats[r[0]].pool_rated,
+            limit=seats[r[0]].holds if r[0] in seats else None,
         )
         for r in rows
     ]

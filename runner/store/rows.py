@@ -60,6 +60,7 @@ CLAIM_COLS = (
     instances.c.status,
     instances.c.pool,  # the seat last held (``runner.store.pools.settle``)
     instances.c.due_at,
+    instances.c.limit_key,  # its flow limit (``runner.store.flow_limits``)
 )
 
 
@@ -101,6 +102,7 @@ class Claim:
     pool: str | None = None  # the pool whose slots the attempt holds (``store.pools``)
     pool_slots: int = 0
     pool_rated: bool = False  # its pool has a rate: never chained into the same pool
+    limit: str | None = None  # the flow limit it holds (``store.flow_limits``)
 
 
 @dataclass
@@ -158,6 +160,7 @@ def next_claim(o: Outcome, at: float) -> Claim:
         pool=prev.pool,  # chained only into a state holding the same slots
         pool_slots=prev.pool_slots,
         pool_rated=prev.pool_rated,
+        limit=prev.limit,  # the same flow: its limit is kept
     )
 
 

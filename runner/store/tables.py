@@ -95,6 +95,9 @@ class Instance(SQLModel, table=True):
             "wait_due",
             sqlite_where=text("waiting_for IS NOT NULL"),
         ),
+        # partial (0012 makes it partial on PostgreSQL too): the instances of flows with
+        # a ``max_running`` (``runner.store.flow_limits``)
+        Index("ix_instances_limit", "limit_key", sqlite_where=text("limit_key IS NOT NULL")),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -135,6 +138,9 @@ class Instance(SQLModel, table=True):
         default=None, max_length=200, description="the pool it waits for (not due meanwhile)"
     )
     wait_due: float | None = Field(default=None, description="its due time when it began to wait")
+    limit_key: str | None = Field(
+        default=None, max_length=200, description="its flow's max_running limit (and key)"
+    )
 
 
 class Attempt(SQLModel, table=True):

@@ -59,7 +59,8 @@ def legacy_083da5a_metadata() -> MetaData:
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
     ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
     ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008) and
-    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010).
+    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010), no ``limit_key``
+    (0012).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -68,11 +69,12 @@ def legacy_083da5a_metadata() -> MetaData:
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
-    for column in ("pool", "pool_slots", "waiting_for", "wait_due"):  # 0007
+    for column in ("pool", "pool_slots", "waiting_for", "wait_due", "limit_key"):  # 0007, 0012
         inst._columns.remove(inst.c[column])
     md.remove(md.tables["pools"])
     gone = ("ix_instances_event", "ix_instances_flow_status", "ix_instances_pool")
-    inst.indexes = {i for i in inst.indexes if i.name not in (*gone, "ix_instances_waiting")}
+    gone += ("ix_instances_waiting", "ix_instances_limit")  # 0007, 0012
+    inst.indexes = {i for i in inst.indexes if i.name not in gone}
     Index("ix_instances_flow_status", inst.c.flow, inst.c.status)  # (flow, status, id): 0010
     for column in ("heartbeat_every", "boot_id", "pid_started"):
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])

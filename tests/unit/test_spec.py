@@ -256,7 +256,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     out = errors(tmp_path, MINIMAL + "sensor: {}\n")
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
-        "description, label, initial, data, defaults, states, sensors, rules, pools, retention)"
+        "description, label, initial, data, defaults, states, sensors, rules, pools, "
+        "max_running, on_limit, retention)"
     ]
 
 
