@@ -89,6 +89,7 @@ def live(conn: Connection, name: str) -> list[int]:
     with an attempt running, a due time or a wait (an instance parked in an ``external``
     state has none of them)."""
     q = select(i.id).where(
+        i.flow == name[len(PREFIX) :].partition(":")[0],  # ix_instances_flow_status
         i.limit_key == name,
         i.status.in_(CLAIMABLE),
         or_(i.running_attempt.is_not(None), i.due_at.is_not(None), i.waiting_for.is_not(None)),

@@ -91,7 +91,11 @@ class PoolStatements:
         used = func.coalesce(func.sum(i.pool_slots), 0)
         #: slots in use but by the instances ``ids`` (params: name, at, ids)
         self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
-        holding = (i.limit_key == bindparam("name"), i.running_attempt.is_not(None))
+        holding = (  # a range of ix_instances_limit: the locked rows of the limit
+            i.limit_key == bindparam("name"),
+            i.locked_by > "",
+            i.running_attempt.is_not(None),
+        )
         #: attempts holding flow limit ``name`` but the instances ``ids`` (params: name,
         #: at, ids; ``runner.store.flow_limits``)
         self.limit_in_use = Prepared(

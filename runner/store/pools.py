@@ -139,6 +139,8 @@ def lock_limit(conn: Connection, name: str, limit: int, at: float) -> int:
     the transaction ends, its declared size brought to ``limit`` (the flow file's
     ``max_running``), and return its size in force (the operator's, else ``limit``)."""
     size, _, _ = lock(conn, name, limit, at)
+    if size == limit:  # as declared (or set to it): nothing to bring up to date
+        return size
     if statements(conn).redeclare.executemany(conn, [{"name": name, "declared": limit}]):
         size = size_of(conn, name) or limit
     return size
@@ -278,7 +280,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
         if r[0] in seats:
             if seat.pool is not None:
                 held.setdefault((seat.pool, seat.slots), []).append(r[0])
-            else:
+            elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
                 plain.append(r[0])
     for (name, n), held_ids in held.items():
         st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])

@@ -96,8 +96,14 @@ class Instance(SQLModel, table=True):
             sqlite_where=text("waiting_for IS NOT NULL"),
         ),
         # partial (0012 makes it partial on PostgreSQL too): the instances of flows with
-        # a ``max_running`` (``runner.store.flow_limits``)
-        Index("ix_instances_limit", "limit_key", sqlite_where=text("limit_key IS NOT NULL")),
+        # a ``max_running``, the locked ones last (``runner.store.flow_limits`` counts
+        # those running; ``locked_by`` changes no more than it does for its own index)
+        Index(
+            "ix_instances_limit",
+            "limit_key",
+            "locked_by",
+            sqlite_where=text("limit_key IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)

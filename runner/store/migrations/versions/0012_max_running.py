@@ -1,6 +1,7 @@
 """Flow limits: ``instances.limit_key`` (the ``max_running`` limit, and key, of the
-instance's flow: ``runner.store.flow_limits``) with a partial index (only the instances of
-flows with a limit).
+instance's flow: ``runner.store.flow_limits``) with a partial index on ``(limit_key,
+locked_by)`` (only the instances of flows with a limit; the running ones are found by a
+range of it).
 
 Revision ID: 0012
 Revises: 0010
@@ -27,7 +28,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_instances_limit",
         "instances",
-        ["limit_key"],
+        ["limit_key", "locked_by"],
         sqlite_where=_LIMITED,
         postgresql_where=_LIMITED,
     )
