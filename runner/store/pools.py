@@ -47,6 +47,7 @@ from runner.store.dialect import dialect_of
 from runner.store.flow_limits import is_limit, limit_name, running
 from runner.store.notify import notify_due
 from runner.store.pool_statements import statements
+from runner.store.rows import LIMIT_KEY_AT
 from runner.store.tables import instances, pools
 
 if TYPE_CHECKING:
@@ -180,7 +181,8 @@ class _Limit:
 def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
     """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
     transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
-    ..., pool, due_at, limit_key`` at indexes 0, 1, 2, 3, 4, 13, 14, 15) at ``at`` (epoch
+    ..., pool, due_at`` at indexes 0, 1, 2, 3, 4, 13, 14, ``limit_key`` at
+    ``rows.LIMIT_KEY_AT``) at ``at`` (epoch
     s, the claim's time). A flow's ``max_running`` is kept here too, as a pool named by
     ``runner.store.flow_limits`` whose holders are counted from the attempts running.
 
@@ -211,7 +213,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     unkeyed: dict[str, list[int]] = {}  # made before its flow had a limit: no key stored
     for r, seat in asks:
         if seat.limit is not None:
-            name = r[15]
+            name = r[LIMIT_KEY_AT]
             if name is None:
                 data = st.load(r[4]) if isinstance(r[4], (str, bytes)) else r[4]
                 name = limit_name(r[1], seat.limit_key, data or {})

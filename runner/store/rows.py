@@ -63,6 +63,9 @@ CLAIM_COLS = (
     instances.c.limit_key,  # its flow limit (``runner.store.flow_limits``)
 )
 
+#: Where ``limit_key`` is in a claim row (:data:`CLAIM_COLS`).
+LIMIT_KEY_AT = [c.name for c in CLAIM_COLS].index("limit_key")
+
 
 def due_clause(at, statuses: tuple[str, ...] = CLAIMABLE):
     """Due and unlocked at ``at`` (epoch seconds, or a bind parameter): what a claim takes
