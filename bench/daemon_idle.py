@@ -35,19 +35,26 @@ FLOWS = {
     "rules:\n  - when: errors\n    start: errors\n",
     "hourly": "sensors:\n  hourly: {every: 1h}\nrules:\n  - when: hourly\n    start: hourly\n",
 }
+#: ``--lifecycle``: one more flow whose failures alert (a ``lifecycle`` sensor, an ``exec`` rule)
+LIFECYCLE = (
+    "sensors:\n  trouble: {lifecycle: {}}\nrules:\n  - when: trouble\n    exec: [sh, -c, 'cat']\n"
+)
 STATES = (
     "initial: work\n"
     'states: {work: {exec: [sh, -c, "exit 0"], next: done}, done: {terminal: true}}\n'
 )
 
 
-def write_flows(folder: Path) -> None:
-    """The 8 flows of the bench in ``folder`` (its inbox folder and log file too)."""
+def write_flows(folder: Path, lifecycle: bool = False) -> None:
+    """The 8 flows of the bench in ``folder`` (its inbox folder and log file too), and with
+    ``lifecycle`` a ninth that alerts on failures."""
     (folder / "inbox").mkdir(parents=True)
     (folder / "app.log").write_text("")
     names = list(FLOWS) + [f"plain{i}" for i in range(5)]
     for name in names:
         (folder / f"{name}.yaml").write_text(f"flow: {name}\n{FLOWS.get(name, '')}{STATES}")
+    if lifecycle:
+        (folder / "alerting.yaml").write_text(f"flow: alerting\n{LIFECYCLE}{STATES}")
 
 
 def cpu_ticks(pid: int) -> int:
@@ -69,11 +76,13 @@ def wait_ready(log: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None
     sys.exit(f"daemon not ready within {timeout:g}s:\n{log.read_text()}")
 
 
-def measure(seconds: float, settle: float, db: str | None, extra: list[str]) -> float:
+def measure(
+    seconds: float, settle: float, db: str | None, extra: list[str], lifecycle: bool = False
+) -> float:
     """Run the daemon and return its idle CPU in percent of one core."""
     root = Path(tempfile.mkdtemp(prefix="daemon-idle-"))
     flows = root / "flows"
-    write_flows(flows)
+    write_flows(flows, lifecycle)
     url = db or f"sqlite:///{root / 'flowrun.db'}"
     log = root / "daemon.log"
     argv = [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", url]
@@ -99,9 +108,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="measured window, seconds")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds idle before it")
     ap.add_argument("--db", help="database URL (default: a fresh SQLite file)")
+    ap.add_argument("--lifecycle", action="store_true", help="a ninth flow with a lifecycle sensor")
     ap.add_argument("extra", nargs="*", help="more flowrun options (after --)")
     args = ap.parse_args()
-    share = measure(args.seconds, args.settle, args.db, args.extra)
+    share = measure(args.seconds, args.settle, args.db, args.extra, args.lifecycle)
     print(f"idle daemon: {share:.2f}% of a core")
 
 

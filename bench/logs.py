@@ -10,7 +10,9 @@ In one run, on SQLite and (``--pg URL``) PostgreSQL:
 3. one handler writing 100 MB: the daemon's wall time against ``cat > /dev/null`` of the
    same bytes, and the daemon's peak RSS (``ru_maxrss``) with capture on and off;
 4. ``flowrun logs -f`` latency: a handler prints its clock every 50 ms for 3 s; the
-   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms);
+   follower's receive time minus it, p50/p99 (goal p99 <= 500 ms), over the lines printed
+   once it showed its first (not the backlog it started with); and how long after a
+   silent attempt (``sleep 2``) ended a follower of it exits;
 5. the loop under load: 20 handlers writing at full speed (``yes``) for the whole
    measure while 40 ``/bin/true`` instances are created one every 50 ms; their start
    latency (attempt started - instance created) p50/p99 against the same with no noisy
@@ -22,6 +24,7 @@ A rate is attempts / (last attempt finished - first started), read from the atte
 table, of one ``flowrun --daemon --exit-when-idle`` draining N instances.
 
     python bench/logs.py [--n 1000] [--repeat 3] [--pg postgresql+psycopg://...]
+        [--parts quiet,print,big,follow,console,latency]
 """
 
 from __future__ import annotations
@@ -170,18 +173,51 @@ def _follow(db: str, tmp: Path) -> list[float]:
         env=_env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     lags = []
-    first = True
-    for line in follower.stdout:  # the first lines were there before it started
-        if first:
-            first = False
-            continue
+    up = None  # when the follower showed its first line: it is following from then on
+    for line in follower.stdout:
+        now = time.time()
+        up = up or now
         try:
-            lags.append(time.time() - float(line))
+            printed = float(line)
         except ValueError:
-            pass
+            continue
+        if printed > up:  # printed while it followed (not the backlog it started with)
+            lags.append(now - printed)
     follower.wait()
     daemon.wait()
-    return lags[5:]  # past what was stored before the follower's first look
+    return lags
+
+
+def _silent_end(db: str, tmp: Path) -> float:
+    """Seconds from a silent attempt's end (its ``finished_at``) to the exit of a
+    ``logs -f`` following it."""
+    from sqlalchemy import text
+
+    flows, _name = _world(db, tmp, ["sleep", "2"], 1)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", db, "--daemon",
+         "--exit-when-idle", "--prune-every", "0"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    with _engine(db).connect() as conn:
+        iid = conn.execute(text("SELECT max(id) FROM instances")).scalar()
+    q = "SELECT running_attempt FROM instances WHERE id = :i"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with _engine(db).connect() as conn:
+            if conn.execute(text(q), {"i": iid}).scalar():
+                break
+        time.sleep(0.02)
+    follower = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--db", db, "logs", str(iid), "-f"],
+        env=_env(), capture_output=True, check=False,
+    )  # fmt: skip
+    ended = time.time()
+    daemon.wait()
+    with _engine(db).connect() as conn:
+        q = "SELECT max(finished_at) FROM attempts WHERE instance_id = :i"
+        finished = conn.execute(text(q), {"i": iid}).scalar()
+    return ended - float(finished) if follower.returncode == 0 and finished else float("nan")
 
 
 NOISY = """\
@@ -303,12 +339,17 @@ def _cat(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
+PARTS = ("quiet", "print", "big", "follow", "console", "latency")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pg", help="a PostgreSQL URL too (a fresh database is best)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         dbs = [("sqlite", f"sqlite:///{tmp / 'bench.db'}")]
@@ -316,43 +357,54 @@ def main() -> None:
             dbs.append(("postgresql", args.pg))
         for label, db in dbs:
             on, off, four = [], [], []
-            for _ in range(args.repeat):
-                off.append(_rates(db, tmp, ["/bin/true"], args.n, False))
-                on.append(_rates(db, tmp, ["/bin/true"], args.n, True))
+            for i in range(args.repeat if "quiet" in parts else 0):
+                # in turn first: the database grows by --n instances a run
+                for capture in (False, True) if i % 2 == 0 else (True, False):
+                    (on if capture else off).append(_rates(db, tmp, ["/bin/true"], args.n, capture))
+            for _ in range(args.repeat if "print" in parts else 0):
                 four.append(_rates(db, tmp, ["python", "-c", PRINT_4K], args.n // 4, True))
-            m_on, m_off = statistics.median(on), statistics.median(off)
-            print(f"[{label}] no output: capture on {m_on:.0f}/s, off {m_off:.0f}/s, "
-                  f"ratio {m_on / m_off:.3f} (goal >= 0.97); runs on {[round(x) for x in on]} "
-                  f"off {[round(x) for x in off]}")  # fmt: skip
-            # the 4 KiB handler is a python process: compare with python printing nothing
-            quiet = [_rates(db, tmp, ["python", "-c", "pass"], args.n // 4, True)
-                     for _ in range(args.repeat)]  # fmt: skip
-            m4, mq = statistics.median(four), statistics.median(quiet)
-            print(f"[{label}] 4 KiB each (python -c): {m4:.1f}/s vs printing nothing "
-                  f"{mq:.1f}/s, ratio {m4 / mq:.3f} (goal >= 0.9)")  # fmt: skip
-            nbytes = 1526 * 65536
-            results = {}
-            for capture in (True, False):
-                flows, _ = _world(db, tmp, ["python", "big.py"], 1)
-                results[capture] = _drain(db, flows, capture)
-            cat = _cat(nbytes)
-            (w_on, rss_on), (w_off, rss_off) = results[True], results[False]
-            print(f"[{label}] 100 MB handler: daemon wall {w_on:.2f}s capture on, "
-                  f"{w_off:.2f}s off; cat > /dev/null {cat:.2f}s; peak RSS "
-                  f"{rss_on / 1024:.0f} MiB on, {rss_off / 1024:.0f} MiB off")  # fmt: skip
-            lags = sorted(_follow(db, tmp))
+            if on:
+                m_on, m_off = statistics.median(on), statistics.median(off)
+                print(f"[{label}] no output: capture on {m_on:.0f}/s, off {m_off:.0f}/s, "
+                      f"ratio {m_on / m_off:.3f} (goal >= 0.97); runs on "
+                      f"{[round(x) for x in on]} off {[round(x) for x in off]}")  # fmt: skip
+            if four:
+                # the 4 KiB handler is a python process: compare with python printing nothing
+                quiet = [_rates(db, tmp, ["python", "-c", "pass"], args.n // 4, True)
+                         for _ in range(args.repeat)]  # fmt: skip
+                m4, mq = statistics.median(four), statistics.median(quiet)
+                print(f"[{label}] 4 KiB each (python -c): {m4:.1f}/s vs printing nothing "
+                      f"{mq:.1f}/s, ratio {m4 / mq:.3f} (goal >= 0.9)")  # fmt: skip
+            if "big" in parts:
+                nbytes = 1526 * 65536
+                results = {}
+                for capture in (True, False):
+                    flows, _ = _world(db, tmp, ["python", "big.py"], 1)
+                    results[capture] = _drain(db, flows, capture)
+                cat = _cat(nbytes)
+                (w_on, rss_on), (w_off, rss_off) = results[True], results[False]
+                print(f"[{label}] 100 MB handler: daemon wall {w_on:.2f}s capture on, "
+                      f"{w_off:.2f}s off; cat > /dev/null {cat:.2f}s; peak RSS "
+                      f"{rss_on / 1024:.0f} MiB on, {rss_off / 1024:.0f} MiB off")  # fmt: skip
+            lags = sorted(_follow(db, tmp)) if "follow" in parts else []
             if lags:
                 p50 = lags[len(lags) // 2] * 1000
                 p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
                 print(f"[{label}] logs -f latency over {len(lags)} lines: p50 {p50:.0f} ms, "
                       f"p99 {p99:.0f} ms (goal p99 <= 500 ms)")  # fmt: skip
-            if label == "sqlite":
+            if "follow" in parts:
+                late = sorted(_silent_end(db, tmp) for _ in range(3))
+                runs = [round(x * 1000) for x in late]
+                print(f"[{label}] logs -f of a silent attempt exits {late[1] * 1000:.0f} ms "
+                      f"after it ended (median of 3; runs {runs})")  # fmt: skip
+            if label == "sqlite" and "console" in parts:
                 opened, p50, worst = _console(tmp)
                 print(f"[console] 10.5 MB log opened in {opened * 1000:.0f} ms (goal <= 1 s); "
                       f"a frame p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms "
                       f"(goal <= 25 ms)")  # fmt: skip
-            idle = sorted(_start_latency(db, tmp, 0))
-            busy = sorted(_start_latency(db, tmp, 20))
+            want = "latency" in parts
+            idle = sorted(_start_latency(db, tmp, 0)) if want else []
+            busy = sorted(_start_latency(db, tmp, 20)) if want else []
             if idle and busy:
                 p = [x[min(len(x) - 1, int(len(x) * q))] * 1000 for x in (idle, busy)
                      for q in (0.5, 0.99)]  # fmt: skip

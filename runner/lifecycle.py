@@ -143,10 +143,14 @@ def enter_state(flow: Any, target: str, at: float) -> dict[str, Any]:
     ``runner.flowspec.compiled.CompiledFlow``) at ``at`` (epoch s).
 
     The status follows the state's kind (terminal → ``completed``; external → runnable but
-    unscheduled, waiting for an event) and the state's counters start afresh.
+    unscheduled, waiting for an event) and the state's counters start afresh. Its
+    ``priority`` is the state's (its own, else the flow's; the write keeps one
+    ``flowrun start --priority`` gave).
     """
-    kind = flow.states[target].kind
+    st = flow.states[target]
+    kind = st.kind
     return {
+        "priority": getattr(st, "priority", 5),
         "state": target,
         "status": "completed" if kind == "terminal" else "runnable",
         "due_at": None if kind in ("terminal", "external") else at,

@@ -123,15 +123,15 @@ class AttemptLog:
 
     def end(self) -> None:
         """The attempt's output is complete: the writer stores what is left and a row
-        saying so (only when something was written). Idempotent."""
+        saying so (also when nothing was written: a follower then ends at once).
+        Idempotent."""
         with self._lock:
             if self._ended:
                 return
             self._ended = True
-            if self.offset:
-                self.seq += 1
-                self._tail.append([self.seq, END, time.time(), self.offset, bytearray()])
-                self._queue()
+            self.seq += 1
+            self._tail.append([self.seq, END, time.time(), self.offset, bytearray()])
+            self._queue()
 
     def take(self, budget: int | None = None) -> tuple[list[list[Any]], int, bool]:
         """For the writer: ``(rows handed over, in order; the offset before which the

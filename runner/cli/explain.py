@@ -22,13 +22,13 @@ def build(db, instance_id: int, now: float | None = None):
 
     Raises ``UserError(..., 1)`` for an unknown id.
     """
-    from runner.ops.detail import instance_rows, stored_flow
+    from runner.ops.detail import instance_rows, stored_facts
     from runner.ops.explain import explain
 
     rows = instance_rows(db, instance_id)
     if rows is None:
         raise UserError(f"no instance {instance_id}", 1)
-    return explain(rows, lambda v: stored_flow(db, v), time.time() if now is None else now)
+    return explain(rows, lambda v: stored_facts(db, v), time.time() if now is None else now)
 
 
 @click.command()

@@ -21,8 +21,11 @@ from runner.cli.context import Ctx, pass_ctx
 from runner.errors import UserError
 from runner.literal import literal
 
-#: Seconds between two looks for new output while following.
+#: Seconds between two looks for the next attempt (``--follow-next``).
 POLL = 0.1
+#: Seconds between two looks for new output while following when nothing wakes the
+#: follower sooner (it is woken by the log writer's commits: ``runner.store.log_bell``).
+FOLLOW_POLL = 0.5
 #: Seconds a follower still waits for the last output once the attempt has ended.
 END_GRACE = 1.5
 TERMINAL = ("completed", "failed", "killed")
@@ -138,8 +141,23 @@ def _show(engine, instance_id: int, number: int, out: _Out, tail: int | None, fo
     """Print attempt ``number``'s stored output; with ``follow``, then what comes, until it
     has ended."""
     from runner.store import log_reader
+    from runner.store.log_bell import LogBell
 
     walk = log_reader.Pieces()
+    bell = LogBell(engine) if follow else None
+    try:
+        _walk(engine, instance_id, number, out, tail, walk, bell)
+    finally:
+        if bell is not None:
+            bell.close()
+    out.done()
+
+
+def _walk(engine, instance_id, number, out: _Out, tail, walk, bell) -> None:
+    """Print what is stored past what ``walk`` saw; with a ``bell`` (following), then
+    what comes, until the end row (or, for a lost attempt, ``END_GRACE`` after it ended)."""
+    from runner.store import log_reader
+
     after = 0
     if tail is not None:
         items = []
@@ -156,20 +174,19 @@ def _show(engine, instance_id: int, number: int, out: _Out, tail: int | None, fo
             after = batch[-1].seq
             if len(batch) >= 2000:
                 continue
-        if not follow or walk.ended:
+        if bell is None or walk.ended:
             break
         ended, finished_at = log_reader.outcome_of(engine, instance_id, number)
         if ended:
-            # its last output (and the end row, when it wrote any) is stored within a
-            # writer's batch of the end: wait that long, no longer
+            # its last output and its end row are stored within a writer's batch of the
+            # end: wait that long, no longer
             now = time.monotonic()
             ended_at = ended_at or now
             if finished_at is not None and time.time() - finished_at > END_GRACE:
                 break
             if now - ended_at > END_GRACE:
-                break  # no output at all, or the end row never came (a lost attempt)
-        time.sleep(POLL)
-    out.done()
+                break  # the end row never came (a lost attempt)
+        bell.wait(FOLLOW_POLL)
 
 
 class _Out:

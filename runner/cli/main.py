@@ -322,8 +322,9 @@ def run_daemon(c: Ctx) -> int:
 def _run_daemon(c: Ctx) -> int:
     import asyncio
 
-    from runner.service.daemon import ServiceOptions, serve
+    from runner.service.daemon import serve
     from runner.service.logs import setup_logging
+    from runner.service.options import ServiceOptions
     from runner.service.startup import load_registry
 
     so, wo, kept = c.daemon_options, c.worker_options, c.retention

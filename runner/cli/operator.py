@@ -29,11 +29,17 @@ if TYPE_CHECKING:  # the database side is imported in the command bodies (fast -
 @click.argument("flow")
 @click.argument("pairs", nargs=-1)
 @click.option("--data", "data_json", help="Instance data as a JSON object.")
+@click.option(
+    "--priority",
+    type=click.IntRange(1, 9),
+    help="1..9 for this instance in every state (default: its states' and flow's, 5).",
+)
 @pass_ctx
-def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
+def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None, priority: int | None):
     """Create an instance of FLOW (data from --data JSON and key=value pairs); prints its id.
 
-    Data: at most 1 MiB in all, nested at most 64 deep, strict JSON (no NaN).
+    Data: at most 1 MiB in all, nested at most 64 deep, strict JSON (no NaN). Among due
+    instances the higher priority is claimed first, then the earliest due.
 
     \f
     Raises:
@@ -46,7 +52,7 @@ def start(c: Ctx, flow: str, pairs: tuple[str, ...], data_json: str | None):
     data = parse_data(data_json, pairs)
     compiled = flow_to_start(c, flow)  # the last good version when the file has errors
     with c.engine.begin() as conn:
-        iid = create_instance(conn, compiled, data)
+        iid = create_instance(conn, compiled, data, priority=priority)
     click.echo(iid)
 
 
@@ -207,7 +213,7 @@ def send(c: Ctx, instance_id: int, event: str):
 @click.option("--limit", type=int, default=50, show_default=True)
 @pass_ctx
 def events(c: Ctx, as_json: bool, limit: int):
-    """Recent sensor events and what the rules did with each.
+    """Recent sensor events, what the rules did, and each exec or webhook delivery.
 
     \f
     Raises:

@@ -192,6 +192,8 @@ def decide_finished(
             # and never into a start a rate counts (the claim counts them)
             and not run.claim.pool_rated
             and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
+            # a chained commit writes no priority: only where the row's stays
+            and run.claim.keeps_priority(v.get("priority"))
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
                 v["status"] = lifecycle.check("sleeping", "wake")

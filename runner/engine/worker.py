@@ -11,22 +11,21 @@ and every ``fence_poll`` seconds the worker checks whether an operator command (
 kill, send) or another worker took an instance away: that attempt is cancelled at once
 (process group terminated, coroutine cancelled) and recorded ``cancelled``.
 
-Shutdown (huey's consumer, Stator's runstator): :meth:`Worker.request_stop` once → stop
-claiming, give back the claims not started, let running attempts finish within ``grace``
-seconds (then cancel them), release every lock, exit cleanly; twice → abort now: handler
-process groups are killed and the attempts still running (or waiting) are left for a
-worker to record as ``lost`` once their lease has expired (``store.recover_lost``).
+Shutdown (:meth:`Worker.request_stop` once: graceful, twice: abort) is a
+``shutdown.Shutdown``: the grace period, the last commits, the abort.
 
 Reading order: :meth:`Worker.run` turns the loop; :meth:`Worker._turn` is one turn, in
 named steps (tick, stop, collect, cycle, chores, idle exit, wait), each a short method
-below it. The periodic chores are :class:`timers.LoopingTimer` objects (Takahē's
-``stator/runner.py``); the database cycle is ``cycle.run_cycle`` (a ``CycleRequest`` in,
-a ``CycleResult`` out, counted in ``stats``, a ``cycle.WorkerStats``), run by a
-``cycle_runner.CycleRunner`` (where it runs, and the attempts it commits) when
-``pacing.plan`` decides (claim-ahead, batch waiting, the overlapped second cycle,
-chaining); the attempts in progress are a ``running.RunningAttempts``; blocking
-calls go to a ``db_thread.DatabaseThread``; the options are a ``config.WorkerConfig``;
-the loop sleeps until a ``wakeup.WakeUp``.
+below it. The chores (leases, fences, the heartbeat, the idle exit's look) are a
+``chores.Chores``, on :class:`timers.LoopingTimer` objects (Takahē's
+``stator/runner.py``) like the idle looks and the recovery; the database cycle is
+``cycle.run_cycle`` (a ``CycleRequest`` in, a ``CycleResult`` out, counted in
+``stats``, a ``cycle.WorkerStats``), run by a ``cycle_runner.CycleRunner`` (where it
+runs, and the attempts it commits) when ``pacing.plan`` decides (claim-ahead, batch
+waiting, the overlapped second cycle, chaining); the attempts in progress are a
+``running.RunningAttempts``; blocking calls go to a ``db_thread.DatabaseThread``; the
+options are a ``config.WorkerConfig``; the loop sleeps until a ``wakeup.WakeUp``; it
+stops through a ``shutdown.Shutdown``.
 :meth:`Worker.run_single_cycle` runs one cycle for tests.
 """
 
@@ -43,13 +42,15 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.engine import batching, cycle
 from runner.engine.ahead import WAIT_MAX, ClaimAhead
+from runner.engine.chores import Chores
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_runner import CycleRunner
-from runner.engine.db_thread import CALL_TIMEOUT, HURRY_TIMEOUT, DatabaseThread
+from runner.engine.db_thread import CALL_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
 from runner.engine.pacing import plan
 from runner.engine.running import Running, RunningAttempts
+from runner.engine.shutdown import Shutdown
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
 from runner.handlers import native, reaper
@@ -58,11 +59,6 @@ from runner.store.clock import clock_of
 from runner.store.dialect import dialect_of
 
 log = logging.getLogger("flowrun.worker")
-
-#: Seconds an abort (a second stop request) still waits for the cycles in flight; what
-#: the network holds longer is left behind (the attempts are recovered as lost once their
-#: leases expire).
-ABANDON_AFTER = 1.0
 
 
 class Worker:
@@ -84,7 +80,6 @@ class Worker:
     ):
         self.engine = engine
         self.config = cfg = config or WorkerConfig()
-        self.idle_hint = idle_hint
         # a call waiting on the network longer than this is broken off (PostgreSQL)
         timeout = None if dialect_of(engine).in_process else CALL_TIMEOUT
         self._db = DatabaseThread(timeout=timeout)
@@ -100,15 +95,13 @@ class Worker:
         self.stats = WorkerStats()
         self.first_cycle = asyncio.Event()
         self._wake = WakeUp(clock_of(engine).now)
-        self._stopping = False
-        self._abort = False
-        self._down_at_stop = False  # stopping, and the database down when the grace ran out
         #: the database cycles (one in flight, two on PostgreSQL: ``cycle_runner``) and the
         #: finished attempts they commit
         self.cycles = CycleRunner(
             engine, self.attempts, self._db, overlap=cfg.overlap, timeout=timeout
         )
         self.cycles.on_done = self._wake.set
+        self._stop = Shutdown(cfg.grace, self.cycles, self.attempts, self._db)
         self._hold = batching.Hold(cfg.concurrency)  # finished attempts waiting for company
         # how many instances to hold claimed beyond the free slots; by default only where
         # a cycle is a round trip on the database thread (PostgreSQL), not on SQLite,
@@ -118,8 +111,6 @@ class Worker:
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
-        self._grace_deadline: float | None = None  # monotonic s, set by the stop request
-        self._stop_logged = False
         self._outage = OutageBackoff(self._db.said)  # one outage log for the worker
         # the loop's chores, each due at once, then every interval (seconds)
         # woken through LISTEN/NOTIFY (PostgreSQL): idle looks only as a fallback, and the
@@ -131,12 +122,8 @@ class Worker:
         self._probe = LoopingTimer(fallback if self._notified else cfg.poll)  # idle look
         recover_every = fallback if self._notified else min(1.0, cfg.lease / 4)
         self._recover = LoopingTimer(recover_every)  # attempts of dead workers
-        self._fence = LoopingTimer(cfg.fence_poll)  # instances taken away (commands)
-        self._renew = LoopingTimer(cfg.lease / 3)  # the running attempts' leases
-        #: seconds between this worker's heartbeats (recorded in its ``workers`` row)
-        self.heartbeat = cfg.heartbeat or heartbeat.heartbeat_interval(cfg.lease)
-        self._beat = LoopingTimer(self.heartbeat)  # this worker's heartbeat row
-        self._idle_check = LoopingTimer(0.2)  # --exit-when-idle: anything left anywhere?
+        # leases, fences, the heartbeat, the idle exit's look
+        self._chores = Chores(engine, cfg, self.attempts, self._db, idle_hint)
         # SQLite: idle looks skipped while nobody commits (set up in ``start``)
         self._looks = IdleLooks()
 
@@ -152,23 +139,11 @@ class Worker:
         self._wake.due(due_at)
 
     def request_stop(self) -> str:
-        """First call: graceful stop; second: abort. Returns "graceful" or "abort"."""
-        if not self._stopping:
-            self._stopping = True
-            self.attempts.refill = False  # the claims not started are given back
-            now = time.monotonic()
-            self._grace_deadline = now + self.config.grace
-            # from the grace's last second on, a call stuck on a dead network is broken
-            # off or given up, so that the loop is free when the grace ends
-            self.cycles.hurry(max(now, self._grace_deadline - HURRY_TIMEOUT))
-            self.wake()
-            return "graceful"
-        self._abort = True
-        # a call stuck on a dead network is broken off now, and one that cannot be (a
-        # connection attempt) is given up soon: the loop must not wait for either
-        self.cycles.hurry(time.monotonic())
+        """First call: graceful stop; second: abort (``shutdown.Shutdown.request``).
+        Returns "graceful" or "abort"."""
+        mode = self._stop.request()
         self.wake()
-        return "abort"
+        return mode
 
     def quiet(self) -> bool:
         """True when no attempt runs, waits or waits to be committed and no cycle is in
@@ -176,16 +151,22 @@ class Worker:
         return not (self.cycles.flights or self.running or self.attempts.unsettled())
 
     @property
+    def heartbeat(self) -> float:
+        """Seconds between this worker's heartbeats (``WorkerConfig.heartbeat``, else a
+        third of the lease, at most ``store.heartbeat.HEARTBEAT_MAX``)."""
+        return self._chores.heartbeat
+
+    @property
     def stopping(self) -> bool:
         """True once a stop was requested."""
-        return self._stopping
+        return self._stop.stopping
 
     @property
     def unreachable(self) -> bool:
         """True while a database over the network (PostgreSQL) did not answer this
         worker's last call, or was down when it stopped: what is left to do at a stop
         should not wait for it. Always False on SQLite (no network to wait on)."""
-        return self._db.timeout is not None and (self._db.down or self._down_at_stop)
+        return self._db.timeout is not None and (self._db.down or self._stop.down_at_stop)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -200,7 +181,7 @@ class Worker:
         await self._open()
         reaper.start()  # exec handlers' escaped descendants are ended with their attempt
         try:
-            while not self._abort and await self._turn():
+            while not self._stop.abort and await self._turn():
                 pass
         finally:
             try:
@@ -221,22 +202,22 @@ class Worker:
         if self.config.on_tick is not None:
             self.config.on_tick()
         now = time.monotonic()
-        if self._stopping and self._stop_done(now):
+        if self._stop.stopping and self._stop.done(now, self.quiet()):
             return False
         while self.cycles.done():
             await self._collect()
-            if self._down_at_stop:
+            if self._stop.down_at_stop:
                 return False
         if now >= self._wake.at:  # a due time or lease expiry we were told of
             self._recover.next_at = now
         if self._wake.take(now):
             self._want_claim = True
         if self.cycles.can_submit() and self._start_cycle(now):
-            if self._renew.due(now) and (self.running or self.attempts.waiting):
-                await self._chores(now)  # a busy loop must still renew its leases
+            if self._chores.renew_due(now):
+                await self._chores.run(now)  # a busy loop must still renew its leases
             return True
-        await self._chores(now)
-        if self.config.exit_when_idle and await self._idle_exit(now):
+        await self._chores.run(now)
+        if self.config.exit_when_idle and await self._chores.idle_exit(now, self.quiet()):
             return False
         await self._wake.wait(self._timeout())
         return True
@@ -267,11 +248,11 @@ class Worker:
                 heartbeat.register,
                 self.engine,
                 cfg.worker_id,
-                self.heartbeat,
-                give_up=lambda: self._abort or self._stopping,
+                self._chores.heartbeat,
+                give_up=lambda: self._stop.abort or self._stop.stopping,
             )
         except DBAPIError:
-            if self._abort:
+            if self._stop.abort:
                 raise
             log.warning("worker %s stopped before the database came back", cfg.worker_id)
             return  # a stop must not wait for the database
@@ -286,33 +267,6 @@ class Worker:
         if not self._notified and self.cycles.no_wait is not None:
             self._looks = IdleLooks.open(self.engine)
 
-    def _stop_done(self, now: float) -> bool:
-        """While stopping: True once nothing runs, waits, is finished or in flight; past
-        the grace period (``config.grace`` s after the first call) the running attempts
-        are cancelled."""
-        if not self._stop_logged:
-            self._stop_logged = True
-            log.info(
-                "stopping: %d attempts running, grace %gs", len(self.running), self.config.grace
-            )
-        if self.quiet():
-            return True
-        deadline = self._grace_deadline
-        assert deadline is not None
-        if now > deadline:
-            self.attempts.cancel_all("worker shutting down (grace period over)")
-        # the database (over a network) does not answer in the grace's last second: what
-        # is left cannot be committed; leave, once no attempt runs
-        if (
-            self._db.timeout is not None
-            and now > deadline - HURRY_TIMEOUT
-            and (now > deadline or not self.running)
-            and (self._db.down or self.cycles.stuck(now, HURRY_TIMEOUT))
-        ):
-            self._down_at_stop = True
-            return True
-        return False
-
     async def _collect(self) -> None:
         """Take the result of the cycle that ended: count it and start what it claimed. On
         a database error its finished attempts go back for the next cycle, after a backoff."""
@@ -320,10 +274,10 @@ class Worker:
             result = self.cycles.collect()
         except DBAPIError as exc:  # its attempts are back: committed with the next cycle
             self.first_cycle.set()
-            if self._grace_deadline is not None and time.monotonic() > self._grace_deadline:
-                self._down_at_stop = True  # stopping, down past the grace: _close tries once
+            if self._stop.past_grace():
+                self._stop.down_at_stop = True  # stopping, down past the grace: close tries once
                 return
-            await self._pause(self._outage.fail(exc))
+            await self._stop.pause(self._outage.fail(exc))
             self._want_claim = True
             return
         self._outage.ok()
@@ -334,23 +288,12 @@ class Worker:
         # before the new work was committed (the wake-up would be lost)
         self._want_claim = self._want_claim or result.claimed_all
 
-    async def _pause(self, delay: float) -> None:
-        """Sleep ``delay`` seconds (an outage's backoff), cut short when a stop is
-        requested or, once stopping, at the end of the grace period."""
-        stopping = self._stopping
-        end = time.monotonic() + delay
-        while not self._abort and stopping == self._stopping:
-            left = min(end, self._grace_deadline or end) - time.monotonic()
-            if left <= 0:
-                return
-            await asyncio.sleep(min(left, 0.1))
-
     def _start_cycle(self, now: float) -> bool:
         """Start the next database cycle if ``pacing.plan`` says so; True if one started
         (the decision: claim-ahead, batch waiting, the overlapped second cycle, chaining)."""
         a, cycles = self.attempts, self.cycles
         room, release = self._room(now)
-        recover = not self._stopping and self._recover.due(now)
+        recover = not self._stop.stopping and self._recover.due(now)
         probe = room > 0 and not self._want_claim and self._probe.due(now) and self._may_find(now)
         step = plan(  # positional: once a turn
             now,
@@ -362,7 +305,7 @@ class Worker:
             self._want_claim,
             probe,
             recover,
-            0 if self._stopping else len(self.running),
+            0 if self._stop.stopping else len(self.running),
             self.config.concurrency,
             self._hold.since,
         )
@@ -395,33 +338,6 @@ class Worker:
         self._probe.next_at = 0.0
         self._wake.set()
 
-    async def _chores(self, now: float) -> None:
-        """Check fences (and renew leases) of the running attempts and beat the
-        heartbeat, each when its timer is due at ``now`` (monotonic seconds)."""
-        held = self.running or self.attempts.waiting
-        if held and (self._fence.due(now) or self._renew.due(now)):
-            check = self.attempts.lease_check(renew=self._renew.check(now), lease=self.config.lease)
-            checked = await self._db.guard(check)
-            if checked is not None:
-                self.attempts.lease_checked(checked)
-            self._fence.restart(now)
-        if self._beat.check(now):
-            await self._db.guard(
-                heartbeat.beat, self.engine, self.config.worker_id, len(self.running)
-            )
-
-    async def _idle_exit(self, now: float) -> bool:
-        """``--exit-when-idle``: True when nothing is in flight, running, waiting, finished,
-        pending anywhere in the database or hinted at (looked at every 0.2 s)."""
-        if not self.quiet():
-            return False
-        if not self._idle_check.check(now):
-            return False
-        if await self._db.guard(self._nothing_left):
-            log.info("nothing runnable, due, running or pending: exiting")
-            return True
-        return False
-
     def _timeout(self) -> float:
         """How long the loop may wait (seconds) before its next step is due."""
         cfg = self.config
@@ -429,9 +345,9 @@ class Worker:
             return self._hold.left(time.monotonic())
         if self.cycles.flights:
             timeout = 1.0  # their done-callbacks wake us
-        elif not self._stopping and len(self.running) < cfg.concurrency:
+        elif not self._stop.stopping and len(self.running) < cfg.concurrency:
             next_at = min(
-                self._probe.next_at, self._recover.next_at, self._beat.next_at, self._wake.at
+                self._probe.next_at, self._recover.next_at, self._chores.beat.next_at, self._wake.at
             )
             timeout = max(0.0, next_at - time.monotonic())
         else:
@@ -444,7 +360,7 @@ class Worker:
 
     def _free(self) -> int:
         """Free slots for new attempts (none while stopping)."""
-        return 0 if self._stopping else self.config.concurrency - len(self.running)
+        return 0 if self._stop.stopping else self.config.concurrency - len(self.running)
 
     def _room(self, now: float) -> tuple[int, list[Running]]:
         """``(room, release)`` at ``now`` (monotonic seconds): how many instances the next
@@ -454,7 +370,7 @@ class Worker:
         (``running.Running``): all of them while stopping, else those not started within
         ``ahead.WAIT_MAX`` (then no claim ahead in that cycle)."""
         a = self.attempts
-        if self._stopping:
+        if self._stop.stopping:
             return 0, a.give_back(everything=True) if a.waiting or a.lapsed else []
         free = self._free()
         if a.overdue():
@@ -475,7 +391,7 @@ class Worker:
         cfg = self.config
         plan = self._notified or (probe and self._looks.active)
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
-        return self.cycles.request(request, stopping=self._stopping, release=release)
+        return self.cycles.request(request, stopping=self._stop.stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
@@ -486,56 +402,23 @@ class Worker:
         self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)
         self.attempts.start(result.chained + result.claims, result.lease_from)
 
-    def _nothing_left(self) -> bool:
-        hint = self.idle_hint
-        return (hint is None or not hint()) and cycle.nothing_pending(self.engine)
-
     # -- bookkeeping -------------------------------------------------------------------
 
     async def _close(self) -> None:
-        """Wait for the cycles still in flight (keeping the attempts of one that failed); then
-        abort, or commit what finished (retrying a few times); then sign off. After an
-        abort or past the grace, a database that does not answer is not waited for."""
-        late = (
-            self._abort
-            or self._down_at_stop
-            or (self._grace_deadline is not None and time.monotonic() > self._grace_deadline)
+        """The last commits and the sign-off (``shutdown.Shutdown.close``), then free what
+        the loop held (cycles, idle looks, the database thread, the attempts)."""
+        await self._stop.close(
+            self.stats,
+            lambda release: self._request(0, release=release),
+            self.engine,
+            self.config.worker_id,
+            self.unreachable,
+            self._release,
         )
-        gone = late and self.unreachable  # nothing more can be committed: leave now
-        for settled in await self.cycles.settle(0 if gone else ABANDON_AFTER if late else None):
-            self.stats.add(settled)
-        if self._abort or gone:
-            self.attempts.abort()
-            log.warning(
-                "%s: %d attempts left for the next claim to recover",
-                "aborted" if self._abort else "stopped with the database unreachable",
-                len(self.running),
-            )
-        else:
-            # the last outcomes; the database may be briefly away (once: it was down for
-            # the whole grace already)
-            for _ in range(1 if self._down_at_stop else 5):
-                if not self.attempts.unsettled():
-                    break
-                try:
-                    release = self.attempts.give_back(everything=True)
-                    self.stats.add(await self.cycles.run_now(self._request(0, release=release)))
-                except DBAPIError as exc:
-                    self._db.said.failed(exc, "; retrying at stop")
-                    await asyncio.sleep(1.0)
-
-        try:
-            if not gone:
-                await self._db.guard(
-                    heartbeat.stopped,
-                    self.engine,
-                    self.config.worker_id,
-                    len(self.running),
-                    not self._abort,
-                )
-        finally:
-            self.cycles.close()
-            self._looks.close(self._wake.loop)
-            self._db.shutdown()
-            self.attempts.close()
         log.info("worker %s stopped", self.config.worker_id)
+
+    def _release(self) -> None:
+        self.cycles.close()
+        self._looks.close(self._wake.loop)
+        self._db.shutdown()
+        self.attempts.close()

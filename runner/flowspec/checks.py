@@ -22,6 +22,7 @@ from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
 from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec_rules import DELIVERED, delivery_templates
 from runner.flowspec.spec_sensors import event_fields
 from runner.templating import event_refs, placeholders
 
@@ -242,7 +243,7 @@ def _check_rules(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
             )
         action = rule.action
         sel = getattr(rule, action)
-        if action == "start" or sel.flow not in (None, spec.flow):
+        if action in ("start", "exec", "webhook") or sel.flow not in (None, spec.flow):
             continue  # other flows are checked by the FlowRegistry
         if sel.state is not None:
             _target(spec, err, sel.state, (*here, action, "state"), "state", gaps)
@@ -281,7 +282,13 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
                 if head == "event":
                     name = rest.split(".")[0]
                     used.append((name, ("rules", i, "data", key), f"{{event.{name}}}", False))
-        if rule.action != "start":
+        for where, template in delivery_templates(rule):
+            for path in placeholders(template):
+                head, _, rest = path.partition(".")
+                if head == "event":
+                    name = rest.split(".")[0]
+                    used.append((name, ("rules", i, *where), f"{{event.{name}}}", False))
+        if rule.action not in ("start", *DELIVERED):
             sel = getattr(rule, rule.action)
             for key, pattern in (sel.data or {}).items():
                 for name in event_refs(pattern):

@@ -44,6 +44,7 @@ class CompiledState:
         pool: the pool whose slots an attempt holds while it runs, or ``None``.
         slots: how many of the pool's slots one attempt holds.
         rate: the state's own rate (``"10/1m"``), or ``None``.
+        priority: 1..9, the state's own priority, else the flow's (default 5).
     """
 
     name: str
@@ -60,6 +61,7 @@ class CompiledState:
     pool: str | None = None
     slots: int = 1
     rate: str | None = None
+    priority: int = 5
 
     @property
     def exhausted_target(self) -> str | None:

@@ -28,6 +28,8 @@ from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.policy import state_policy
 from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec_rules import ON_FAILURE, ON_FAILURE_KINDS
+from runner.flowspec.spec_sensors import SensorSpec
 
 
 def _import(call: str, folder: str) -> tuple[Callable[..., Any] | None, str | None]:
@@ -74,13 +76,15 @@ def _machine(spec: FlowSpec) -> Machine:
     return machine
 
 
-def compile_source(source: str, path: str | Path) -> CompiledFlow:
+def compile_source(source: str, path: str | Path, *, imports: bool = True) -> CompiledFlow:
     """Parse, validate, check and compile one flow file's text.
 
     Args:
         source: the YAML text.
         path: the file path (messages, default flow name, folder for ``call`` imports;
             that folder is put on ``sys.path``).
+        imports: ``False``: import no ``call`` module (each ``func`` is ``None``), for a
+            reader that only shows the flow (``runner.flowspec.facts``).
 
     Raises:
         FlowErrors: every problem found, each with ``file:line:col``, sorted by position.
@@ -102,7 +106,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
     states: dict[str, CompiledState] = {}
     for name, st in spec.states.items():
         func = None
-        if st.call is not None and not st.terminal:
+        if imports and st.call is not None and not st.terminal:
             func, problem = _import(st.call, folder)
             if problem:
                 err(problem, ("states", name, "call"))
@@ -121,6 +125,7 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
             pool=st.pool,
             slots=st.slots or 1,
             rate=st.rate,
+            priority=st.priority or spec.priority,
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))
@@ -135,12 +140,20 @@ def compile_source(source: str, path: str | Path) -> CompiledFlow:
         initial=spec.initial,
         data=dict(spec.data),
         states=states,
-        sensors=dict(spec.sensors),
-        rules=list(spec.rules),
+        sensors={**spec.sensors, **on_failure_sensor(spec)},
+        rules=[*spec.rules, *([spec.on_failure.rule()] if spec.on_failure else [])],
         machine=_machine(spec),
         spec=spec,
         label=spec.label,
     )
+
+
+def on_failure_sensor(spec: FlowSpec) -> dict[str, SensorSpec]:
+    """The ``lifecycle`` sensor a flow's ``on_failure:`` declares (none without it)."""
+    if spec.on_failure is None:
+        return {}
+    lifecycle = {"flows": [spec.name], "on": list(ON_FAILURE_KINDS)}
+    return {ON_FAILURE: SensorSpec.model_validate({"lifecycle": lifecycle})}
 
 
 def load_flow(path: str | Path) -> CompiledFlow:

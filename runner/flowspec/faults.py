@@ -23,6 +23,14 @@ The rules:
 - success (a move): the target state's counters start afresh
   (``runner.lifecycle.enter_state``).
 
+Not here, on purpose: a lost attempt found when an operator command arrives
+(``runner.ops.commands``: its holder's lease had expired, nobody recovered it yet). The
+command's own outcome wins: the instance gets the status and due time the operator asked
+for (``kill``, ``pause``, ``resume``, ``retry``, ``send``, ``sleep``, ``wake``), so no
+verdict is taken from :func:`restart` (which would fail an instance whose restarts are
+spent, against a ``resume`` or a ``retry``); the command path only records the attempt
+``lost`` and counts the restart (the state's too when the instance stays in its state).
+
 Every function takes the state's counters as ``errors`` (the times of its errors, epoch
 s; a list, returned as is when nothing is spent) and ``restarts`` (its restarts so far),
 then ``at``, the time of the outcome. Times are float epoch seconds, UTC.

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.flowspec.spec import BackoffSpec, Defaults, ErrorBudgetSpec, StateSpec
+if TYPE_CHECKING:  # the read side (show, explain) needs Policy without pydantic
+    from runner.flowspec.spec import BackoffSpec, Defaults, ErrorBudgetSpec, StateSpec
 
 STATUS_OUTCOMES = ("failed", "paused")
 """``on_exhausted`` values that name a status rather than a state."""

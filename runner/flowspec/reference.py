@@ -42,9 +42,13 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("sensor", spec_sensors.SensorSpec, "sensors.N"),
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),
     ("tail", spec_sensors.TailSpec, "sensors.N.tail"),
+    ("lifecycle", spec_sensors.LifecycleSpec, "sensors.N.lifecycle"),
     ("rule", spec_rules.RuleSpec, "rules[i]"),
     ("selector", spec_rules.SelectorSpec, "rules[i].pause / resume / kill"),
     ("send", spec_rules.SendSpec, "rules[i].send"),
+    ("webhook", spec_rules.WebhookSpec, "rules[i].webhook"),
+    ("once_per", spec_rules.OncePerSpec, "rules[i].once_per"),
+    ("on_failure", spec_rules.OnFailureSpec, "on_failure"),
 )
 
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end: \2 -->)", re.S)

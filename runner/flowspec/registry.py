@@ -19,6 +19,7 @@ from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import load_flow
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.pool_checks import pool_problems
+from runner.flowspec.spec_rules import DELIVERED
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -184,6 +185,8 @@ class FlowRegistry:
                     if rule.start not in names:
                         err(flow, self._unknown(rule.start, names), ("rules", i, "start"))
                     continue
+                if action in DELIVERED:
+                    continue  # reaches people, not instances
                 sel = getattr(rule, action)
                 if sel.flow is None or sel.flow == flow.name:
                     continue  # checked by the compiler

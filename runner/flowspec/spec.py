@@ -24,7 +24,7 @@ from runner.flowspec.spec_handler import (
     SecretSpec,
     WorkingDirSpec,
 )
-from runner.flowspec.spec_rules import RuleSpec
+from runner.flowspec.spec_rules import OnFailureSpec, RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
 from runner.flowspec.spec_types import (
     CALL_RE,
@@ -184,6 +184,13 @@ class StateSpec(Strict):
         description="at most COUNT attempt starts of this state per DURATION across every "
         "daemon: 10/1m",
     )
+    priority: int | None = Field(
+        None,
+        ge=1,
+        le=9,
+        description="1..9, overrides the flow's priority while an instance is in this state "
+        "(flowrun start --priority overrides both)",
+    )
 
 
 class PoolSpec(Strict):
@@ -273,6 +280,18 @@ class FlowSpec(Strict):
         description="pool name -> slots, or {slots, rate}: at most that many slots in use at "
         "once across every daemon (a state takes one with 'pool'); every file declaring a "
         "pool declares it alike; 'flowrun pool set' changes the slots at run time",
+    )
+    on_failure: OnFailureSpec | None = Field(
+        None,
+        description="exec or webhook on each failed, budget_spent or restarts_spent "
+        "instance of this flow (a lifecycle sensor 'on_failure' and its rule)",
+    )
+    priority: int = Field(
+        5,
+        ge=1,
+        le=9,
+        description="1..9: among due instances the higher priority is claimed first (then "
+        "the earliest due), and a pool's free slot goes to it; a state's own overrides it",
     )
     max_running: Annotated[MaxRunningSpec, BeforeValidator(_max_running)] | None = Field(
         None,

@@ -2,16 +2,16 @@
 their events.
 
 A sensor is exactly one of ``files`` (:class:`FilesSpec`), ``tail`` (:class:`TailSpec`),
-``every`` or ``cron`` (:class:`SensorSpec`); what each kind's events carry is
-:data:`EVENT_FIELDS` (the sensors themselves live in ``runner.sensors``).
+``every`` or ``cron`` (:class:`SensorSpec`), ``lifecycle`` (:class:`LifecycleSpec`); what
+each kind's events carry is :data:`EVENT_FIELDS` (the sensors live in ``runner.sensors``).
 """
 
 import re
-from typing import Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from runner.flowspec.spec_types import Duration, OptDuration, Regex, Strict
+from runner.flowspec.spec_types import Duration, Name, OptDuration, Regex, Strict
 
 
 class FilesSpec(Strict):
@@ -53,6 +53,42 @@ class TailSpec(Strict):
     )
 
 
+LifecycleKind = Literal[
+    "failed",
+    "budget_spent",
+    "restarts_spent",
+    "killed",
+    "deadline_missed",
+    "completed",
+    "paused",
+    "resumed",
+    "retried",
+    "lost",
+]
+#: What a ``lifecycle`` sensor listens to without ``on:``.
+LIFECYCLE_DEFAULT_ON: tuple[LifecycleKind, ...] = (
+    "failed",
+    "budget_spent",
+    "restarts_spent",
+    "deadline_missed",
+)
+#: Every kind of lifecycle event (a ``lifecycle`` sensor's ``on:``).
+LIFECYCLE_KINDS: tuple[str, ...] = get_args(LifecycleKind)
+
+
+class LifecycleSpec(Strict):
+    """flowrun's own instance transitions as events: those of ``flows`` (default: every
+    flow) of the kinds ``on``. ``failed`` also hears every other transition into status
+    failed (``budget_spent`` or ``restarts_spent`` with ``on_exhausted: failed``)."""
+
+    flows: list[Name] | None = Field(None, description="flows watched (default: every flow)")
+    on: list[LifecycleKind] = Field(
+        list(LIFECYCLE_DEFAULT_ON),
+        description="kinds of transitions (default: failed, budget_spent, restarts_spent, "
+        "deadline_missed)",
+    )
+
+
 def _check_cron(value: str | None) -> str | None:
     from croniter import croniter  # only flows with a cron sensor pay for its import
 
@@ -61,8 +97,12 @@ def _check_cron(value: str | None) -> str | None:
     return value
 
 
+_KINDS = ("files", "tail", "every", "cron", "lifecycle")
+
+
 class SensorSpec(Strict):
-    """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds) or ``cron``."""
+    """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds), ``cron`` or
+    ``lifecycle``."""
 
     files: FilesSpec | None = Field(None, description="new files in a folder")
     tail: TailSpec | None = Field(None, description="lines appended to a log file")
@@ -70,7 +110,18 @@ class SensorSpec(Strict):
     cron: str | None = Field(
         None, description="a tick at each time of this cron expression (host's local time)"
     )
+    lifecycle: LifecycleSpec | None = Field(
+        None, description="flowrun's own instance transitions (failed, killed, ...)"
+    )
     description: str | None = Field(None, description="free text")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_lifecycle(cls, value: Any) -> Any:
+        # ``lifecycle:`` with nothing after it means every flow, the default kinds
+        if isinstance(value, dict) and "lifecycle" in value and value["lifecycle"] is None:
+            value = {**value, "lifecycle": {}}
+        return value
 
     @field_validator("cron")
     @classmethod
@@ -79,16 +130,16 @@ class SensorSpec(Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
-        kinds = [k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None]
+        kinds = [k for k in _KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
             got = ", ".join(kinds) or "none"
-            raise ValueError(f"a sensor needs exactly one of files, tail, every, cron (got: {got})")
+            raise ValueError(f"a sensor needs exactly one of {', '.join(_KINDS)} (got: {got})")
         return self
 
     @property
     def kind(self) -> str:
-        """``"files"``, ``"tail"``, ``"every"`` or ``"cron"``."""
-        return next(k for k in ("files", "tail", "every", "cron") if getattr(self, k) is not None)
+        """``"files"``, ``"tail"``, ``"every"``, ``"cron"`` or ``"lifecycle"``."""
+        return next(k for k in _KINDS if getattr(self, k) is not None)
 
 
 #: The fields of each sensor kind's events (the payload keys the sensors in
@@ -99,6 +150,22 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "tail": ("line", "file"),
     "every": ("tick", "scheduled", "missed"),
     "cron": ("tick", "scheduled", "missed"),
+    "lifecycle": (
+        "instance",
+        "flow",
+        "version",
+        "state",
+        "status",
+        "kind",
+        "label",
+        "error",
+        "attempts",
+        "errors",
+        "restarts",
+        "worker",
+        "at",
+        "explain",
+    ),
 }
 
 

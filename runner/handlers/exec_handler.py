@@ -12,7 +12,8 @@ Per attempt the cost outside the process itself is one spawn on a spawn thread
 (``runner.handlers.spawn``), its exit from its pidfd in an epoll set the loop reads
 (``runner.handlers.exits``), and one ``poll`` of its pipes at the exit; no asyncio
 transport, stream or task, and no selector registration of its own unless it runs longer
-than ``READ_AFTER``.
+than ``READ_AFTER`` (with an attempt log, stdout and stderr are read from the start: two
+registrations, which keep the order of the two streams).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, cast
 
 from runner import control_channel
 from runner.control_channel import EXIT_NOT_YET
-from runner.handlers import reaper
+from runner.handlers import exits, reaper
 from runner.handlers.attempt import (
     TAIL,
     AttemptResult,
@@ -196,16 +197,29 @@ class _Supervised:
             child.on_exit = self._exited
         else:
             self.loop.call_soon(self._poll_exit)
-        # Most handlers are done before the pipes matter: they are watched only from
-        # READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more meanwhile
-        # waits that long), and drained at the exit. Two selector registrations an
-        # attempt instead of eight.
+        # Without a log most handlers are done before the pipes matter: they are watched
+        # only from READ_AFTER seconds on (a pipe holds 64 kB; a handler writing more
+        # meanwhile waits that long), and drained at the exit. With a log, stdout and
+        # stderr are read from the start, as data comes, so the order of the two streams
+        # is kept (read at the exit, what was left in both could not be ordered).
+        self._live: set[int] = set()
+        self._raw: set[int] = set()  # of those, watched through the exit set
+        if log is not None:
+            self._watch_live()
         self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
+
+    def _watch_live(self) -> None:
+        for fd in (self.child.out, self.child.err):
+            self._live.add(fd)
+            if exits.watch_pipe(self.loop, fd, self._ready):
+                self._raw.add(fd)
+            else:
+                self.loop.add_reader(fd, self._readable, fd)
 
     def _start_reading(self) -> None:
         if not self._reading:
             self._reading = True
-            for fd in self._open:
+            for fd in self._open - self._live:
                 self.loop.add_reader(fd, self._readable, fd)
 
     # -- exit ------------------------------------------------------------------------
@@ -226,6 +240,13 @@ class _Supervised:
             self._exited(code)
 
     # -- pipes -----------------------------------------------------------------------
+
+    def _ready(self, fd: int, events: int) -> None:
+        """``fd`` (a live pipe) is readable, or its writers are gone: no read needed."""
+        if events & select.EPOLLIN:
+            self._readable(fd)
+        else:
+            self._close_fd(fd)
 
     def _readable(self, fd: int) -> bool:
         """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);
@@ -299,7 +320,9 @@ class _Supervised:
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
             self._open.discard(fd)
-            if self._reading:
+            if fd in self._raw:
+                exits.unwatch_pipe(self.loop, fd)
+            elif self._reading or fd in self._live:
                 self.loop.remove_reader(fd)
             os.close(fd)
             if fd in self._redactors:  # what was held back: no secret completes it now

@@ -27,6 +27,7 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.store.clock import db_now
 from runner.store.db import reading
+from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
 from runner.store.tables import commands, instances
@@ -89,6 +90,8 @@ def apply(
     at = db_now(conn)  # the database's clock: a lease is judged as its holder set it
     results = []
     due: list[float] = []  # due times the commands made, for the listening daemons
+    # lifecycle events (``runner.store.lifecycle_events``)
+    transitions: list[tuple[str, dict[str, Any]]] = []
     ids = list(dict.fromkeys(ids))  # each instance once, in the order given
     rows = {
         r["id"]: r
@@ -106,17 +109,40 @@ def apply(
             _log(conn, iid, command, event, source, at, "refused", str(exc), until, tag)
             continue
         values.update(fence=instances.c.fence + 1, updated_at=at)
+        if "priority" in values and row["start_priority"] is not None:
+            values["priority"] = row["start_priority"]  # the start's wins over a state's
         conn.execute(update(instances).where(instances.c.id == iid).values(**values))
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
         )
         _log(conn, iid, command, event, source, at, "applied", message, until, tag)
         results.append(CommandResult(iid, command, True, message))
+        moved = _lifecycle_row(row, values, command, at)
+        if moved is not None:
+            transitions.append(moved)
         if values.get("status", row["status"]) == "runnable":
             due.append(values.get("due_at", row["due_at"]) or at)
     if due:
         notify_due(conn, min(due))
+    emit(conn, transitions)  # lifecycle events, in the command's transaction
     return results
+
+
+#: The lifecycle event kind of each command (a ``send`` only when it completes).
+_COMMAND_KINDS = {"kill": "killed", "pause": "paused", "resume": "resumed", "retry": "retried"}
+
+
+def _lifecycle_row(
+    row: Any, values: dict[str, Any], command: str, at: float
+) -> tuple[str, dict[str, Any]] | None:
+    """The lifecycle transition (``lifecycle_events.transition``) a command applied to
+    instance ``row`` made, or ``None``."""
+    status = values.get("status", row["status"])
+    kind = "completed" if status == "completed" else _COMMAND_KINDS.get(command)
+    if kind is None:
+        return None
+    after = {**row, "state": values.get("state", row["state"]), "status": status}
+    return transition(f"{row['id']}:f{row['fence'] + 1}", after, kind, None, at)
 
 
 def _plan(
@@ -182,7 +208,8 @@ def _close_orphan_attempt(conn: Connection, row, at: float, *, same_state: bool)
 
     Like a lost attempt found by ``store.recover_lost``, it counts one restart (the
     state's too, unless the command moved the instance to another state, whose counters
-    start at zero).
+    start at zero), but the command's own outcome wins: no fault-model verdict is applied
+    (never ``failed`` for spent restarts; why: ``runner.flowspec.faults``, "Not here").
     """
     if row["running_attempt"] is None:
         return

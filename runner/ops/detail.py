@@ -28,6 +28,7 @@ from runner.store.reader import (
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.facts import FlowFacts
 
 
 def with_running(row: Any, history: list[Any]) -> list[dict[str, Any]]:
@@ -165,9 +166,10 @@ def get_instance(
     return out
 
 
-def stored_flow(db: EngineOrReader, version: str) -> CompiledFlow:
+def stored_flow(db: EngineOrReader, version: str, *, imports: bool = True) -> CompiledFlow:
     """The ``CompiledFlow`` of a stored ``version`` (``runner.store.versions``' cache),
-    its source read through the read side; ``db`` a ``Reader`` or an ``Engine``.
+    its source read through the read side; ``db`` a ``Reader`` or an ``Engine``;
+    ``imports=False``: its ``call`` modules not imported (``compile_stored``).
 
     Raises:
         UserError: the version is not stored or no longer compiles (exit 2).
@@ -181,7 +183,20 @@ def stored_flow(db: EngineOrReader, version: str) -> CompiledFlow:
             rows = run("SELECT source, path FROM flow_versions WHERE version = :v", {"v": version})
         return (rows[0][0], rows[0][1]) if rows else None
 
-    return compile_stored(version, source)
+    return compile_stored(version, source, imports=imports)
+
+
+def stored_facts(db: EngineOrReader, version: str) -> FlowFacts:
+    """The ``FlowFacts`` of a stored ``version`` (``runner.flowspec.facts``' disk cache;
+    compiled through :func:`stored_flow` on a miss, importing no ``call`` module): what
+    ``show``, ``explain`` and ``ls`` read of a flow, without the compiler when cached.
+
+    Raises:
+        UserError: the version is not stored or no longer compiles (exit 2).
+    """
+    from runner.flowspec.facts import cached_facts
+
+    return cached_facts(version, lambda: stored_flow(db, version, imports=False))
 
 
 def _setups(reader: Reader, version: str) -> dict[str, tuple[list[str], list[str]]]:
@@ -190,7 +205,7 @@ def _setups(reader: Reader, version: str) -> dict[str, tuple[list[str], list[str
     from runner.errors import UserError
 
     try:
-        states = stored_flow(reader, version).states
+        states = stored_facts(reader, version).states
     except UserError:
         return {}
     return {
@@ -207,7 +222,7 @@ def _waits_for(reader: Reader, row: Any) -> list[str] | None:
     from runner.errors import UserError
 
     try:
-        flow = stored_flow(reader, row["version"])
+        flow = stored_facts(reader, row["version"])
     except UserError:
         return None
     events = waits_for(row, flow)
@@ -222,7 +237,7 @@ def _budget(reader: Reader, row: Any) -> dict[str, Any] | None:
     from runner.errors import UserError
 
     try:
-        state = stored_flow(reader, row["version"]).states[row["state"]]
+        state = stored_facts(reader, row["version"]).states[row["state"]]
     except (UserError, KeyError):
         return None
     if state.kind == "terminal":

@@ -21,7 +21,7 @@ from runner.ops.explanation import (
     exhausted_target,
     secs,
 )
-from runner.store.flow_limits import describe, is_limit
+from runner.store.limit_names import describe, is_limit
 
 
 def forecast(inst: dict[str, Any], flow: Any, now: float, t: Track | None = None) -> list[Entry]:
@@ -120,6 +120,17 @@ def pool_wait(name: str, pool: dict[str, Any] | None) -> tuple[str, dict[str, An
     )
 
 
+def _rank(inst: dict[str, Any]) -> str:
+    """``"; priority 9 (flowrun start): ..."`` for an instance whose priority is not the
+    default 5, else ``""`` (in a queue the higher priority goes first, then the earliest
+    due)."""
+    p = inst.get("priority")
+    if p is None or p == 5:
+        return ""
+    given = " (flowrun start --priority)" if inst.get("start_priority") is not None else ""
+    return f"; priority {p}{given}: before lower priorities, after higher ones"
+
+
 def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
     iid, status, due = inst["id"], inst["status"], inst["due_at"]
     why = t.wait_cause if t is not None and t.wait_cause else None
@@ -152,12 +163,14 @@ def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
         text = f"waits in {inst['state']!r} for an event: {events or 'none accepted'}"
     elif due is None and inst.get("waiting_for"):
         text, data["pool"] = pool_wait(inst["waiting_for"], inst.get("pool_now"))
+        text += _rank(inst)
     elif due is None:
         text = "not scheduled"
     elif due <= now:
         text = f"due now (since {secs(now - due)}): the next free worker claims it"
         if why:
             text += f"; it waited for: {why}"
+        text += _rank(inst)
     elif (inst.get("waiting_for") or "").startswith("rate "):
         text = f"{inst['waiting_for']} reached, next start {clock(due)} (in {secs(due - now)})"
     else:

@@ -184,6 +184,8 @@ def _plan(
         if row["status"] in ("paused", "failed") and entered["status"] == "runnable":
             entered["status"] = row["status"]  # a paused or failed instance stays so
         values.update(entered)
+        if row["start_priority"] is not None:
+            values["priority"] = row["start_priority"]  # the start's wins over a state's
     moved = f", state {state} -> {m.to_state}" if m.to_state != state else ""
     m.ok = True
     m.message = f"instance {iid}: version {row['version']} -> {goal.version}{moved}"

@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runner.flowspec.spec_types import parse_rate
-from runner.store.flow_limits import is_limit
+from runner.store.limit_names import is_limit
 from runner.store.reader import reader_of
 
 _POOLS = "SELECT name, declared, slots, rate, starts FROM pools ORDER BY name"
@@ -42,6 +41,8 @@ def read_pools(db: Any, *, now: float | None = None) -> list[dict[str, Any]]:
     Raises:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
+    from runner.flowspec.spec_types import parse_rate  # pydantic: only when pools are listed
+
     now = time.time() if now is None else now
     reader = reader_of(db)
     with reader.snapshot() as run:

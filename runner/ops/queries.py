@@ -14,7 +14,14 @@ from typing import Any
 
 from runner.lifecycle import STATUSES
 from runner.ops.views import JSON_KEYS, event_what, instance_json, iso, waits_for
-from runner.store.reader import EVENT_COLUMNS, EngineOrReader, as_dicts, columns, reader_of
+from runner.store.reader import (
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    EngineOrReader,
+    as_dicts,
+    columns,
+    reader_of,
+)
 
 SORTABLE = (
     "id",
@@ -133,7 +140,8 @@ def list_events(db: EngineOrReader, *, limit: int = 50) -> list[dict[str, Any]]:
     ``runner.ops.views.event_what``), ``created_at`` and ``handled_at`` (ISO 8601 UTC,
     ``handled_at`` ``None`` while pending) and ``action`` (what the rules did, e.g.
     ``"started csv_ingest instance 42"``, with ``" (pruned)"`` once that instance was
-    pruned: :func:`shown_action`). Text is as stored (not made literal).
+    pruned: :func:`shown_action`), ``deliveries`` (:func:`event_deliveries`). Text is as
+    stored (not made literal).
 
     Raises:
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
@@ -153,6 +161,34 @@ def list_events(db: EngineOrReader, *, limit: int = 50) -> list[dict[str, Any]]:
             action=shown_action(r["action"], r.pop("instances_left")),
         )
         r["what"] = event_what(r["payload"])
+    by_event = event_deliveries(reader, [r["id"] for r in out])
+    for r in out:
+        r["deliveries"] = by_event.get(r["id"], [])
+    return out
+
+
+def event_deliveries(db: Any, event_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The deliveries (a rule's ``exec``/``webhook``) of each event of ``event_ids``:
+    ``{event id: [dict of DELIVERY_COLUMNS]}``, times as ISO 8601 UTC, the target without
+    its headers (they may name secrets' templates). ``db`` a ``Reader`` or an ``Engine``."""
+    if not event_ids:
+        return {}
+    reader = reader_of(db)
+    marks = ", ".join(f":e{i}" for i in range(len(event_ids)))
+    sql = (
+        f"SELECT {columns(DELIVERY_COLUMNS)} FROM deliveries WHERE event_id IN ({marks})"
+        " ORDER BY id"
+    )
+    with reader.snapshot() as run:
+        rows = run(sql, {f"e{i}": e for i, e in enumerate(event_ids)})
+    out: dict[int, list[dict[str, Any]]] = {}
+    for d in as_dicts(reader, DELIVERY_COLUMNS, rows):
+        target = d["target"] or {}
+        hook = target.get("webhook")
+        if isinstance(hook, dict):
+            target = {"webhook": {k: v for k, v in hook.items() if k != "headers"}}
+        d.update(target=target, delivered_at=iso(d["delivered_at"]), due_at=iso(d["due_at"]))
+        out.setdefault(d["event_id"], []).append(d)
     return out
 
 
@@ -167,7 +203,7 @@ def waiting_events(db: EngineOrReader, rows: list[dict[str, Any]]) -> dict[int, 
         sqlite3.Error, sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
     from runner.errors import UserError
-    from runner.ops.detail import stored_flow
+    from runner.ops.detail import stored_facts
 
     flows: dict[str, Any] = {}
     out: dict[int, tuple[str, ...]] = {}
@@ -177,7 +213,7 @@ def waiting_events(db: EngineOrReader, rows: list[dict[str, Any]]) -> dict[int, 
         version = r["version"]
         if version not in flows:
             try:
-                flows[version] = stored_flow(db, version)
+                flows[version] = stored_facts(db, version)
             except UserError:
                 flows[version] = None
         events = waits_for(r, flows[version])

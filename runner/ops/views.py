@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.facts import FlowFacts
 
 INSTANCE_KEYS = (
     "id",
@@ -30,6 +31,7 @@ INSTANCE_KEYS = (
     "created_at",
     "updated_at",
     "waiting_for",
+    "priority",
 )
 _TIME_KEYS = ("due_at", "locked_until", "created_at", "updated_at", "state_changed")
 #: The columns :func:`instance_json` reads.
@@ -93,7 +95,7 @@ def attempt_json(row: Any) -> dict[str, Any]:
     }
 
 
-def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
+def waits_for(row: Any, flow: CompiledFlow | FlowFacts | None) -> tuple[str, ...] | None:
     """The ``on:`` events (in the flow's order) an instance ``row`` (with ``state``,
     ``status``, ``due_at``, ``running_attempt``) waits for, when it is runnable in an
     external state of ``flow`` (its version) with nothing due: ``("release",
@@ -111,10 +113,17 @@ def waits_for(row: Any, flow: CompiledFlow | None) -> tuple[str, ...] | None:
 def event_what(payload: Any) -> str:
     """What happened, in one text, from a stored event's ``payload``: a tail sensor's
     ``line``, a files sensor's file (``a.csv (12 bytes) in /srv/inbox``), a clock sensor's
-    ``tick`` at ``scheduled`` (and how many ticks it missed); any other payload as compact
+    ``tick`` at ``scheduled`` (and how many ticks it missed), a lifecycle event's instance,
+    flow, state, kind and error; any other payload as compact
     JSON. As stored: the caller shows it literally."""
     if not isinstance(payload, dict):
         return json.dumps(payload)
+    if isinstance(payload.get("kind"), str) and isinstance(payload.get("instance"), int):
+        error = f": {payload['error']}" if payload.get("error") else ""  # a lifecycle event
+        return (
+            f"instance {payload['instance']} ({payload.get('flow')}, {payload.get('state')}) "
+            f"{payload['kind']}{error}"
+        )
     if isinstance(payload.get("line"), str):
         return payload["line"]
     if isinstance(payload.get("path"), str):  # the file's name first: it survives a cut

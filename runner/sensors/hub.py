@@ -21,14 +21,18 @@ from sqlalchemy.exc import DBAPIError
 
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
+from runner.sensors.deliver import Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
+from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
-from runner.store.data_version import data_version
+from runner.store.data_version import CommitBell, commit_bell, data_version
 from runner.store.db import short_error
+from runner.store.deliveries import untried
+from runner.store.lifecycle_events import declare_flows, forget
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -39,7 +43,15 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
     "tail": TailSensor,
     "every": ClockSensor,
     "cron": ClockSensor,
+    "lifecycle": LifecycleSensor,
 }
+
+
+#: While a ``lifecycle`` sensor exists on SQLite (seconds): the shortest time between two
+#: looks of the rules woken by a commit (the commit bell), and their longest wait where
+#: there is no bell (no inotify). A transition reaches its alert about this soon
+#: (``bench/alerts.py``); an idle daemon, which commits nothing, is not woken at all.
+LIFECYCLE_POLL = 0.02
 
 
 @dataclass
@@ -96,6 +108,8 @@ class SensorHub:
         self.ready = asyncio.Event()
         self.on_work: Callable[[], None] | None = None
         self.rules = RuleEngine(engine, registry)
+        #: sends the rules' exec and webhook actions (``runner.sensors.deliver``)
+        self.deliverer = Deliverer(engine, registry, worker_id)
         self._running: dict[str, _Running] = {}
         self._rules_kick = asyncio.Event()
         self.watch = FlowWatch(self)
@@ -109,11 +123,12 @@ class SensorHub:
         self._rules_kick.set()
 
     def pending(self) -> bool:
-        """True while a sensor of this daemon holds unstored input (a file settling) or
-        any event is not handled yet (blocking: one ``COUNT`` query)."""
+        """True while a sensor of this daemon holds unstored input (a file settling), any
+        event is not handled yet, or a delivery was never tried (blocking: ``COUNT``
+        queries)."""
         if any(r.sensor.busy() for r in self._running.values()):
             return True
-        return pending_events(self.engine) > 0
+        return pending_events(self.engine) > 0 or untried(self.engine) > 0
 
     def running(self) -> list[str]:
         """Names of the sensors this daemon runs now."""
@@ -138,11 +153,14 @@ class SensorHub:
         watch_task = asyncio.ensure_future(
             self._keep("watcher and flow reload", lambda: self.watch.run(stop), stop)
         )
+        deliver_task = asyncio.ensure_future(
+            self._keep("deliveries", lambda: self.deliverer.run(stop), stop)
+        )
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
         finally:
             await self._stop_sensors(list(self._running))
-            for task in (watch_task, rules_task):
+            for task in (watch_task, rules_task, deliver_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -199,6 +217,7 @@ class SensorHub:
     async def leases(self) -> None:
         """Claim/renew leases; start sensors we hold, stop those we lost or that changed."""
         desired = self.desired()
+        declare_flows(self.engine, self.registry)  # lifecycle events of the flows loaded
         held = await asyncio.to_thread(
             claim_leases, self.engine, desired, self.worker_id, self.lease
         )
@@ -211,6 +230,7 @@ class SensorHub:
         gone = [n for n in stale if n not in desired]
         if gone:
             await asyncio.to_thread(release_leases, self.engine, self.worker_id, gone)
+            await asyncio.to_thread(forget, self.engine, gone)
         for name in sorted(held - set(self._running)):
             flow, spec = desired[name]
             sensor = self.make_sensor(name, flow, spec)
@@ -245,6 +265,10 @@ class SensorHub:
 
     # -- rules -----------------------------------------------------------------------
 
+    def _lifecycle(self) -> bool:
+        """Whether a loaded flow has a ``lifecycle`` sensor."""
+        return any(spec.kind == "lifecycle" for _, spec in self.desired().values())
+
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
         restarts it).
@@ -254,19 +278,49 @@ class SensorHub:
         ``poll`` is skipped while nobody committed anything since the last look
         (``runner.store.data_version``): it would find what that one found."""
         changes = data_version(self.engine)
+        # SQLite with a lifecycle sensor: transitions are events stored by any commit, of
+        # this daemon's worker too; the commit bell wakes the rules for them (an idle
+        # database rings nothing). PostgreSQL's notifications wake the rules instead.
+        bell = commit_bell(self.engine) if changes is not None else None
+        rung = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if bell is not None:
+            loop.add_reader(bell.fd, _ring, bell, rung)
         try:
             while not stop.is_set():
                 before = changes.read() if changes is not None else None
+                rung.clear()  # a commit from here on rings for the next look
+                looked = loop.time()
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                if acted:
+                    self.deliverer.kick()
                 if acted and self.on_work is not None:
                     self.on_work()
                 if seen >= self.rules.batch:
                     continue
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    await first_of(self._rules_kick.wait(), stop.wait(), timeout=self.poll)
+                    lifecycle = changes is not None and self._lifecycle()
+                    if lifecycle and bell is not None:
+                        await first_of(
+                            self._rules_kick.wait(), stop.wait(), rung.wait(), timeout=self.poll
+                        )
+                        if rung.is_set():  # at most one look a LIFECYCLE_POLL
+                            await asyncio.sleep(max(0.0, looked + LIFECYCLE_POLL - loop.time()))
+                    else:
+                        wait = min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
+                        await first_of(self._rules_kick.wait(), stop.wait(), timeout=wait)
                     if before is None or changes is None or changes.read() != before:
                         break
                 self._rules_kick.clear()
         finally:
+            if bell is not None:
+                loop.remove_reader(bell.fd)
+                bell.close()
             if changes is not None:
                 changes.close()
+
+
+def _ring(bell: CommitBell, rung: asyncio.Event) -> None:
+    """The commit bell rang (a commit, anyone's): forget it and wake the rules."""
+    bell.drain()
+    rung.set()

@@ -31,12 +31,14 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.ops import commands
 from runner.sensors.base import log
+from runner.sensors.lifecycle import enrich
 from runner.store import create
 from runner.store.clock import db_now
 from runner.store.db import reading
+from runner.store.deliveries import queue
 from runner.store.flow_limits import refusal
-from runner.store.tables import events
-from runner.templating import render_event_refs, render_value
+from runner.store.tables import JSONType, events
+from runner.templating import render, render_event_refs, render_value
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -63,6 +65,11 @@ def rule_error(exc: BaseException) -> str:
 
 
 _SET_ACTION = update(events).where(events.c.id == bindparam("eid")).values(action=bindparam("text"))
+_SET_PAYLOAD = (
+    update(events)
+    .where(events.c.id == bindparam("eid"))
+    .values(payload=bindparam("payload", type_=JSONType))
+)
 
 
 def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
@@ -111,6 +118,7 @@ class RuleEngine:
         if not rows:
             return 0, 0
         at = time.time()
+        rows, enriched = self._enrich(rows, at)
         with self.engine.begin() as conn:
             claimed = set(
                 conn.execute(
@@ -130,8 +138,28 @@ class RuleEngine:
                 done.append({"eid": event_id, "text": "; ".join(texts)})
             if done:
                 conn.execute(_SET_ACTION, done)
+            kept = [e for e in enriched if e["eid"] in claimed]
+            if kept:
+                conn.execute(_SET_PAYLOAD, kept)
         self.actions.update(by_sensor)
         return len(rows), acted
+
+    def _enrich(self, rows: list[Any], at: float) -> tuple[list[Any], list[dict[str, Any]]]:
+        """``rows`` (id, sensor, payload) with each lifecycle event's ``label`` and
+        ``explain`` added (read now, outside the claim's transaction), and the payloads
+        to store (``[{"eid", "payload"}]``)."""
+        out, enriched = [], []
+        for event_id, sensor, payload in rows:
+            flow_name, _, sensor_name = sensor.partition(".")
+            flow = self.registry.flows.get(flow_name)
+            spec = (getattr(flow, "sensors", None) or {}).get(sensor_name)
+            if spec is not None and spec.kind == "lifecycle" and payload:
+                richer = enrich(self.engine, payload, at)
+                if richer is not payload:
+                    enriched.append({"eid": event_id, "payload": richer})
+                    payload = richer
+            out.append((event_id, sensor, payload))
+        return out, enriched
 
     def _apply_rules(
         self, conn: Connection, event_id: int, sensor: str, payload: dict[str, Any]
@@ -198,10 +226,16 @@ class Planned:
     ids: list[int] | None = None
     event: str | None = None
     target: CompiledFlow | None = None
+    delivery: dict[str, Any] | None = None
+    once_key: str | None = None
+    window: float | None = None
+    retry_for: float = 3600.0
 
     def describe(self) -> str:
         """One line: ``start csv_ingest with data {...}`` / ``pause 2 csv_ingest instances
-        (ids 3, 4)``."""
+        (ids 3, 4)`` / ``webhook POST https://...`` / ``exec ["notify", ...]``."""
+        if self.delivery is not None:
+            return describe_target(self.delivery)
         if self.action == "start":  # the data the instance gets: the flow's defaults under
             data = {**(getattr(self.target, "data", None) or {}), **(self.data or {})}
             return f"start {self.flow} with data {json.dumps(data, sort_keys=True)}"
@@ -222,6 +256,8 @@ def plan(
     Raises one of ``RULE_ERRORS`` (a template naming a missing event field, an unknown
     flow, a rule without an action).
     """
+    if rule.exec is not None or rule.webhook is not None:
+        return _plan_delivery(flow, rule, payload)
     if rule.start is not None:
         target = registry.get(rule.start)
         context = {"event": payload, "data": dict(target.data or {})}
@@ -246,6 +282,43 @@ def plan(
     raise ValueError(f"rule of {flow.name} has no action")
 
 
+def _plan_delivery(flow: Any, rule: Any, payload: dict[str, Any]) -> Planned:
+    """A rule's ``exec`` or ``webhook`` for one event: the target with its ``{event.x}``
+    rendered (headers are rendered when sent: they may read ``{env.X}``)."""
+    context = {"event": payload}
+    if rule.exec is not None:
+        target: dict[str, Any] = {"exec": [render(a, context) for a in rule.exec]}
+    else:
+        hook = rule.webhook
+        target = {
+            "webhook": {
+                "url": render(hook.url, context),
+                "method": hook.method,
+                "headers": dict(hook.headers),
+                "body": None if hook.body is None else render(hook.body, context),
+                "timeout": hook.timeout,
+            }
+        }
+    once = rule.once_per
+    return Planned(
+        "exec" if rule.exec is not None else "webhook",
+        flow.name,
+        delivery=target,
+        once_key=None if once is None else render(once.key, context),
+        window=None if once is None else once.window,
+        retry_for=rule.retry_for,
+    )
+
+
+def describe_target(target: dict[str, Any]) -> str:
+    """One line naming a delivery's target: ``exec ["notify", "x"]`` or ``webhook POST
+    URL`` (header values never shown)."""
+    if "exec" in target:
+        return f"exec {json.dumps(target['exec'])}"
+    hook = target.get("webhook") or {}
+    return f"webhook {hook.get('method', 'POST')} {hook.get('url')}"
+
+
 def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple[str, int]:
     """Do ``planned`` for stored event ``event_id`` in the caller's transaction; returns
     ``(text, actions taken)``. A started instance records the event (``event_id``); each
@@ -258,6 +331,19 @@ def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple
             return f"skipped start of {planned.flow}: {skipped}", 0
         iid = create.create_instance(conn, target, planned.data, event_id=event_id)
         return f"started {planned.flow} instance {iid}", 1
+    if planned.delivery is not None:
+        did, queued = queue(
+            conn,
+            event_id,
+            source,
+            planned.delivery,
+            retry_for=planned.retry_for,
+            once_key=planned.once_key,
+            window=planned.window,
+        )
+        if not queued:
+            return f"{planned.action} folded into delivery {did} (once_per)", 0
+        return f"{planned.action} queued (delivery {did})", 1
     results = commands.apply(
         conn,
         planned.ids or [],

@@ -59,7 +59,8 @@ class EmbeddedWorker:
         self._ready.wait(10)
 
     def _main(self) -> None:
-        from runner.service.daemon import ServiceOptions, serve
+        from runner.service.daemon import serve
+        from runner.service.options import ServiceOptions
 
         async def go() -> None:
             self.loop = asyncio.get_running_loop()

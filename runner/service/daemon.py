@@ -7,7 +7,9 @@ process groups are killed; the leases expire and any worker recovers the instanc
 ``lost``; exit 130 or 143). Every long-lived part runs under one supervisor
 (``runner.service.supervisor``): a part that cannot be kept alive stops the daemon with
 exit 70. Optional parts: Prometheus metrics, systemd notification, progress and status
-lines (``ServiceOptions``).
+lines (``options.ServiceOptions``). The parts that wait for the worker's first cycle wait
+at a ``first_cycle.FirstCycle``; the daemon's end is ``stopping`` (``wind_down``,
+``exit_code``).
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ from sqlalchemy.exc import DBAPIError
 from runner.engine.config import WorkerConfig
 from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
-from runner.errors import ConfigError
 from runner.flowspec.registry import FlowRegistry
-from runner.retention import DEFAULT, EVENT_WINDOW, Retention
+from runner.service.first_cycle import FirstCycle
 from runner.service.logs import attempt_logger
+from runner.service.options import Served, ServiceOptions
 from runner.service.sdnotify import Notifier, notify_loop
 from runner.service.startup import listen_url, preload_hub
+from runner.service.stopping import exit_code, wind_down
 from runner.service.supervisor import Supervisor
-from runner.store.db import interrupt, short_error
 from runner.store.notify import DueListener
 
 if TYPE_CHECKING:
@@ -51,60 +53,12 @@ log = logging.getLogger("flowrun.daemon")
 IO_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
-@dataclass(frozen=True)
-class ServiceOptions:
-    """The optional parts of ``flowrun --daemon`` (the CLI's options, typed).
-
-    Attributes:
-        metrics: ``(host, port)`` to serve Prometheus ``/metrics`` on, or ``None``.
-        progress: show progress until idle (``--exit-when-idle``): a rich bar when
-            ``tty`` (``None``: stderr is a terminal), else a line every 5 s.
-        status_every: seconds between status lines (counts by status, attempts/s).
-        log_attempts: one INFO line per finished attempt (``flowrun.attempts``).
-        notifier: the systemd notifier (``None``: from the environment).
-        prune_every: seconds between the pruner's rounds (``runner.service.pruner``;
-            ``None``: no pruner, the default of an embedded worker).
-        retention: the pruner's policy for flows without their own (``--retention``).
-        event_retention: seconds handled events are kept (``None``: forever).
-        listen_url: PostgreSQL: the URL whose connection ``LISTEN``s (``--listen-db``: a
-            direct connection to the same database when the engine's goes through a
-            transaction-pooling pooler); ``None``: the engine's own URL, or no ``LISTEN``
-            at all (polling, with a WARNING) behind such a pooler.
-    """
-
-    metrics: tuple[str, int] | None = None
-    progress: bool = False
-    tty: bool | None = None
-    status_every: float = 60.0
-    log_attempts: bool = False
-    notifier: Notifier | None = None
-    prune_every: float | None = None
-    retention: Retention = DEFAULT
-    event_retention: float | None = EVENT_WINDOW
-    listen_url: str | None = None
-    log_store_max: int | None = None  # wiring: logs (--log-store-max; None: 1 GiB on SQLite)
-
-
-@dataclass
-class Served:
-    """How a daemon ended: ``code`` is its exit code (0 clean stop or idle exit, 70 a part
-    could not be kept alive, 128 + signal number after an abort by a second signal);
-    ``worker`` (its ``stats``), the ``supervisor`` and the metrics port actually bound."""
-
-    worker: Worker
-    code: int
-    supervisor: Supervisor
-    metrics_port: int | None = None
-
-
 #: Seconds without a turn of the worker loop after which it counts as stuck (no watchdog).
 LOOP_STALE = 10.0
 
 #: Seconds after the worker's first cycle by which the sensor hub starts at the latest; it
 #: starts as soon as the worker has nothing to do (``Worker.quiet``), if that comes first.
 HUB_AFTER = 1.0
-
-EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
 
 
 def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], None] | None:
@@ -120,18 +74,6 @@ def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], No
             h(claim, result)
 
     return both
-
-
-async def _until(*aws: Awaitable[Any], timeout: float | None = None) -> None:
-    """Wait until the first of ``aws`` is done (or ``timeout`` seconds passed); the waits
-    made here are cancelled after, a task given is left running."""
-    futures = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for made, given in zip(futures, aws, strict=True):
-            if made is not given:
-                made.cancel()
 
 
 class Part(NamedTuple):
@@ -153,7 +95,7 @@ class Daemon:
     is over (``hub``, ``pruner``), ``None`` when the options leave them out. What runs
     under the supervisor is :meth:`parts`; to add a part, add its field (made in
     ``__post_init__``, or in its run method when it should not delay the first claim) and
-    one entry in :meth:`parts` (wrapped in :meth:`after_first_cycle` when it can wait).
+    one entry in :meth:`parts` (wrapped in ``gate.later`` when it can wait).
 
     Raises (on construction):
         ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
@@ -181,7 +123,7 @@ class Daemon:
     idle: asyncio.Event = field(init=False)  # after the first cycle, the worker was quiet
     aborted_by: int | None = field(init=False, default=None)  # the second signal's number
     ticked: float | None = field(init=False, default=None)  # the worker loop's last turn
-    worker_task: asyncio.Future[None] | None = field(init=False, default=None)
+    gate: FirstCycle = field(init=False)  # the worker's first cycle; its task
     outer_tick: Callable[[], None] | None = field(init=False, default=None)  # config's own
     base: Any = field(init=False, default=None)  # the progress line's baseline
     started: float = field(init=False, default=0.0)  # monotonic s, the parts' start
@@ -196,6 +138,7 @@ class Daemon:
             config, on_tick=self.on_tick, listen=url is not None
         )
         self.worker = worker = Worker(self.engine, config, idle_hint=self.busy)
+        self.gate = FirstCycle(worker, self.stop, self.idle)
         if url is not None:
             self.listener = DueListener(
                 url,
@@ -213,8 +156,12 @@ class Daemon:
             self.tally.finished if self.tally else None,
             attempt_logger(config.worker_id) if opts.log_attempts else None,
         )
-        if opts.metrics is not None:
-            self._start_metrics(*opts.metrics)
+        if opts.metrics is not None and self.tally is not None:
+            from runner.service.metrics import start_metrics
+
+            self.collector, self.metrics = start_metrics(
+                self.engine, worker, self.tally, self.supervisor, *opts.metrics
+            )
         self.notifier = opts.notifier or Notifier()
 
     @property
@@ -226,7 +173,7 @@ class Daemon:
         """What runs under the supervisor besides the worker and the hub, in start order;
         a part the options leave out is not listed. Procrastinate's worker starts its
         side tasks from one such list."""
-        later, opts = self.after_first_cycle, self.options
+        later, opts = self.gate.later, self.options
         progress = opts.progress and self.config.exit_when_idle
         pruning = opts.prune_every is not None and self.registry is not None
         wanted = [
@@ -295,7 +242,7 @@ class Daemon:
         """No part given up, the worker task alive and its loop turning (it turns at
         least every second; before its first turn, start-up counts as healthy)."""
         fresh = self.ticked is None or time.monotonic() - self.ticked < LOOP_STALE
-        task = self.worker_task
+        task = self.gate.task
         return self.supervisor.healthy() and not (task is not None and task.done()) and fresh
 
     def status(self) -> str:
@@ -308,54 +255,16 @@ class Daemon:
 
     # -- the parts -----------------------------------------------------------------
 
-    def _start_metrics(self, host: str, port: int) -> None:
-        from runner.service.metrics import DaemonCollector, MetricsServer, registry_for
-
-        assert self.tally is not None
-        collector = DaemonCollector(self.engine, self.worker, self.tally, None, self.supervisor)
-        server = MetricsServer(host, port, registry_for(collector))
-        try:
-            server.start()
-        except OSError as exc:
-            collector.close()
-            raise ConfigError(f"--metrics {host}:{port}: {exc}") from None
-        self.collector, self.metrics = collector, server
-        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
-
-    def _over(self) -> bool:
-        return self.stop.is_set() or self.worker_task is None or self.worker_task.done()
-
-    async def _first_cycle(self) -> bool:
-        """Wait until the worker's first cycle is over; False if the daemon stops first."""
-        assert self.worker_task is not None
-        await _until(self.worker.first_cycle.wait(), self.stop.wait(), self.worker_task)
-        return not self._over()
-
-    def after_first_cycle(
-        self, run: Callable[[], Awaitable[object]]
-    ) -> Callable[[], Awaitable[None]]:
-        """``run`` once the worker's first cycle is over: the first claim does not wait for
-        the connection or imports of the parts that can start later (the listener looks
-        once when it has connected, so nothing sent before is missed)."""
-
-        async def later() -> None:
-            if await self._first_cycle():
-                await run()
-
-        return later
-
     async def start_hub(self) -> None:
         """The sensors, rules and flow reload, once the worker's first cycle is over and
         it has nothing to do (at the latest :data:`HUB_AFTER` s later): neither the first
         claim nor the attempts that follow it wait for their imports and start-up (with
         several daemons starting at once on a busy host, the CPU they take there is the
         workers' own start-up's)."""
-        if not await self._first_cycle():
+        if not await self.gate.quiet(HUB_AFTER):
             return
-        assert self.worker_task is not None
-        await _until(self.idle.wait(), self.stop.wait(), self.worker_task, timeout=HUB_AFTER)
         await asyncio.to_thread(preload_hub)  # not on the loop: see preload_hub
-        if self._over():
+        if self.gate.over():
             return
         from runner.sensors.hub import SensorHub
 
@@ -443,7 +352,8 @@ class Daemon:
             except DBAPIError:  # counted when the progress line starts (and it says so)
                 log.warning("progress: cannot count the instances yet; counting later")
         sup = self.supervisor
-        self.worker_task = asyncio.ensure_future(sup.keep("worker", self.worker.run, restart=False))
+        task = asyncio.ensure_future(sup.keep("worker", self.worker.run, restart=False))
+        self.gate.task = task
         side: list[asyncio.Future[None]] = []
         if self.with_hub:
             side.append(asyncio.ensure_future(self.start_hub()))
@@ -451,10 +361,11 @@ class Daemon:
         for name, run in self.parts():
             side.append(asyncio.ensure_future(sup.keep(name, run, self.stop)))
         try:
-            await self.worker_task
+            await task
         finally:
             self.stop.set()
-            await self._wind_down(side)
+            # the database does not answer: the parts are given a moment only
+            await wind_down(side, self.aborted_by is not None or self.worker.unreachable)
             if self.install_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
@@ -463,36 +374,8 @@ class Daemon:
             if self.collector is not None:
                 self.collector.close()
             self.notifier.close()
-        if sup.fatal is not None:
-            code = EXIT_FATAL
-        elif self.aborted_by is not None:
-            code = 128 + self.aborted_by
-        else:
-            code = 0
+        code = exit_code(sup.fatal, self.aborted_by)
         return Served(self.worker, code, sup, self.metrics.port if self.metrics else None)
-
-    async def _wind_down(self, side: list[asyncio.Future[None]]) -> None:
-        """The worker ended: give the other parts a moment to end (10 s; 0.5 s when the
-        database does not answer, their statements then broken off), cancel the rest,
-        log what failed."""
-        # the database does not answer: break off the parts' statements waiting for it,
-        # and give them a moment only (their leases expire; events wait for the next start)
-        cut_off = self.aborted_by is not None or self.worker.unreachable
-        if cut_off:
-            interrupt()
-        if not side:
-            return
-        done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
-        for task in pending:
-            task.cancel()
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                exc = task.exception()
-                if isinstance(exc, DBAPIError):  # an outage at stop is not a bug: one
-                    # line (leases expire; stored events wait for the next start)
-                    log.warning("stopping: database unavailable (%s)", short_error(exc))
-                    continue
-                log.error("stopping: %s: %s", type(exc).__name__, exc, exc_info=exc)
 
 
 async def serve(

@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, event, func, select
 
+from runner.errors import ConfigError
 from runner.ops.pools import read_pools
 from runner.retention import KINDS
 from runner.store.db import reading
@@ -372,3 +373,28 @@ def registry_for(collector: DaemonCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
+
+
+def start_metrics(
+    engine: Engine,
+    worker: Worker,
+    tally: AttemptTally,
+    supervisor: Supervisor,
+    host: str,
+    port: int,
+) -> tuple[DaemonCollector, MetricsServer]:
+    """A daemon's ``--metrics host:port``: its collector (no hub yet: the daemon sets
+    ``hub`` and ``pruner`` once they start) and its server, bound and serving.
+
+    Raises:
+        ConfigError: the address cannot be bound (one line naming it).
+    """
+    collector = DaemonCollector(engine, worker, tally, None, supervisor)
+    server = MetricsServer(host, port, registry_for(collector))
+    try:
+        server.start()
+    except OSError as exc:
+        collector.close()
+        raise ConfigError(f"--metrics {host}:{port}: {exc}") from None
+    log.info("metrics on http://%s:%d/metrics", server.host, server.port)
+    return collector, server

@@ -38,6 +38,9 @@ def load_registry(engine: Engine, flows_dir: Path) -> FlowRegistry:
         for warning in setup_warnings(flow):  # its attempts will be errors until fixed
             log.warning("%s", warning)
     remember_all(engine, registry)
+    from runner.store.lifecycle_events import declare_flows  # wiring: lifecycle events
+
+    declare_flows(engine, registry)  # before the hub starts
     return registry
 
 

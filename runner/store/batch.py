@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from runner.store.db import Prepared
+from runner.store.prepared import Prepared
 from runner.store.rows import Claim, Outcome, completing_open, next_claim
 from runner.store.tables import attempts, instances
 
@@ -64,7 +64,11 @@ _OUTCOME: dict[str, tuple[str | None, Any]] = {
     "se": ("state_errors", JSONB()),  # NULL: unchanged, not rewritten
 }
 #: more per-row columns of an outcome that releases its instance
-_RELEASED = {"st": ("status", String()), "d": ("due_at", Float())}
+_RELEASED = {
+    "st": ("status", String()),
+    "d": ("due_at", Float()),
+    "p": ("priority", Integer()),  # a move's; NULL keeps the row's (or the start's)
+}
 #: the per-row columns of an attempt row (worker and end time are the batch's)
 _ATTEMPT = {
     "i": ("instance_id", Integer()),
@@ -108,6 +112,8 @@ def _fenced_update(
         for k, (col, _) in {**_OUTCOME, **extra}.items()
         if col is not None
     }
+    if "p" in extra:  # the start's priority wins over a state's
+        values["priority"] = func.coalesce(i.start_priority, v.c.p, i.priority)
     values.update(updated_at=bindparam("b_at", type_=Float()), **scalar)
     values.update({col: v.c[k] for col, k in (copies or {}).items()})
     # each row is looked up by primary key from the recordset (a nested loop over an
@@ -207,7 +213,7 @@ def batch_rows(
             row["n"] = nxt.attempt
             kept.append(row)
         else:
-            row.update(st=v["status"], d=v["due_at"], n=c.attempt)
+            row.update(st=v["status"], d=v["due_at"], n=c.attempt, p=v.get("priority"))
             released.append(row)
         finished.append(
             {
@@ -226,7 +232,7 @@ def batch_rows(
 
 
 class Batch:
-    """The batch statements of one engine (compiled once, see ``db.Prepared``)."""
+    """The batch statements of one engine (compiled once, see ``prepared.Prepared``)."""
 
     def __init__(self, engine: Engine) -> None:
         #: the whole fenced commit of a batch (:func:`commit_statement`)

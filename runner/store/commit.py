@@ -14,6 +14,7 @@ from sqlalchemy import Connection, update
 
 from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
+from runner.store.lifecycle_events import emit, outcome_events, wanted
 from runner.store.notify import notify_due
 from runner.store.rows import CLAIMABLE, Claim, Hot, Outcome, attempt_row, hot_for, next_claim
 from runner.store.tables import attempts, instances
@@ -88,6 +89,10 @@ def commit_outcomes(
         if optimistic and changed != len(good):
             raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
     hot.close_attempts.executemany(conn, finished)
+    if wanted(conn):  # lifecycle events, in the transition's transaction
+        lost_ids = {o.instance_id for o in lost}
+        held_now = [o for o in good if not o.chain and o.instance_id not in lost_ids]
+        emit(conn, outcome_events(worker_id, held_now, at))
     for o in lost:
         cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained
@@ -126,6 +131,7 @@ def _commit_rows(
         else:
             row["status"] = v["status"]
             row["due_at"] = v["due_at"]
+            row["priority"] = v.get("priority")  # a move's; None keeps the row's
             row["b_attempts"] = c.attempt
             released.append(row)
         checkpoint = av["checkpoint"]

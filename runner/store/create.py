@@ -50,10 +50,17 @@ def record_version(conn: Connection, flow: CompiledFlow) -> None:
 
 
 def initial_row(
-    flow: CompiledFlow, data: dict[str, Any] | None, *, event_id: int | None, at: float
+    flow: CompiledFlow,
+    data: dict[str, Any] | None,
+    *,
+    event_id: int | None,
+    at: float,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
-    the flow's label template rendered over the merged data (``None`` without one)."""
+    the flow's label template rendered over the merged data (``None`` without one); its
+    ``priority`` (1..9) the one given (``flowrun start --priority``, kept in every state),
+    else its initial state's (its own, else the flow's)."""
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
     template = getattr(flow, "label", None)
@@ -81,6 +88,8 @@ def initial_row(
         "created_at": at,
         "updated_at": at,
         "event_id": event_id,
+        "priority": priority if priority is not None else getattr(state, "priority", 5),
+        "start_priority": priority,
         "limit_key": key_of(flow, merged) if state.kind != "terminal" else None,
     }
 
@@ -92,26 +101,35 @@ def create_instance(
     *,
     event_id: int | None = None,
     at: float | None = None,
+    priority: int | None = None,
 ) -> int:
     """Insert one instance of ``flow`` (a ``CompiledFlow``) and return its id.
 
-    ``data`` is merged over the flow's default ``data``. Runs inside the caller's
-    transaction, so a rule can create the instance and mark its event handled atomically.
+    ``data`` is merged over the flow's default ``data``; ``priority`` (1..9, ``None``: the
+    flow's and its states') overrides the flow's and every state's for this instance.
+    Runs inside the caller's transaction, so a rule can create the instance and mark its
+    event handled atomically.
     """
     record_version(conn, flow)
-    row = initial_row(flow, data, event_id=event_id, at=at if at is not None else db_now(conn))
+    at = at if at is not None else db_now(conn)
+    row = initial_row(flow, data, event_id=event_id, at=at, priority=priority)
     if row["due_at"] is not None:
         notify_due(conn, row["due_at"])
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()
 
 
 def create_instances(
-    conn: Connection, flow: CompiledFlow, datas: Sequence[dict[str, Any] | None]
+    conn: Connection,
+    flow: CompiledFlow,
+    datas: Sequence[dict[str, Any] | None],
+    *,
+    priority: int | None = None,
 ) -> int:
-    """Insert many instances of ``flow`` in one statement; returns how many."""
+    """Insert many instances of ``flow`` in one statement (each of ``priority`` 1..9 when
+    given, see :func:`create_instance`); returns how many."""
     record_version(conn, flow)
     at = db_now(conn)
-    rows = [initial_row(flow, d, event_id=None, at=at) for d in datas]
+    rows = [initial_row(flow, d, event_id=None, at=at, priority=priority) for d in datas]
     if rows:
         conn.execute(insert(instances), rows)
         notify_due(conn)

@@ -44,7 +44,7 @@ class Dialect:
             so a batch may write first and check the row counts after
             (``runner.store.commit.commit_outcomes``).
         in_process: the database is a library in this process (SQLite): a statement is
-            a function call, not a network round trip. ``runner.store.db.Prepared`` then
+            a function call, not a network round trip. ``runner.store.prepared.Prepared`` then
             runs on the driver's cursor directly, and sibling engines on the same file
             (``no_wait_engine``, ``read_engine``) make sense; PostgreSQL keeps
             SQLAlchemy's ``exec_driver_sql``, which notices a lost connection.
@@ -90,7 +90,7 @@ class Dialect:
         """A ``column IN <list of ids>`` clause bound to ONE parameter ``name``.
 
         Unlike ``column.in_([...])`` (one placeholder per id, so a new SQL string for
-        every list length) it compiles once, for ``runner.store.db.Prepared``: ``=
+        every list length) it compiles once, for ``runner.store.prepared.Prepared``: ``=
         ANY(%(ids)s)`` with an integer array on PostgreSQL, ``IN (SELECT value FROM
         json_each(?))`` on SQLite. Pass the value through :attr:`ids_value`.
         """

@@ -26,44 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, or_, select
 
+from runner.store.limit_names import PREFIX, describe, limit_name
 from runner.store.pool_statements import statements
 from runner.store.rows import CLAIMABLE
 from runner.store.tables import instances
-from runner.templating import render
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
 
-PREFIX = "flow:"
-"""The names of flow limits in ``pools`` (pool names cannot hold ``:``)."""
-
-NAME_MAX = 200  # the width of ``instances.limit_key`` and ``pools.name``
-
 i = instances.c
-
-
-def is_limit(name: str) -> bool:
-    """Whether ``name`` (a ``pools`` row or a ``waiting_for``) is a flow limit."""
-    return name.startswith(PREFIX)
-
-
-def limit_name(flow: str, key: str | None, data: Mapping[str, Any]) -> str:
-    """The limit's name for an instance of ``flow`` with ``data``: ``flow:<flow>``, or with
-    a ``key`` template ``flow:<flow>:<rendered key>`` (a placeholder naming a missing data
-    key renders empty), cut to 200 characters."""
-    if key is None:
-        return f"{PREFIX}{flow}"
-    try:
-        value = render(key, {"data": dict(data)})
-    except (KeyError, ValueError):
-        value = ""
-    return f"{PREFIX}{flow}:{value}"[:NAME_MAX]
-
-
-def describe(name: str) -> str:
-    """``max_running of flow nightly`` / ``max_running of flow f (key acme)``."""
-    flow, sep, key = name[len(PREFIX) :].partition(":")
-    return f"max_running of flow {flow}" + (f" (key {key})" if sep else "")
 
 
 def key_of(flow: CompiledFlow, data: Mapping[str, Any]) -> str | None:

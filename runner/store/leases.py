@@ -25,15 +25,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select, update
+from sqlalchemy import Connection, and_, func, literal_column, or_, select, union_all, update
 
 from runner.flowspec import faults
 from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
+from runner.store.lifecycle_events import emit_lost
 from runner.store.pools import Seat, seat_of, settle
-from runner.store.rows import CLAIMABLE, Claim, due_clause, hot_for, running_attempt_row
+from runner.store.rows import (
+    CLAIMABLE,
+    PRIORITIES,
+    Claim,
+    due_clause,
+    hot_for,
+    running_attempt_row,
+)
 from runner.store.tables import instances
 
 
@@ -90,8 +98,8 @@ def claim_batch(
         limit: the most instances to claim.
         at: the current time (epoch seconds); defaults to now on the database's clock.
 
-    Returns the claims to run, oldest due first. No attempt row is written here: the
-    instance row records the running attempt (``running_attempt``, ``locked_by``,
+    Returns the claims to run, highest priority first, then oldest due. No attempt row is
+    written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
     ``state_attempted``) until its row is written at the end. An instance whose attempt a
     dead worker left running is not claimed until :func:`recover_lost` has recorded it.
     The pool limits are kept here, in the claim's transaction (``runner.store.pools``):
@@ -125,10 +133,18 @@ def claim_batch(
             pool=seats[r[0]].pool if r[0] in seats else None,
             pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
             pool_rated=r[0] in seats and seats[r[0]].pool_rated,
+            priority=r[15],
+            pinned=r[16] is not None,
             limit=seats[r[0]].holds if r[0] in seats else None,
         )
-        for r in rows
+        for r in sorted(rows, key=_claim_order)
     ]
+
+
+def _claim_order(r: Any) -> tuple[int, float]:
+    """A claimed row's place: highest priority first, then earliest due (``RETURNING``
+    keeps no order)."""
+    return (-r[15], r[14] or 0.0)
 
 
 @dataclass
@@ -234,6 +250,7 @@ def recover_lost(
             Lost(r["id"], r["running_attempt"], r["locked_by"], failed, r["flow"], r["state"])
         )
     hot_for(conn).close_attempts.executemany(conn, rows)
+    emit_lost(conn, found, at)  # lifecycle events, in the same transaction
     return found
 
 
@@ -310,16 +327,24 @@ def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]
     Returns ``(next_due, next_expiry)``: the earliest ``due_at`` after ``at`` of an
     unlocked claimable instance (a backoff or try interval coming due), and the earliest
     lease expiry of an attempt running anywhere (when ``recover_lost`` may find it lost);
-    ``None`` where there is none. Two index reads (``(status, due_at)`` and the locked
-    rows); a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier of them
-    instead of polling.
+    ``None`` where there is none. Index reads only: the first entry after ``at`` of each
+    status and priority in ``ix_instances_claim`` (status, priority DESC, due_at), and
+    the locked rows; a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier
+    of them instead of polling.
     """
     i = instances.c
-    due = conn.execute(
-        select(func.min(i.due_at)).where(
-            i.status.in_(CLAIMABLE), i.due_at > at, i.locked_by.is_(None)
+    firsts = [
+        select(func.min(i.due_at).label("m")).where(
+            i.status == literal_column(f"'{status}'"),
+            i.priority == literal_column(str(p)),
+            i.due_at > at,
+            i.locked_by.is_(None),
         )
-    ).scalar()
+        for status in CLAIMABLE
+        for p in PRIORITIES
+    ]
+    each = union_all(*firsts).subquery()
+    due = conn.execute(select(func.min(each.c.m))).scalar()
     expiry = conn.execute(
         select(func.min(i.locked_until)).where(
             i.locked_by.is_not(None), i.running_attempt.is_not(None)

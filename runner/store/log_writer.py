@@ -23,6 +23,7 @@ from sqlalchemy import Engine, delete, insert
 
 from runner.log_buffer import DEFAULT_MAX, END, ROW_MAX, AttemptLog
 from runner.store.db import short_error
+from runner.store.log_bell import notify_logs
 from runner.store.tables import attempt_logs
 
 log = logging.getLogger("flowrun.logs")
@@ -130,6 +131,8 @@ class LogWriter:
                         )
                     )
                     item.deleted_to = keep_from
+                if inserts:
+                    notify_logs(conn)
             return len(inserts)
 
 

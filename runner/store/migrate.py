@@ -112,7 +112,9 @@ def _index_columns(conn: Connection, table: str, name: str) -> int:
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
     ("0012", lambda c: _has_column(c, "instances", "limit_key")),
+    ("0011", lambda c: _has_column(c, "instances", "start_priority")),
     ("0010", lambda c: _index_columns(c, "instances", "ix_instances_flow_status") == 3),
+    ("0009", lambda c: _has_column(c, "deliveries", "folded_before")),
     ("0008", lambda c: inspect(c).has_table("attempt_logs")),
     ("0007", lambda c: _has_column(c, "instances", "waiting_for")),
     ("0006", lambda c: _has_column(c, "instances", "history_from")),

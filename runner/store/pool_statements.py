@@ -1,5 +1,5 @@
 """The statements of a pooled claim and release (``runner.store.pools``), compiled once
-per engine (``db.Prepared``: a claim cycle runs them each time)."""
+per engine (``prepared.Prepared``: a claim cycle runs them each time)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from sqlalchemy import (
     update,
 )
 
-from runner.store.db import Prepared
 from runner.store.dialect import dialect_of
+from runner.store.prepared import Prepared
 from runner.store.rows import CLAIMABLE
 from runner.store.tables import JSONType, instances, pools
 
@@ -30,7 +30,7 @@ i = instances.c
 
 class PoolStatements:
     """The statements of a pooled claim and release, compiled once per engine
-    (``db.Prepared``: a claim cycle runs them each time)."""
+    (``prepared.Prepared``: a claim cycle runs them each time)."""
 
     def __init__(self, engine: Engine) -> None:
         d = dialect_of(engine)
@@ -148,7 +148,7 @@ class PoolStatements:
         pick = (
             select(i.id)
             .where(i.waiting_for == bindparam("name"), i.due_at.is_(None), i.status.in_(statuses))
-            .order_by(i.wait_due)
+            .order_by(i.priority.desc(), i.wait_due)
             .limit(bindparam("k", type_=Integer()))
         )
         if d.skip_locked:

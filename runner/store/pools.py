@@ -20,9 +20,9 @@ into waiters in the same transaction: unclaimed (their attempt count given back)
 A waiter becomes due again when slots free: :func:`release` (the commit of a pooled
 attempt, in the commit's transaction), :func:`set_slots` (an operator), and
 :func:`sweep` (with the worker's periodic look for lost attempts: a holder whose lease
-lapsed, an attempt a command ended) wake as many waiters as slots freed, oldest due
-first, telling the listening daemons (``notify_due``; on SQLite the commit itself rings
-the daemons' commit bell).
+lapsed, an attempt a command ended) wake as many waiters as slots freed, highest
+priority first, then oldest due, telling the listening daemons (``notify_due``; on
+SQLite the commit itself rings the daemons' commit bell).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from runner.flowspec.spec_types import parse_rate
 from runner.store import versions
 from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
-from runner.store.flow_limits import is_limit, limit_name, running
+from runner.store.flow_limits import running
+from runner.store.limit_names import is_limit, limit_name
 from runner.store.notify import notify_due
 from runner.store.pool_statements import statements
 from runner.store.rows import LIMIT_KEY_AT
@@ -181,10 +182,11 @@ class _Limit:
 def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
     """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
     transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
-    ..., pool, due_at`` at indexes 0, 1, 2, 3, 4, 13, 14, ``limit_key`` at
-    ``rows.LIMIT_KEY_AT``) at ``at`` (epoch
-    s, the claim's time). A flow's ``max_running`` is kept here too, as a pool named by
-    ``runner.store.flow_limits`` whose holders are counted from the attempts running.
+    ..., pool, due_at, priority`` at indexes 0, 1, 2, 3, 4, 13, 14, 15, ``limit_key`` at
+    ``rows.LIMIT_KEY_AT``) at ``at`` (epoch s, the claim's time). The claims that fit are
+    kept highest priority first, then earliest due. A flow's ``max_running`` is kept here
+    too, as a pool named by ``runner.store.flow_limits`` whose holders are counted from
+    the attempts running.
 
     Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
     each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
@@ -243,7 +245,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     full: dict[str, list[int]] = {}
     delayed: list[dict[str, Any]] = []
     refused: dict[str, int] = {}
-    for r, seat in sorted(asks, key=lambda a: a[0][14] or 0.0):
+    for r, seat in sorted(asks, key=lambda a: (-a[0][15], a[0][14] or 0.0)):
         pool = limits.get(seat.pool) if seat.pool is not None else None
         rated = [limits[k] for k in (seat.pool, seat.key if seat.rate else None) if k in limits]
         if pool is not None and pool.free is not None and seat.slots > pool.free:
@@ -304,7 +306,8 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
 
 
 def wake(conn: Connection, name: str, count: int, at: float) -> int:
-    """Make up to ``count`` waiters of pool ``name`` due again (oldest due first), at the
+    """Make up to ``count`` waiters of pool ``name`` due again (highest priority first,
+    then oldest due), at the
     due time they had (``at`` when unknown); returns how many. Waiters another transaction
     has locked are skipped (PostgreSQL), so two releases wake two different waiters."""
     if count <= 0:

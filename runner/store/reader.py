@@ -68,6 +68,8 @@ INSTANCE_COLUMNS = (
     "pool_slots",
     "waiting_for",
     "wait_due",
+    "priority",
+    "start_priority",
 )
 ATTEMPT_COLUMNS = (
     "id",
@@ -94,6 +96,20 @@ COMMAND_COLUMNS = (
     "result",
 )
 EVENT_COLUMNS = ("id", "sensor", "key", "payload", "created_at", "handled_at", "action")
+#: The columns of a delivery ``flowrun events`` shows (``runner.store.tables.Delivery``).
+DELIVERY_COLUMNS = (
+    "id",
+    "event_id",
+    "rule",
+    "target",
+    "status",
+    "attempts",
+    "last_result",
+    "delivered_at",
+    "due_at",
+    "suppressed",
+    "folded_before",
+)
 WORKER_COLUMNS = (
     "id",
     "host",
@@ -108,7 +124,7 @@ WORKER_COLUMNS = (
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset(
-    {"data", "state_errors", "checkpoint", "args", "payload", "cursor", "starts"}
+    {"data", "state_errors", "checkpoint", "args", "payload", "cursor", "starts", "target"}
 )
 
 
@@ -208,7 +224,13 @@ def as_dicts(
 def columns(keys: Sequence[str]) -> str:
     """``keys`` as a select list, each checked against the known column names (the SQL
     text is built from them; raises ``ValueError`` for any other)."""
-    known = {*INSTANCE_COLUMNS, *ATTEMPT_COLUMNS, *COMMAND_COLUMNS, *EVENT_COLUMNS}
+    known = {
+        *INSTANCE_COLUMNS,
+        *ATTEMPT_COLUMNS,
+        *COMMAND_COLUMNS,
+        *EVENT_COLUMNS,
+        *DELIVERY_COLUMNS,
+    }
     bad = [k for k in keys if k not in known and k not in WORKER_COLUMNS]
     if bad:
         raise ValueError(f"unknown columns {bad}")

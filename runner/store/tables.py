@@ -7,8 +7,9 @@ dialect-free, and are converted to ISO 8601 UTC only at the edges (``--json``, t
 The instance row carries Stator's lock columns (``locked_by``, ``locked_until``) plus a
 ``fence`` counter bumped by every claim and every operator command; a worker commits an
 outcome only while ``locked_by`` and ``fence`` still match what it claimed (see
-``runner.store.leases``). One composite index, ``ix_instances_claim (status, due_at)``, serves the
-claim query (source: Takahē ``stator/models.py``: lock columns + one index).
+``runner.store.leases``). One composite index, ``ix_instances_claim (status, priority
+DESC, due_at)``, serves the claim query (source: Takahē ``stator/models.py``: lock
+columns + one index).
 """
 
 # No ``from __future__ import annotations`` here: SQLAlchemy and pydantic would evaluate
@@ -78,7 +79,8 @@ class Instance(SQLModel, table=True):
     __tablename__ = "instances"
     model_config = TABLE_CONFIG
     __table_args__ = (
-        Index("ix_instances_claim", "status", "due_at"),
+        # ``ix_instances_claim`` and ``ix_instances_waiting`` are made below the class:
+        # both order by ``priority DESC``
         # ``id`` too: PostgreSQL reads one flow and status in id order (the pruner)
         Index("ix_instances_flow_status", "flow", "status", "id"),
         Index("ix_instances_locked_by", "locked_by"),
@@ -89,12 +91,6 @@ class Instance(SQLModel, table=True):
         # partial (0007 makes them partial on PostgreSQL too): the attempts holding a
         # pool's slots, and the instances waiting for one (``runner.store.pools``)
         Index("ix_instances_pool", "pool", sqlite_where=text("pool IS NOT NULL")),
-        Index(
-            "ix_instances_waiting",
-            "waiting_for",
-            "wait_due",
-            sqlite_where=text("waiting_for IS NOT NULL"),
-        ),
         # partial (0012 makes it partial on PostgreSQL too): the instances of flows with
         # a ``max_running``, the locked ones last (``runner.store.flow_limits`` counts
         # those running; ``locked_by`` changes no more than it does for its own index)
@@ -144,6 +140,16 @@ class Instance(SQLModel, table=True):
         default=None, max_length=200, description="the pool it waits for (not due meanwhile)"
     )
     wait_due: float | None = Field(default=None, description="its due time when it began to wait")
+    priority: int = Field(
+        default=5,
+        sa_type=SmallInteger,
+        description="1..9, higher claimed first: the start's, else its state's, else its flow's",
+    )
+    start_priority: int | None = Field(
+        default=None,
+        sa_type=SmallInteger,
+        description="flowrun start --priority (NULL: none); overrides every state's",
+    )
     limit_key: str | None = Field(
         default=None, max_length=200, description="its flow's max_running limit (and key)"
     )
@@ -253,6 +259,46 @@ class Event(SQLModel, table=True):
     action: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
+class Delivery(SQLModel, table=True):
+    """One notification a rule's ``exec`` or ``webhook`` owes for one event.
+
+    Written in the rule's transaction (with the event's ``handled_at``), then delivered by
+    any daemon (``runner.sensors.deliver``): claimed with a lease (``locked_by``,
+    ``locked_until``), so one that died mid-delivery is delivered again by another (at
+    least once). ``status``: ``pending`` (``due_at`` is the next try), ``delivered``
+    (``delivered_at``) or ``failed`` (``retry_for`` passed). ``target`` is what to do:
+    ``{"exec": argv}`` or ``{"webhook": {url, method, headers (templates; ``{env.X}`` read
+    when sent, never stored), body, timeout}}``. ``once_key``: the ``once_per`` key;
+    ``suppressed``: the events folded into this delivery (not delivered themselves);
+    ``folded_before``: how many its key folded since the key's previous delivery.
+    """
+
+    __tablename__ = "deliveries"
+    model_config = TABLE_CONFIG
+    __table_args__ = (
+        Index("ix_deliveries_due", "status", "due_at"),
+        Index("ix_deliveries_event", "event_id"),
+        Index("ix_deliveries_once", "rule", "once_key", "created_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: int
+    rule: str = Field(max_length=400, description="rule:<flow>#<n>")
+    target: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
+    status: str = Field(default="pending", max_length=16)
+    created_at: float
+    due_at: float | None = Field(default=None)
+    give_up_at: float
+    attempts: int = Field(default=0)
+    last_result: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    delivered_at: float | None = Field(default=None)
+    once_key: str | None = Field(default=None, max_length=1000)
+    suppressed: int = Field(default=0)
+    folded_before: int = Field(default=0)
+    locked_by: str | None = Field(default=None, max_length=200)
+    locked_until: float | None = Field(default=None)
+
+
 class SensorLease(SQLModel, table=True):
     """Durable cursor and lease of one sensor (``"<flow>.<sensor name>"``).
 
@@ -352,8 +398,22 @@ attempts = _table(Attempt)
 commands = _table(Command)
 attempt_logs = _table(LogChunk)
 events = _table(Event)
+deliveries = _table(Delivery)
 sensors = _table(SensorLease)
 workers = _table(WorkerRow)
 flow_versions = _table(FlowVersion)
 pools = _table(PoolRow)
+
+# priority descending: one status, ``priority IN (9, ..., 1)`` and ``ORDER BY priority
+# DESC, due_at`` are read in index order, one range of due rows per priority
+# (``runner.store.rows.claim_statement``); a pool's waiters the same way
+# (``runner.store.pool_statements``); partial on PostgreSQL too (migrations 0007, 0011)
+Index("ix_instances_claim", instances.c.status, instances.c.priority.desc(), instances.c.due_at)
+Index(
+    "ix_instances_waiting",
+    instances.c.waiting_for,
+    instances.c.priority.desc(),
+    instances.c.wait_due,
+    sqlite_where=text("waiting_for IS NOT NULL"),
+)
 metadata = SQLModel.metadata

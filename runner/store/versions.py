@@ -76,11 +76,16 @@ def compiled(bind: Engine | Connection, version: str) -> CompiledFlow:
     return compile_stored(version, source)
 
 
-def compile_stored(version: str, source: Callable[[], tuple[str, str] | None]) -> CompiledFlow:
+def compile_stored(
+    version: str, source: Callable[[], tuple[str, str] | None], *, imports: bool = True
+) -> CompiledFlow:
     """The ``CompiledFlow`` of ``version``, compiled once per process from what
     ``source()`` reads: ``(source text, flow file path)``, or ``None`` when not stored
     (called only on a cache miss; ``runner.ops.detail.stored_flow`` reads it with the
     read side's SQL).
+
+    ``imports=False`` imports no ``call`` module (``compile_source``'s): the flow as a
+    reader shows it, compiled afresh and never cached here.
 
     Raises ``UserError`` when the version is not stored or no longer compiles; the
     message names the flow file.
@@ -88,21 +93,29 @@ def compile_stored(version: str, source: Callable[[], tuple[str, str] | None]) -
     flow = _cache.get(version)
     if flow is not None:
         return flow
+    if not imports:
+        return _compile(version, source, imports=False)
     with _lock:
         flow = _cache.get(version)
         if flow is not None:
             return flow
-        from runner.flowspec.compiler import compile_source
-
-        row = source()
-        if row is None:
-            raise UserError(f"flow version {version} is not stored in the database", 2)
-        try:
-            flow = compile_source(*row)
-        except FlowErrors as exc:
-            first = exc.errors[0] if exc.errors else "unknown error"
-            raise UserError(
-                f"stored flow version {version} no longer compiles: {first}", 2
-            ) from None
+        flow = _compile(version, source, imports=True)
         _cache[version] = flow
         return flow
+
+
+def _compile(
+    version: str, source: Callable[[], tuple[str, str] | None], *, imports: bool
+) -> CompiledFlow:
+    """Compile what ``source()`` reads; ``UserError`` (exit 2) when it is not stored or
+    no longer compiles."""
+    from runner.flowspec.compiler import compile_source
+
+    row = source()
+    if row is None:
+        raise UserError(f"flow version {version} is not stored in the database", 2)
+    try:
+        return compile_source(*row, imports=imports)
+    except FlowErrors as exc:
+        first = exc.errors[0] if exc.errors else "unknown error"
+        raise UserError(f"stored flow version {version} no longer compiles: {first}", 2) from None

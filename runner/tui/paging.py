@@ -4,7 +4,7 @@ Both stay cheap on a million instances:
 
 * a page is read in two steps: the ids of the page (``LIMIT``/``OFFSET`` over an index
   that covers the order: the rowid for ``id``, ``ix_instances_flow_status`` for ``flow``,
-  ``ix_instances_claim`` for ``status`` and for ``due`` under a status filter), then the
+  ``ix_instances_claim`` for ``status`` (then priority, highest first, and due)), then the
   few rows by id; an ``id`` order continues by key from a row the previous page holds
   (keyset), jumps by key over gap-free ids, and under a broad status/flow filter walks
   the rowid instead of sorting every match;
@@ -96,14 +96,16 @@ def order_by(q: Query) -> list[ColumnElement[Any]]:
     cols = {
         "id": [c.id],
         "flow": [c.flow, c.status, c.id],
-        "status": [c.status, c.due_at, c.id],
+        # the claim's order within a status: ``ix_instances_claim`` read as it is
+        "status": [c.status, c.priority, c.due_at, c.id],
         "due": [c.due_at, c.id],
         "state": [c.state, c.id],
         "attempts": [c.attempts, c.id],
         "restarts": [c.restarts, c.id],
         "errors": [c.errors, c.id],
     }.get(q.sort, [c.id])
-    return [col.desc() for col in cols] if q.desc else [col.asc() for col in cols]
+    # priority is indexed descending: higher first where the rest ascends
+    return [col.desc() if q.desc != (col is c.priority) else col.asc() for col in cols]
 
 
 def read_page(

@@ -76,6 +76,15 @@ def flow_world(tmp: Path, name: str, body: str) -> tuple[Engine, CompiledFlow]:
     return engine_at(tmp), load(write_flow(tmp / "flows", name, body))
 
 
+def either_world(request: Any, tmp: Path, name: str, body: str) -> tuple[Engine, CompiledFlow]:
+    """:func:`flow_world`, on a fresh PostgreSQL database instead when ``request.param``
+    (a fixture's) is ``"postgres"`` (the ``pg_url`` fixture); the caller disposes it."""
+    if request.param != "postgres":
+        return flow_world(tmp, name, body)
+    engine = make_engine(request.getfixturevalue("pg_url"))
+    return engine, load(write_flow(tmp / "flows", name, body))
+
+
 def db_url(tmp: Path) -> str:
     """The SQLite URL the tests use inside ``tmp``."""
     return f"sqlite:///{tmp / 'flowrun.db'}"

@@ -121,8 +121,16 @@ def test_csv_ingest_on_real_input(flowrun: ExampleRun) -> None:
     shown = flowrun.show(riots["id"])
     assert (shown["state"], shown["status"]) == ("done", "completed")
 
+    # a killed file is one line in alerts.log (the example's lifecycle sensor and its
+    # exec notifier), written by the next run of the daemon
+    airports = by_name["airports.csv"]
+    assert flowrun("kill", str(airports["id"])).returncode == 0
     # running the README command again acts on no file twice
     flowrun.drain()
+    alerts = (flowrun.flows / "alerts.log").read_text().splitlines()
+    assert len(alerts) == 1, alerts
+    assert f"csv_ingest instance {airports['id']} (" in alerts[0]
+    assert alerts[0].split(" [event ")[0].endswith("killed in quarantine")
     again = [i for i in flowrun.instances() if i["flow"] == "csv_ingest"]
     assert sorted(i["id"] for i in again) == sorted(i["id"] for i in instances)
     assert {_name(i): i["state"] for i in again if i["state"] == "quarantine"} == {

@@ -461,9 +461,9 @@ sys.exit(code)
 """
 
 
-def run_cli(args: list[str], cwd: Path) -> set[str]:
+def run_cli(args: list[str], cwd: Path, **extra_env: str) -> set[str]:
     """The modules loaded by ``flowrun ARGS`` run in a clean interpreter (exit 0)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     proc = subprocess.run(
         [sys.executable, "-c", RUN, *args],
         cwd=cwd,
@@ -516,6 +516,35 @@ def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
         assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors")]
 
 
+def test_show_explain_and_ls_load_no_compiler_once_the_flow_facts_are_cached(tmp_path):
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    url = f"sqlite:///{tmp_path / 'flowrun.db'}"
+    engine = make_engine(url)
+    with engine.begin() as conn:  # a flow with call states whose module is never imported
+        create_instances(conn, load_flow(ROOT / "flows" / "csv_ingest.yaml"), [{}])
+    engine.dispose()
+    cache = tmp_path / "cache"
+    first = tops(run_cli(["--db", url, "show", "1"], tmp_path, XDG_CACHE_HOME=str(cache)))
+    assert "runner.flowspec.compiler" in first  # a miss compiles, then writes the facts
+    assert len(list((cache / "flowrun" / "facts").glob("*.json"))) == 1
+    heavy = {"alembic", "textual", "sqlalchemy", "sqlmodel", "pydantic"}
+    for args in (
+        ["show", "1"],
+        ["show", "--json", "1"],
+        ["explain", "1"],
+        ["explain", "--json", "1"],
+        ["ls", "--limit", "50"],
+        ["ls", "--json"],
+    ):
+        loaded = tops(run_cli(["--db", url, *args], tmp_path, XDG_CACHE_HOME=str(cache)))
+        assert loaded & heavy == set(), args
+        assert not {"runner.flowspec.compiler", "runner.flowspec.spec"} & loaded, args
+        assert "csv_tasks" not in loaded, args
+
+
 DAEMON_START = """
 import json, sys
 import runner.service.daemon
@@ -542,7 +571,7 @@ def test_a_sqlite_daemon_starts_without_prometheus_or_sensors(tmp_path):
     assert "runner.engine.worker" in loaded  # the check sees the daemon's imports
     # the tables' pydantic validators are built on first use only (``TABLE_CONFIG``):
     # the store writes through their ``Table``s, so a daemon builds none
-    assert out["tables"] == 9  # with ``attempt_logs`` and ``pools``
+    assert out["tables"] == 10  # with ``attempt_logs``, ``pools`` and ``deliveries``
     assert out["built"] == []
     assert tops(loaded) & {"prometheus_client", "watchfiles", "croniter", "psycopg"} == set()
     assert not [m for m in loaded if layer(m) == "sensors"]

@@ -102,3 +102,17 @@ def test_logs_go_with_their_instance_and_past_the_store_bound(tmp_path: Path) ->
     assert gone["instances"] == 1  # ("logs" counts attempt rows: there are none here)
     left = {r[0] for r in sql(engine, "SELECT DISTINCT instance_id FROM attempt_logs")}
     assert left == {ids[3]}
+
+
+def test_a_silent_attempt_stores_its_end_row(tmp_path: Path) -> None:
+    # what tells a follower (`logs -f`) the attempt's output is complete: no waiting
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    iid = new_instance(engine, flow)
+    writer = LogWriter(engine)
+    writer.open(iid, 1).end()
+    assert writer.flush() == 1
+    walk = Pieces()
+    stored = chunks(engine, iid, 1)
+    for c in stored:
+        walk.next(c)
+    assert walk.ended and [c.data for c in stored] == [b""]

@@ -19,7 +19,7 @@ from runner.ops.pools import read_pools
 from runner.sensors.rules import Planned, act
 from runner.store import leases, pools
 from runner.store.db import make_engine
-from runner.store.flow_limits import describe, limit_name
+from runner.store.limit_names import describe, limit_name
 from tests.support.fault import engine_at, load, new_instance, sql, write_flow
 
 FLOW = """\

@@ -58,24 +58,34 @@ def legacy_083da5a_metadata() -> MetaData:
     the ``(instance_id, attempt)`` unique constraint (added by revision 0002), instances
     had no ``label`` (added by revision 0003) and workers no ``heartbeat_every`` (0004),
     ``boot_id`` or ``pid_started`` (0005), instances no ``history_from`` (0006), no
-    ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008) and
-    ``ix_instances_flow_status`` on ``(flow, status)`` only (0010), no ``limit_key``
-    (0012).
+    ``pools`` table nor pool columns (0007), no ``attempt_logs`` table (0008), no
+    ``deliveries`` table (0009), ``ix_instances_flow_status`` on ``(flow, status)`` only
+    (0010), no ``priority`` nor ``start_priority`` and ``ix_instances_claim`` on
+    ``(status, due_at)`` (0011), no ``limit_key`` nor ``ix_instances_limit`` (0012).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
-        if table.name != "attempt_logs":  # 0008
+        if table.name not in ("attempt_logs", "deliveries"):  # 0008, 0009
             table.to_metadata(md)
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
     for column in ("pool", "pool_slots", "waiting_for", "wait_due", "limit_key"):  # 0007, 0012
         inst._columns.remove(inst.c[column])
+    for column in ("priority", "start_priority"):  # 0011
+        inst._columns.remove(inst.c[column])
     md.remove(md.tables["pools"])
-    gone = ("ix_instances_event", "ix_instances_flow_status", "ix_instances_pool")
-    gone += ("ix_instances_waiting", "ix_instances_limit")  # 0007, 0012
+    gone = (
+        "ix_instances_event",
+        "ix_instances_flow_status",
+        "ix_instances_pool",
+        "ix_instances_claim",
+        "ix_instances_waiting",  # 0007
+        "ix_instances_limit",  # 0012
+    )
     inst.indexes = {i for i in inst.indexes if i.name not in gone}
     Index("ix_instances_flow_status", inst.c.flow, inst.c.status)  # (flow, status, id): 0010
+    Index("ix_instances_claim", inst.c.status, inst.c.due_at)  # priority in it: 0011
     for column in ("heartbeat_every", "boot_id", "pid_started"):
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])
     att = md.tables["attempts"]
@@ -150,7 +160,10 @@ def test_database_made_before_migrations_is_stamped_and_upgraded(db_url, legacy)
     md = metadata if legacy == "today" else legacy_083da5a_metadata()
     with old.begin() as conn:
         md.create_all(conn)
-        iid = conn.execute(insert(instances).returning(instances.c.id), _instance_row()).scalar()
+        old_instances = md.tables["instances"]  # without the columns added since
+        iid = conn.execute(
+            insert(old_instances).returning(old_instances.c.id), _instance_row()
+        ).scalar()
         conn.execute(
             insert(attempts),
             [

@@ -13,8 +13,7 @@ from sqlalchemy import Engine
 from runner.errors import UserError
 from runner.flowspec.compiled import CompiledFlow
 from runner.store import leases, pools
-from runner.store.db import make_engine
-from tests.support.fault import engine_at, load, new_instance, sql, write_flow
+from tests.support.fault import either_world, load, new_instance, sql, write_flow
 
 FLOW = """\
 initial: load
@@ -30,12 +29,9 @@ T0 = 2_000_000_000.0  # a fixed "now" far after the instances' creation
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def world(request, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow]]:
-    if request.param == "sqlite":
-        engine = engine_at(tmp_path)
-    else:
-        engine = make_engine(request.getfixturevalue("pg_url"))
+    engine, flow = either_world(request, tmp_path, "wh", FLOW)
     try:
-        yield engine, load(write_flow(tmp_path / "flows", "wh", FLOW))
+        yield engine, flow
     finally:
         engine.dispose()
 

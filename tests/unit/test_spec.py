@@ -248,7 +248,7 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
         "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group, "
-        "pool, slots, rate)",
+        "pool, slots, rate, priority)",
     ]
 
 
@@ -256,8 +256,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     out = errors(tmp_path, MINIMAL + "sensor: {}\n")
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
-        "description, label, initial, data, defaults, states, sensors, rules, pools, "
-        "max_running, on_limit, retention)"
+        "description, label, initial, data, defaults, states, sensors, rules, pools, on_failure, "
+        "priority, max_running, on_limit, retention)"
     ]
 
 
@@ -348,9 +348,10 @@ def test_sensor_errors(tmp_path: Path) -> None:
           files: {files: {glob: "*.csv", settle: soon}}
         """
     assert errors(tmp_path, text) == [
-        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron "
+        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron, lifecycle "
         "(got: files, every)",
-        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron (got: none)",
+        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron, lifecycle "
+        "(got: none)",
         "7:16: sensors.cron.cron: invalid cron expression '61 * * * *' (expected e.g. '0 3 * * *')",
         "8:35: sensors.tail.tail.match: invalid regex 'ERROR (?P<code': missing >, "
         "unterminated name at position 10",
@@ -383,9 +384,10 @@ def test_rule_errors(tmp_path: Path) -> None:
             data: {p: "{event.path}"}
         """
     assert errors(tmp_path, text) == [
-        "7:5: rules.0: a rule needs exactly one of start, send, pause, resume, kill "
-        "(got: start, kill)",
-        "10:5: rules.1: a rule needs exactly one of start, send, pause, resume, kill (got: none)",
+        "7:5: rules.0: a rule needs exactly one of start, send, pause, resume, kill, exec, "
+        "webhook (got: start, kill)",
+        "10:5: rules.1: a rule needs exactly one of start, send, pause, resume, kill, exec, "
+        "webhook (got: none)",
         "12:19: rules.2.match.code: invalid regex '[5': unterminated character set at position 0",
         "13:36: rules.2.send.data.path: invalid regex '(x': missing ), unterminated subpattern "
         "at position 0",

@@ -559,7 +559,7 @@ def test_a_claim_takes_the_oldest_due_first_across_statuses(any_world) -> None:
 
 
 def _plan(conn, prepared, params: dict) -> str:
-    """The plan PostgreSQL makes for a hot statement (``db.Prepared``) with ``params``."""
+    """The plan PostgreSQL makes for a hot statement (``prepared.Prepared``) with ``params``."""
     rows = conn.exec_driver_sql("EXPLAIN " + prepared.sql, {**prepared.defaults, **params})
     return "\n".join(rows.scalars().all())
 

@@ -14,7 +14,8 @@ from runner.engine.config import WorkerConfig
 from runner.flowspec.registry import FlowRegistry
 from runner.sensors import hub as hub_module
 from runner.sensors.clock import ClockSensor
-from runner.service.daemon import EXIT_FATAL, serve
+from runner.service.daemon import serve
+from runner.service.stopping import EXIT_FATAL
 from runner.service.supervisor import Supervisor
 from runner.store.db import make_engine
 

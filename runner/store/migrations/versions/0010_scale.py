@@ -8,7 +8,7 @@ prune of N instances O(N²). With ``id`` in the index each page is an ordered ra
 On SQLite the old index already ended with the rowid (this rebuilds it, same order).
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-27 13:30:00
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -1,0 +1,217 @@
+"""Alerts benchmark (issue 30; not a test): how soon a transition reaches a webhook, and
+what lifecycle events cost a busy daemon.
+
+1. Latency: one ``flowrun --daemon`` (idle otherwise) runs a flow whose handler fails at
+   once (error budget 1: the instance fails), with a ``lifecycle`` sensor and a
+   ``webhook`` rule posting to an HTTP receiver in this process (stdlib ``http.server``
+   on 127.0.0.1). Instances are created one at a time, every 0.2 s; latency = time the
+   webhook arrived - the event's ``at`` (the transition's commit time). p50 / p99.
+2. Cost: N instances of a no-op flow (two ``call`` states, then terminal) drained by ONE
+   ``flowrun --daemon --exit-when-idle``, without and with a lifecycle rule on
+   ``completed`` that posts every completion to the receiver; rate = instances / (last
+   attempt end - first attempt start); ratio with/without (goal >= 0.8), interleaved.
+
+Usage: ``.venv/bin/python bench/alerts.py [--pg URL] [--n 2000] [--count 40] [--repeat 2]``
+(``--pg``: a PostgreSQL server URL such as ``postgresql://postgres@127.0.0.1:5432/postgres``;
+a fresh database is made and dropped per run; default: a SQLite file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FAIL = """\
+flow: fail
+initial: work
+defaults: {error_budget: {max_errors: 1, window: 1h, on_exhausted: failed}}
+states:
+  work: {exec: [/bin/false], next: done}
+  done: {terminal: true}
+sensors:
+  trouble: {lifecycle: {flows: [fail]}}
+rules:
+  - {when: trouble, webhook: {url: "URL"}}
+"""
+
+NOOP = """\
+flow: noop
+initial: a
+states:
+  a: {call: "bench_noop:noop", next: b}
+  b: {call: "bench_noop:noop", next: done}
+  done: {terminal: true}
+"""
+RULE = """\
+sensors:
+  done_ev: {lifecycle: {flows: [noop], on: [completed]}}
+rules:
+  - {when: done_ev, webhook: {url: "URL"}}
+"""
+
+
+class Receiver:
+    """Webhooks received: (arrival time, body)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[float, bytes]] = []
+        self.lock = threading.Lock()
+        rec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with rec.lock:
+                    rec.got.append((time.time(), body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@contextlib.contextmanager
+def database(pg: str | None, folder: Path):
+    """A fresh database URL (SQLite file in ``folder``, or a new PostgreSQL database)."""
+    if pg is None:
+        yield f"sqlite:///{folder / 'flowrun.db'}"
+        return
+    import psycopg
+
+    name = f"alerts_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg.rpartition("/")[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
+    finally:
+        with psycopg.connect(pg, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def flowrun(url: str, flows: Path, *args: str, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
+    env.update(FLOWRUN_DB=url, FLOWRUN_FLOWS=str(flows), PYTHONPATH=str(ROOT))
+    exe = Path(sys.executable).with_name("flowrun")
+    return subprocess.Popen([str(exe), *args], env=env, cwd=flows, start_new_session=True, **kw)
+
+
+def latency(pg: str | None, count: int) -> list[float]:
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instance
+    from runner.store.db import make_engine
+
+    rec = Receiver()
+    with tempfile.TemporaryDirectory() as tmp, database(pg, Path(tmp)) as url:
+        flows = Path(tmp) / "flows"
+        flows.mkdir()
+        (flows / "fail.yaml").write_text(FAIL.replace("URL", rec.url))
+        engine = make_engine(url)
+        log = open(Path(tmp) / "daemon.log", "wb")  # noqa: SIM115
+        proc = flowrun(url, flows, "--daemon", stdout=log, stderr=log)
+        try:
+            _wait(lambda: b"sensors ready" in (Path(tmp) / "daemon.log").read_bytes(), 60)
+            flow = load_flow(flows / "fail.yaml")
+            for i in range(count):
+                with engine.begin() as conn:
+                    create_instance(conn, flow, {"i": i})
+                _wait(lambda i=i: len(rec.got) > i, 30)
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+            engine.dispose()
+    import json
+
+    out = []
+    for arrived, body in rec.got:
+        at = datetime.fromisoformat(json.loads(body)["at"].replace("Z", "+00:00")).timestamp()
+        out.append(arrived - at)
+    return out
+
+
+def throughput(pg: str | None, n: int, with_rule: bool) -> float:
+    import sqlalchemy as sa
+
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    rec = Receiver()
+    with tempfile.TemporaryDirectory() as tmp, database(pg, Path(tmp)) as url:
+        flows = Path(tmp) / "flows"
+        flows.mkdir()
+        (flows / "bench_noop.py").write_text("async def noop(ctx):\n    return None\n")
+        (flows / "noop.yaml").write_text(NOOP + (RULE.replace("URL", rec.url) if with_rule else ""))
+        engine = make_engine(url)
+        with engine.begin() as conn:
+            create_instances(conn, load_flow(flows / "noop.yaml"), [{"i": i} for i in range(n)])
+        proc = flowrun(url, flows, "--daemon", "--exit-when-idle",
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc.wait(600)
+        with engine.connect() as conn:
+            first, last = conn.execute(
+                sa.text("SELECT min(started_at), max(finished_at) FROM attempts")
+            ).one()
+            done = conn.execute(
+                sa.text("SELECT count(*) FROM instances WHERE status = 'completed'")
+            ).scalar()
+        engine.dispose()
+    assert done == n, f"{done} of {n} completed"
+    if with_rule:
+        assert len(rec.got) == n, f"{len(rec.got)} webhooks for {n} completions"
+    return n / (last - first)
+
+
+def _wait(pred, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out")
+        time.sleep(0.005)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pg", help="PostgreSQL server URL (default: SQLite)")
+    ap.add_argument("--n", type=int, default=2000, help="instances per throughput run")
+    ap.add_argument("--count", type=int, default=40, help="transitions timed for latency")
+    ap.add_argument("--repeat", type=int, default=2, help="throughput runs of each kind")
+    args = ap.parse_args()
+    db = "PostgreSQL" if args.pg else "SQLite"
+    lat = sorted(latency(args.pg, args.count))
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(f"{db}: transition -> webhook received, {len(lat)} transitions: "
+          f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+          f"max {lat[-1] * 1000:.0f} ms")  # fmt: skip
+    without, with_ = [], []
+    for _ in range(args.repeat):  # interleaved
+        without.append(throughput(args.pg, args.n, False))
+        with_.append(throughput(args.pg, args.n, True))
+    a, b = max(without), max(with_)
+    print(f"{db}: {args.n} no-op instances: {a:.0f}/s without a lifecycle rule, {b:.0f}/s "
+          f"with one on completed (each posted); ratio {b / a:.2f} "
+          f"(best of {args.repeat})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Delivering alerts: the rules' ``exec`` and ``webhook`` actions, retried with backoff.
+
+Every daemon with sensors runs a :class:`Deliverer` (a part of the sensor hub). It claims
+due deliveries under a lease (``runner.store.deliveries.claim_due``), sends them at once
+(concurrently), and records each result. A failure (non-zero exit, connection error,
+timeout, HTTP 5xx, HTTP 429, honouring ``Retry-After``) is retried with backoff
+(:data:`BACKOFF_FIRST` doubling up to :data:`BACKOFF_MAX`) until the rule's ``retry_for``
+has passed; any other HTTP status (a 4xx) fails at once. A failed delivery is one WARNING
+line. Each send carries the event id: ``Idempotency-Key`` header, ``FLOWRUN_EVENT_ID``
+environment variable, so receivers can drop the repeats of "at least once".
+
+``exec`` runs its argv (never a shell) in the rule's flow folder with the event as JSON on
+stdin (:data:`EXEC_TIMEOUT` seconds at most); exit 0 is delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from runner.sensors.base import first_of, log
+from runner.sensors.rules import describe_target
+from runner.store.deliveries import Claimed, claim_due, finish, next_due
+from runner.templating import render
+
+#: Seconds an ``exec`` notifier may run before it is killed (a failure, retried).
+EXEC_TIMEOUT = 60.0
+#: First retry delay, seconds (doubled per failure).
+BACKOFF_FIRST = 1.0
+#: Longest retry delay, seconds.
+BACKOFF_MAX = 30.0
+#: Longest sleep between looks for deliveries queued by other daemons (or left by a dead
+#: one), seconds; a rule of this daemon kicks the deliverer at once.
+LOOK_EVERY = 15.0
+#: A webhook response body kept in ``last_result`` (characters).
+RESULT_CHARS = 200
+
+
+def event_document(c: Claimed) -> dict[str, Any]:
+    """What a delivery sends: the event's payload plus ``event_id``, ``sensor`` and
+    ``suppressed`` (events of its ``once_per`` key folded since the key's previous
+    delivery)."""
+    return {"event_id": c.event_id, "sensor": c.sensor, **c.payload, "suppressed": c.folded_before}
+
+
+class Outcome:
+    """One try's result: text, delivered, and a retry delay from the receiver (s)."""
+
+    def __init__(
+        self, text: str, delivered: bool, *, retry: bool = True, after: float | None = None
+    ):
+        self.text, self.delivered, self.retry, self.after = text, delivered, retry, after
+
+
+class Deliverer:
+    """Sends the deliveries due, in one daemon.
+
+    Args:
+        engine: the database.
+        registry: the ``FlowRegistry`` (a rule's flow folder is an ``exec``'s working folder).
+        worker_id: this daemon's id (the lease holder).
+        environ: the environment ``{env.X}`` headers and ``exec`` read (default: the
+            daemon's own).
+    """
+
+    def __init__(
+        self, engine: Engine, registry: Any, worker_id: str, environ: dict[str, str] | None = None
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.worker_id = worker_id
+        self.environ = dict(os.environ if environ is None else environ)
+        self._kick = asyncio.Event()
+        #: deliveries sent and delivered / failed for good (metrics, tests)
+        self.delivered = 0
+        self.failed = 0
+
+    def kick(self) -> None:
+        """Look for due deliveries now (a rule of this daemon queued one)."""
+        self._kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop`` is set; a database error ends it (``keep`` restarts it)."""
+        while not stop.is_set():
+            self._kick.clear()
+            claimed = await asyncio.to_thread(
+                claim_due, self.engine, self.worker_id, EXEC_TIMEOUT + 30.0
+            )
+            if claimed:
+                await asyncio.gather(*(self._deliver(c) for c in claimed))
+                continue
+            due = await asyncio.to_thread(next_due, self.engine)
+            wait = LOOK_EVERY if due is None else min(LOOK_EVERY, max(due - time.time(), 0.01))
+            await first_of(self._kick.wait(), stop.wait(), timeout=wait)
+
+    async def _deliver(self, c: Claimed) -> None:
+        try:
+            if "exec" in c.target:
+                out = await self._exec(c)
+            else:
+                out = await asyncio.to_thread(self._webhook, c)
+        except Exception as exc:  # noqa: BLE001 - any failure of a try is recorded, retried
+            out = Outcome(f"error: {exc}", False)
+        delay = min(BACKOFF_FIRST * 2**c.attempts, BACKOFF_MAX)
+        if out.after is not None:
+            delay = max(out.after, 0.0)
+        retry_at = time.time() + delay if out.retry else None
+        status = await asyncio.to_thread(
+            finish,
+            self.engine,
+            self.worker_id,
+            c.id,
+            out.text,
+            delivered=out.delivered,
+            retry_at=retry_at,
+        )
+        if status == "delivered":
+            self.delivered += 1
+        elif status == "failed":
+            self.failed += 1
+            self._warn(c, out.text)
+
+    def _warn(self, c: Claimed, text: str) -> None:
+        p = c.payload
+        log.warning(
+            "delivery %d (%s, event %d) failed for good after %d tries: %s",
+            c.id,
+            describe_target(c.target),
+            c.event_id,
+            c.attempts + 1,
+            text,
+            extra={
+                "instance": p.get("instance"),
+                "flow": p.get("flow"),
+                "state": p.get("state"),
+                "kind": "delivery_failed",
+                "event": c.event_id,
+            },
+        )
+
+    async def _exec(self, c: Claimed) -> Outcome:
+        argv = [str(a) for a in c.target["exec"]]
+        flow = self.registry.flows.get(c.rule.removeprefix("rule:").partition("#")[0])
+        cwd = Path(str(flow.path)).parent if getattr(flow, "path", None) else None
+        env = {**self.environ, "FLOWRUN_EVENT_ID": str(c.event_id)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return Outcome(f"cannot run {argv[0]}: {exc.strerror or exc}", False)
+        document = json.dumps(event_document(c)).encode()
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(document), EXEC_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return Outcome(f"timed out after {EXEC_TIMEOUT:g}s", False)
+        if proc.returncode == 0:
+            return Outcome("exit 0", True)
+        lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+        tail = f": {lines[-1].strip()[:RESULT_CHARS]}" if lines else ""
+        return Outcome(f"exit {proc.returncode}{tail}", False)
+
+    def _webhook(self, c: Claimed) -> Outcome:
+        hook = c.target["webhook"]
+        context = {"event": c.payload, "env": self.environ}
+        try:
+            headers = {k: render(v, context) for k, v in (hook.get("headers") or {}).items()}
+        except KeyError as exc:
+            return Outcome(f"a header names {{{exc.args[0]}}}, which is not set", False)
+        body = hook.get("body")
+        if body is None:
+            data = json.dumps(event_document(c)).encode()
+            headers.setdefault("Content-Type", "application/json")
+        else:
+            data = body.encode()
+        headers["Idempotency-Key"] = str(c.event_id)
+        method = hook.get("method") or "POST"
+        request = urllib.request.Request(
+            hook["url"], data=None if method == "GET" else data, headers=headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=float(hook.get("timeout") or 10)) as resp:
+                return Outcome(f"HTTP {resp.status}", True)
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+            text = f"HTTP {code}"
+            if code == 429 or code >= 500:
+                return Outcome(text, False, after=_retry_after(exc.headers.get("Retry-After")))
+            return Outcome(text, False, retry=False)
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return Outcome(f"cannot reach {hook['url']}: {reason}", False)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (seconds, or an HTTP date), capped at an hour;
+    ``None`` when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return min(float(value), 3600.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return min(max(when.timestamp() - time.time(), 0.0), 3600.0)

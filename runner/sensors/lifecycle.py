@@ -1,0 +1,64 @@
+"""The ``lifecycle`` sensor: flowrun's own instance transitions as events.
+
+Unlike the other sensors it watches nothing: the events are written by whoever writes the
+transition, in the same transaction (``runner.store.lifecycle_events``). What it does is
+publish its subscription (the flows and kinds it listens to) in its ``sensors`` row, so
+every process (another daemon, a CLI ``flowrun kill``) emits for it; the daemon also
+declares the subscriptions of its own flows at once
+(``runner.store.lifecycle_events.declare_flows``).
+
+At handling time (``runner.sensors.rules``) an event gets the fields that are too costly
+for the transition's transaction: ``label`` and ``explain`` (:func:`enrich`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy import Engine
+
+from runner.sensors.base import Sensor
+from runner.store.lifecycle_events import subscription
+
+#: Timeline entries of ``flowrun explain`` kept in an event's ``explain`` (the latest).
+EXPLAIN_ENTRIES = 4
+
+
+class LifecycleSensor(Sensor):
+    """Publishes its subscription in its ``sensors`` row (the cursor), then waits."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.store([], subscription(self.name, self.spec).cursor())
+        self.started.set()
+        await stop.wait()
+
+
+def enrich(engine: Engine, payload: dict[str, Any], now: float) -> dict[str, Any]:
+    """``payload`` of a lifecycle event with ``label`` and ``explain`` (the header of
+    ``flowrun explain`` and its latest timeline entries, then what happens next), read
+    now (``now``: epoch seconds); unchanged for an instance no longer stored."""
+    from runner.ops.detail import instance_rows, stored_flow
+    from runner.ops.explain import explain
+    from runner.ops.explanation import render_text
+
+    if "explain" in payload or not isinstance(payload.get("instance"), int):
+        return payload
+    rows = instance_rows(engine, payload["instance"])
+    if rows is None:
+        return payload
+    text = render_text(explain(rows, lambda v: stored_flow(engine, v), now), now)
+    return {**payload, "label": rows["instance"].get("label"), "explain": short_explain(text)}
+
+
+def short_explain(text: str) -> str:
+    """The first two lines of an ``explain`` text, its last :data:`EXPLAIN_ENTRIES`
+    timeline entries and its forecast."""
+    lines = text.splitlines()
+    try:
+        happened = lines.index("What happened (times UTC; +time since it was created):")
+        nxt = next(i for i, ln in enumerate(lines) if ln.startswith("What happens next"))
+    except (ValueError, StopIteration):
+        return "\n".join(lines[:8])
+    entries = [ln for ln in lines[happened + 1 : nxt] if ln.lstrip().startswith(("- ", "· "))]
+    return "\n".join([*lines[:2], *entries[-EXPLAIN_ENTRIES:], *lines[nxt:]]).rstrip()

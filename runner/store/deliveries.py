@@ -1,0 +1,231 @@
+"""The durable side of alerts: deliveries a rule's ``exec``/``webhook`` owes, their leases
+and results (the ``deliveries`` table, ``runner.store.tables.Delivery``).
+
+A delivery is queued in the rule's transaction (:func:`queue`, with the event's
+``handled_at``), so an event handled is never without its delivery. Any daemon claims due
+deliveries under a lease (:func:`claim_due`); one whose daemon died is claimed again when
+its lease expires, or at once when the holder is provably dead (``runner.store.dead``):
+at least once. Results are written only while the lease is still the claimer's
+(:func:`finish`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, or_, select, text, update
+
+from runner.store.clock import db_now
+from runner.store.db import reading
+from runner.store.dead import dead_holders
+from runner.store.dialect import dialect_of
+from runner.store.tables import deliveries, events
+
+
+@dataclass
+class Claimed:
+    """A delivery claimed for sending: its row's id, its rule (``rule:<flow>#<n>``), its
+    ``target``, attempts so far, when to give up (epoch s), the event (id, sensor,
+    payload) and ``folded_before`` (events its once_per key folded before it)."""
+
+    id: int
+    rule: str
+    target: dict[str, Any]
+    attempts: int
+    give_up_at: float
+    event_id: int
+    sensor: str
+    payload: dict[str, Any]
+    folded_before: int
+
+
+def queue(
+    conn: Connection,
+    event_id: int,
+    rule: str,
+    target: dict[str, Any],
+    *,
+    retry_for: float,
+    once_key: str | None = None,
+    window: float | None = None,
+) -> tuple[int, bool]:
+    """Queue a delivery of ``target`` for event ``event_id`` in the caller's transaction.
+
+    With ``once_key`` and ``window`` (seconds): when a delivery of the same rule and key was
+    queued less than ``window`` ago, none is queued; that one's ``suppressed`` counts one
+    more. A new one carries how many its key folded since the key's previous delivery
+    (``folded_before``). On PostgreSQL, an advisory lock on (rule, key) serialises two
+    daemons folding the same key. Returns ``(delivery id, queued)``: ``queued`` False when
+    folded into delivery ``id``.
+    """
+    at = db_now(conn)
+    d = deliveries.c
+    folded = 0
+    if once_key is not None and window is not None:
+        if dialect_of(conn).notify:  # PostgreSQL: one folding per key at a time
+            lock = zlib.crc32(f"{rule}\0{once_key}".encode()) - 2**31
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
+        last = conn.execute(
+            select(d.id, d.created_at, d.suppressed)
+            .where(d.rule == rule, d.once_key == once_key)
+            .order_by(d.created_at.desc())
+            .limit(1)
+        ).first()
+        if last is not None and last.created_at > at - window:
+            conn.execute(
+                update(deliveries).where(d.id == last.id).values(suppressed=d.suppressed + 1)
+            )
+            return last.id, False
+        folded = last.suppressed if last is not None else 0
+    new_id = conn.execute(
+        deliveries.insert()
+        .values(
+            event_id=event_id,
+            rule=rule,
+            target=target,
+            status="pending",
+            created_at=at,
+            due_at=at,
+            give_up_at=at + retry_for,
+            attempts=0,
+            once_key=once_key,
+            suppressed=0,
+            folded_before=folded,
+        )
+        .returning(d.id)
+    ).scalar_one()
+    return new_id, True
+
+
+def claim_due(engine: Engine, worker_id: str, lease: float, limit: int = 32) -> list[Claimed]:
+    """Claim up to ``limit`` pending deliveries due now and not held (or held by a
+    provably dead daemon) for ``lease`` seconds; returns them with their events."""
+    d = deliveries.c
+    with engine.begin() as conn:
+        at = db_now(conn)
+        free = or_(d.locked_until.is_(None), d.locked_until < at)
+        dead = dead_holders(conn, deliveries, worker_id)
+        if dead:
+            free = or_(free, d.locked_by.in_(dead))
+        due = (
+            select(d.id)
+            .where(d.status == "pending", d.due_at <= at, free)
+            .order_by(d.due_at)
+            .limit(limit)
+        )
+        if dialect_of(conn).skip_locked:
+            due = due.with_for_update(skip_locked=True)
+        ids = list(conn.execute(due).scalars())
+        if not ids:
+            return []
+        rows = conn.execute(
+            update(deliveries)
+            .where(d.id.in_(ids))
+            .values(locked_by=worker_id, locked_until=at + lease)
+            .returning(
+                d.id, d.rule, d.target, d.attempts, d.give_up_at, d.event_id, d.folded_before
+            )
+        ).all()
+        payloads = {
+            r.id: (r.sensor, r.payload)
+            for r in conn.execute(
+                select(events.c.id, events.c.sensor, events.c.payload).where(
+                    events.c.id.in_([r.event_id for r in rows])
+                )
+            )
+        }
+    out = []
+    for r in rows:
+        sensor, payload = payloads.get(r.event_id, ("", {}))
+        out.append(
+            Claimed(
+                r.id,
+                r.rule,
+                dict(r.target),
+                r.attempts,
+                r.give_up_at,
+                r.event_id,
+                sensor,
+                dict(payload or {}),
+                r.folded_before,
+            )
+        )
+    return sorted(out, key=lambda c: c.id)
+
+
+def finish(
+    engine: Engine,
+    worker_id: str,
+    delivery_id: int,
+    result: str,
+    *,
+    delivered: bool,
+    retry_at: float | None,
+) -> str | None:
+    """Record one try of ``delivery_id`` by its claimer ``worker_id``: ``result`` (``"HTTP
+    200"``, ``"exit 1: ..."``, ``"connection refused"``); delivered, or due again at
+    ``retry_at`` (epoch s; ``None`` or past ``give_up_at``: failed for good). Returns the
+    new status, ``None`` when the lease was no longer ours (nothing written)."""
+    d = deliveries.c
+    with engine.begin() as conn:
+        at = db_now(conn)
+        row = conn.execute(
+            select(d.give_up_at).where(d.id == delivery_id, d.locked_by == worker_id)
+        ).first()
+        if row is None:
+            return None
+        values: dict[str, Any] = {
+            "attempts": d.attempts + 1,
+            "last_result": result,
+            "locked_by": None,
+            "locked_until": None,
+        }
+        if delivered:
+            values.update(status="delivered", delivered_at=at, due_at=None)
+        elif retry_at is None or retry_at > row.give_up_at:
+            values.update(status="failed", due_at=None)
+        else:
+            values.update(due_at=retry_at)
+        conn.execute(update(deliveries).where(d.id == delivery_id).values(**values))
+        return values.get("status", "pending")
+
+
+def next_due(engine: Engine) -> float | None:
+    """When the earliest pending delivery is due or its lease expires (epoch s), or
+    ``None`` when none is pending."""
+    d = deliveries.c
+    with reading(engine) as conn:
+        return conn.execute(
+            select(func.min(func.coalesce(d.locked_until, d.due_at))).where(d.status == "pending")
+        ).scalar()
+
+
+def untried(engine: Engine) -> int:
+    """How many deliveries were queued and never tried yet (work a daemon about to exit
+    when idle still owes; one failing and waiting for its retry is not counted)."""
+    d = deliveries.c
+    with reading(engine) as conn:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(deliveries)
+                .where(d.status == "pending", d.attempts == 0)
+            ).scalar_one()
+        )
+
+
+def of_events(engine: Engine, event_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The deliveries of each event in ``event_ids`` (``{event id: [row dicts]}``), in
+    the order they were queued (for ``flowrun events`` and the console)."""
+    if not event_ids:
+        return {}
+    out: dict[int, list[dict[str, Any]]] = {}
+    d = deliveries.c
+    with reading(engine) as conn:
+        for r in conn.execute(
+            select(deliveries).where(d.event_id.in_(event_ids)).order_by(d.id)
+        ).mappings():
+            out.setdefault(r["event_id"], []).append(dict(r))
+    return out
