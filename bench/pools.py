@@ -14,8 +14,12 @@
    so ``start[k+8] - end[k]`` (when positive) is a handoff. p50 / p99 (goal <= 10 / 50 ms).
    The end line is written before the outcome commits, so a handoff includes the commit.
 
+4. ``--max-running``: ``noop`` again with the flow's ``max_running: 64`` (a flow limit,
+   ``runner.store.flow_limits``) in place of the pool; the ratio limit / no limit.
+
     python bench/pools.py [--n 4000] [--repeat 3] [--bound-n 2000]
                           [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--no-pg]
+                          [--max-running]
 """
 
 from __future__ import annotations
@@ -93,18 +97,21 @@ def sqlite_url(workdir: Path) -> Iterator[str]:
     yield f"sqlite:///{workdir / 'bench.db'}"
 
 
-def prepare(workdir: Path, url: str, n: int, fn: str, slots: int | None, data: dict) -> dict:
-    """The flows folder and ``n`` queued instances; returns the daemons' environment."""
+def prepare(
+    workdir: Path, url: str, n: int, fn: str, slots: int | None, data: dict, limit: bool = False
+) -> dict:
+    """The flows folder and ``n`` queued instances (``limit``: ``slots`` is the flow's
+    ``max_running``, no pool); returns the daemons' environment."""
     from runner.flowspec.compiler import load_flow
     from runner.store.create import create_instances
     from runner.store.db import make_engine
 
     flows = workdir / "flows"
     flows.mkdir(parents=True)
-    pooled = slots is not None
+    pooled = slots is not None and not limit
     text = FLOW % {
         "fn": fn,
-        "pools": f"pools: {{p: {slots}}}" if pooled else "",
+        "pools": f"pools: {{p: {slots}}}" if pooled else f"max_running: {slots}" if limit else "",
         "pool": ", pool: p" if pooled else "",
     }
     (flows / "bench.yaml").write_text(text)
@@ -144,13 +151,14 @@ def daemon_argv(*extra: str) -> list[str]:
     return [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle", *extra]
 
 
-def noop_case(db: str, n: int, pooled: bool, pg: str) -> float:
-    """One drain of ``n`` no-op instances by one daemon; transitions/s."""
+def noop_case(db: str, n: int, pooled: bool, pg: str, limit: bool = False) -> float:
+    """One drain of ``n`` no-op instances by one daemon (``pooled``: a pool of 64, or with
+    ``limit`` a ``max_running`` of 64); transitions/s."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         opener = fresh_pg(pg) if db == "postgresql" else sqlite_url(work)
         with opener as url:
-            env = prepare(work, url, n, "noop", 64 if pooled else None, {})
+            env = prepare(work, url, n, "noop", 64 if pooled else None, {}, limit)
             subprocess.run(
                 daemon_argv("--concurrency", "64"),
                 check=True,
@@ -206,8 +214,21 @@ def main() -> None:
     ap.add_argument("--bound-n", type=int, default=2000)
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--no-pg", action="store_true")
+    ap.add_argument("--max-running", action="store_true", help="only case 4 (flow limits)")
     args = ap.parse_args()
     dbs = ["sqlite"] if args.no_pg else ["sqlite", "postgresql"]
+    if args.max_running:
+        for db in dbs:
+            plain, capped = [], []
+            for _ in range(args.repeat):  # interleaved
+                plain.append(noop_case(db, args.n, False, args.pg))
+                capped.append(noop_case(db, args.n, True, args.pg, limit=True))
+            a, b = statistics.median(plain), statistics.median(capped)
+            print(
+                f"noop {db}: no limit {a:,.0f} transitions/s, max_running 64 {b:,.0f}/s "
+                f"(medians of {args.repeat}); ratio {b / a:.2f}"
+            )
+        return
     for db in dbs:
         plain, pooled = [], []
         for _ in range(args.repeat):  # interleaved

@@ -12,7 +12,8 @@ from runner.cli.context import Ctx, pass_ctx
 
 @click.group(name="pool")
 def pool_group():
-    """Pools: named slot counts shared by every daemon (see `pools:` in a flow file)."""
+    """Pools: named slot counts shared by every daemon (see `pools:` in a flow file); a
+    flow's `max_running` is listed as pool `flow:FLOW` (`flow:FLOW:KEY` with a key)."""
 
 
 @pool_group.command(name="ls")

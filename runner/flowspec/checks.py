@@ -60,7 +60,10 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
 
 def _check_pools(spec: FlowSpec, err: Report) -> None:
     """``slots`` needs ``pool``, and asks no more slots than this file's pool has (a pool
-    declared in another file is checked against it by ``FlowRegistry``)."""
+    declared in another file is checked against it by ``FlowRegistry``); ``on_limit``
+    needs ``max_running``."""
+    if "on_limit" in spec.model_fields_set and spec.max_running is None:
+        err("on_limit needs max_running: the limit of what?", ("on_limit",), key=True)
     for name, st in spec.states.items():
         if st.slots is not None and st.pool is None:
             err("slots needs pool: the slots of which pool?", ("states", name, "slots"), key=True)

@@ -130,6 +130,18 @@ class CompiledFlow:
             return {}
         return {name: p.rate for name, p in self.spec.pools.items() if p.rate}
 
+    @property
+    def max_running(self) -> tuple[int, str | None] | None:
+        """The flow limit: ``(limit, key template or None)``, ``None`` without one."""
+        if self.spec is None or self.spec.max_running is None:
+            return None
+        return self.spec.max_running.limit, self.spec.max_running.key
+
+    @property
+    def on_limit(self) -> str:
+        """What a rule's start does at the limit: ``queue`` or ``skip``."""
+        return "queue" if self.spec is None else self.spec.on_limit
+
     def _fire(self, event: str, state: str) -> str | None:
         ev = self.machine.events.get(event)
         if ev is None:

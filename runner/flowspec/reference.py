@@ -35,6 +35,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("retention", spec.RetentionSpec, "retention"),
     ("state", spec.StateSpec, "states.S"),
     ("pools", spec.PoolSpec, "pools.P"),
+    ("max_running", spec.MaxRunningSpec, "max_running"),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
     ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
     ("limits", spec_handler.LimitsSpec, "states.S.limits"),

@@ -206,6 +206,23 @@ def _pool(value: Any) -> Any:
     return {"slots": value} if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+class MaxRunningSpec(Strict):
+    """A flow limit declared with a key (``max_running: {limit: 1, key: "{data.c}"}``)."""
+
+    limit: int = Field(
+        ge=1, description="attempts of this flow's instances running at once, across every daemon"
+    )
+    key: DataTemplate | None = Field(
+        None,
+        description="a '{data.…}' template rendered when an instance is made: the limit holds "
+        "per value (instances of different keys run side by side)",
+    )
+
+
+def _max_running(value: Any) -> Any:
+    return {"limit": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class RetentionSpec(Strict):
     """How long this flow's terminal instances are kept, per status (a status not given
     keeps the daemon's window, ``--retention``)."""
@@ -275,6 +292,17 @@ class FlowSpec(Strict):
         le=9,
         description="1..9: among due instances the higher priority is claimed first (then "
         "the earliest due), and a pool's free slot goes to it; a state's own overrides it",
+    )
+    max_running: Annotated[MaxRunningSpec, BeforeValidator(_max_running)] | None = Field(
+        None,
+        description="N, or {limit, key}: at most N of this flow's instances (per key) run an "
+        "attempt at once, across every daemon; the others wait",
+    )
+    on_limit: Literal["queue", "skip"] = Field(
+        "queue",
+        description="a rule starting an instance while max_running instances (per key) are "
+        "live in handler states: queue (make it; it waits) or skip (make none; the event "
+        "records the skip)",
     )
     retention: RetentionSpec | None = Field(
         None,

@@ -21,6 +21,7 @@ from runner.ops.explanation import (
     exhausted_target,
     secs,
 )
+from runner.store.limit_names import describe, is_limit
 
 
 def forecast(inst: dict[str, Any], flow: Any, now: float, t: Track | None = None) -> list[Entry]:
@@ -99,6 +100,16 @@ def forecast(inst: dict[str, Any], flow: Any, now: float, t: Track | None = None
 def pool_wait(name: str, pool: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
     """The forecast text of an instance waiting for a slot of pool ``name``, from the
     pool as ``runner.ops.pools.read_pools`` gives it (``None``: unknown), and that dict."""
+    if is_limit(name):  # a flow's max_running
+        what = describe(name)
+        if pool is None:
+            return f"waiting for {what}: due again when one of its attempts ends", None
+        holders = ", ".join(str(i) for i in pool["holders"]) or "none"
+        return (
+            f"waiting for {what}: {pool['in_use']}/{pool['slots']} running: {holders}; "
+            f"due again when one ends ({pool['waiting']} waiting)",
+            pool,
+        )
     if pool is None:
         return f"waiting for pool {name}: due again when a slot frees", None
     holders = ", ".join(str(i) for i in pool["holders"]) or "none"

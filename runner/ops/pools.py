@@ -9,13 +9,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from runner.store.limit_names import is_limit
 from runner.store.reader import reader_of
 
 _POOLS = "SELECT name, declared, slots, rate, starts FROM pools ORDER BY name"
 _HOLDERS = (
     "SELECT pool, id, pool_slots, locked_by FROM instances"
     " WHERE pool IS NOT NULL AND running_attempt IS NOT NULL AND locked_until >= :now"
-    " ORDER BY pool, id"
+    " UNION ALL SELECT limit_key, id, 1, locked_by FROM instances"  # flow limits
+    " WHERE limit_key IS NOT NULL AND running_attempt IS NOT NULL AND locked_until >= :now"
+    " ORDER BY 1, 2"
 )
 _WAITING = (
     "SELECT waiting_for, count(*) FROM instances"
@@ -26,7 +29,8 @@ _WAITING = (
 
 def read_pools(db: Any, *, now: float | None = None) -> list[dict[str, Any]]:
     """Every recorded pool at ``now`` (epoch seconds; default: the current time), by
-    name: ``name`` (a pool, or ``<flow>.<state>`` for a state's own rate), ``slots`` (the
+    name: ``name`` (a pool, ``<flow>.<state>`` for a state's own rate, or a flow's
+    ``max_running``: ``flow:<flow>[:<key>]``, ``runner.store.flow_limits``), ``slots`` (the
     size in force; ``None`` for a state's rate), ``rate`` (``"10/1m"`` or ``None``),
     ``recent_starts`` (starts within the rate's window), ``declared`` (the flow files'),
     ``set`` (the operator's number, ``None`` when the declared one is in force),
@@ -48,7 +52,7 @@ def read_pools(db: Any, *, now: float | None = None) -> list[dict[str, Any]]:
     out = []
     for name, declared, slots, rate, starts in found:
         held = [h for h in holders if h[0] == name]
-        state_rate = "." in name  # a state's own rate: no slots
+        state_rate = "." in name and not is_limit(name)  # a state's own rate: no slots
         starts = reader.load_json(starts) or []
         window = parse_rate(rate)[1] if rate else 0.0
         out.append(

@@ -33,8 +33,10 @@ from runner.ops import commands
 from runner.sensors.base import log
 from runner.sensors.lifecycle import enrich
 from runner.store import create
+from runner.store.clock import db_now
 from runner.store.db import reading
 from runner.store.deliveries import queue
+from runner.store.flow_limits import refusal
 from runner.store.tables import JSONType, events
 from runner.templating import render, render_event_refs, render_value
 
@@ -324,6 +326,9 @@ def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple
     action already taken (``runner.sensors.replay``)."""
     if planned.action == "start":
         target = cast("CompiledFlow", planned.target)  # a start's plan has its flow
+        skipped = refusal(conn, target, planned.data or {}, db_now(conn))  # on_limit: skip
+        if skipped is not None:
+            return f"skipped start of {planned.flow}: {skipped}", 0
         iid = create.create_instance(conn, target, planned.data, event_id=event_id)
         return f"started {planned.flow} instance {iid}", 1
     if planned.delivery is not None:

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, insert
 
 from runner.store.clock import db_now
 from runner.store.db import insert_ignore
+from runner.store.flow_limits import key_of
 from runner.store.notify import notify_due
 from runner.store.pools import declare
 from runner.store.tables import flow_versions, instances
@@ -89,6 +90,7 @@ def initial_row(
         "event_id": event_id,
         "priority": priority if priority is not None else getattr(state, "priority", 5),
         "start_priority": priority,
+        "limit_key": key_of(flow, merged) if state.kind != "terminal" else None,
     }
 
 

@@ -135,6 +135,7 @@ def claim_batch(
             pool_rated=r[0] in seats and seats[r[0]].pool_rated,
             priority=r[15],
             pinned=r[16] is not None,
+            limit=seats[r[0]].holds if r[0] in seats else None,
         )
         for r in sorted(rows, key=_claim_order)
     ]

@@ -91,6 +91,30 @@ class PoolStatements:
         used = func.coalesce(func.sum(i.pool_slots), 0)
         #: slots in use but by the instances ``ids`` (params: name, at, ids)
         self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
+        holding = (  # a range of ix_instances_limit: the locked rows of the limit
+            i.limit_key == bindparam("name"),
+            i.locked_by > "",
+            i.running_attempt.is_not(None),
+        )
+        #: attempts holding flow limit ``name`` but the instances ``ids`` (params: name,
+        #: at, ids; ``runner.store.flow_limits``)
+        self.limit_in_use = Prepared(
+            engine, select(func.count()).where(*holding, i.locked_until >= at, ~d.ids_in(i.id))
+        )
+        #: a flow limit's declared size, when the flow file changed it (params: name,
+        #: declared)
+        self.redeclare = Prepared(
+            engine,
+            update(pools)
+            .where(pools.c.name == bindparam("name"))
+            .where(pools.c.declared.is_distinct_from(bindparam("declared", type_=Integer())))
+            .values(declared=bindparam("declared", type_=Integer())),
+        )
+        #: the claims ``ids`` of an instance made before its flow had a limit: their key
+        #: (params: ids, name)
+        self.keyed = Prepared(
+            engine, update(instances).where(d.ids_in(i.id)).values(limit_key=bindparam("name"))
+        )
         #: the claims ``ids`` hold ``n`` slots of pool ``name`` (params: ids, name, n)
         self.hold = Prepared(
             engine,

@@ -44,8 +44,11 @@ from runner.flowspec.spec_types import parse_rate
 from runner.store import versions
 from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
+from runner.store.flow_limits import running
+from runner.store.limit_names import is_limit, limit_name
 from runner.store.notify import notify_due
 from runner.store.pool_statements import statements
+from runner.store.rows import LIMIT_KEY_AT
 from runner.store.tables import instances, pools
 
 if TYPE_CHECKING:
@@ -70,6 +73,9 @@ class Seat:
     rate: str | None = None
     key: str = ""
     pool_rated: bool = False  # (a kept claim) its pool has a rate: no chained start in it
+    limit: int | None = None  # its flow's max_running (``store.flow_limits``)
+    limit_key: str | None = None  # and its key template
+    holds: str | None = None  # (a kept claim) the flow limit it holds
 
 
 def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
@@ -80,18 +86,20 @@ def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
     except UserError:
         return None
     st = flow.states.get(state)
-    if st is None or (st.pool is None and st.rate is None):
+    cap = flow.max_running
+    if st is None or (st.pool is None and st.rate is None and cap is None):
         return None
-    if st.pool is None:
-        return Seat(None, 0, None, None, st.rate, f"{flow.name}.{state}")
-    return Seat(
-        st.pool,
-        st.slots,
-        flow.pools.get(st.pool),
-        flow.pool_rates.get(st.pool),
-        st.rate,
-        f"{flow.name}.{state}",
-    )
+    seat = Seat(None, 0, None, None, st.rate, f"{flow.name}.{state}")
+    if st.pool is not None:
+        seat = Seat(
+            st.pool,
+            st.slots,
+            flow.pools.get(st.pool),
+            flow.pool_rates.get(st.pool),
+            st.rate,
+            f"{flow.name}.{state}",
+        )
+    return seat if cap is None else replace(seat, limit=cap[0], limit_key=cap[1])
 
 
 def declare(conn: Connection, flow: CompiledFlow, at: float) -> None:
@@ -128,6 +136,18 @@ def lock(
     return int(size), stored_rate, list(st.load(starts) or [])
 
 
+def lock_limit(conn: Connection, name: str, limit: int, at: float) -> int:
+    """Lock flow limit ``name``'s row of ``pools`` (``runner.store.flow_limits``) until
+    the transaction ends, its declared size brought to ``limit`` (the flow file's
+    ``max_running``), and return its size in force (the operator's, else ``limit``)."""
+    size, _, _ = lock(conn, name, limit, at)
+    if size == limit:  # as declared (or set to it): nothing to bring up to date
+        return size
+    if statements(conn).redeclare.executemany(conn, [{"name": name, "declared": limit}]):
+        size = size_of(conn, name) or limit
+    return size
+
+
 def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) -> int:
     """Slots of pool ``name`` held at ``at`` (epoch s) by running attempts under a valid
     lease, not counting the instances ``besides`` (ids)."""
@@ -161,10 +181,12 @@ class _Limit:
 
 def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
     """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
-    transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, ...,
-    pool, due_at, priority`` at indexes 0, 2, 3, 13, 14, 15) at ``at`` (epoch s, the
-    claim's time). The claims that fit are kept highest priority first, then earliest
-    due.
+    transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
+    ..., pool, due_at, priority`` at indexes 0, 1, 2, 3, 4, 13, 14, 15, ``limit_key`` at
+    ``rows.LIMIT_KEY_AT``) at ``at`` (epoch s, the claim's time). The claims that fit are
+    kept highest priority first, then earliest due. A flow's ``max_running`` is kept here
+    too, as a pool named by ``runner.store.flow_limits`` whose holders are counted from
+    the attempts running.
 
     Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
     each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
@@ -189,7 +211,17 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
         return list(rows), {}
     ids = [r[0] for r in rows]
     wanted: dict[str, tuple[int | None, str | None, bool]] = {}  # name: declared, rate, slots?
-    for _, seat in asks:
+    named: dict[int, str] = {}  # id: the flow limit its claim holds
+    unkeyed: dict[str, list[int]] = {}  # made before its flow had a limit: no key stored
+    for r, seat in asks:
+        if seat.limit is not None:
+            name = r[LIMIT_KEY_AT]
+            if name is None:
+                data = st.load(r[4]) if isinstance(r[4], (str, bytes)) else r[4]
+                name = limit_name(r[1], seat.limit_key, data or {})
+                unkeyed.setdefault(name, []).append(r[0])
+            named[r[0]] = name
+            wanted[name] = (seat.limit, None, True)
         if seat.pool is not None:
             old = wanted.get(seat.pool, (None, None, True))
             wanted[seat.pool] = (old[0] or seat.declared, old[1] or seat.pool_rate, True)
@@ -198,6 +230,11 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     limits: dict[str, _Limit] = {}
     for name in sorted(wanted):  # one lock order for every daemon: no deadlock
         declared, rate, slotted = wanted[name]
+        if is_limit(name):
+            assert declared is not None  # a limit's size
+            size = lock_limit(conn, name, declared, at)
+            limits[name] = _Limit(size - running(conn, name, at, ids), None, [])
+            continue
         size, rate_text, starts = lock(conn, name, declared, at, rate)
         free = size - in_use(conn, name, at, ids) if slotted else None
         parsed = parse_rate(rate_text) if rate_text else None
@@ -215,6 +252,11 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
             assert seat.pool is not None  # pool is its limit
             full.setdefault(seat.pool, []).append(r[0])
             continue
+        capped = named.get(r[0])
+        cap = limits[capped] if capped is not None else None
+        if capped is not None and cap is not None and (cap.free or 0) < 1:
+            full.setdefault(capped, []).append(r[0])
+            continue
         over = next(
             (k for k in (seat.pool, seat.key) if k in limits and not limits[k].room()), None
         )
@@ -228,23 +270,28 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
             continue
         if pool is not None and pool.free is not None:
             pool.free -= seat.slots
+        if cap is not None and cap.free is not None:
+            cap.free -= 1
         for lim in rated:
             if lim.rate is not None:
                 lim.starts.append(at)
                 lim.used = True
-        seats[r[0]] = replace(seat, pool_rated=pool is not None and pool.rate is not None)
+        rated_pool = pool is not None and pool.rate is not None
+        seats[r[0]] = replace(seat, pool_rated=rated_pool, holds=capped)
     held: dict[tuple[str, int], list[int]] = {}
     plain: list[int] = []
     for r, seat in asks:
         if r[0] in seats:
             if seat.pool is not None:
                 held.setdefault((seat.pool, seat.slots), []).append(r[0])
-            else:
+            elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
                 plain.append(r[0])
     for (name, n), held_ids in held.items():
         st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
     if plain:  # a rate's mark, if any, is over
         st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
+    for name, keyless in unkeyed.items():
+        st.keyed.executemany(conn, [{"ids": st.ids(keyless), "name": name}])
     for name, late in full.items():
         st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
     if delayed:
@@ -275,18 +322,22 @@ def release(conn: Connection, claims: Iterable[Claim], at: float | None = None) 
     """After the commit of finished attempts (``rows.Claim`` objects; only those holding
     a pool's slots, ``claim.pool``, matter), in the same transaction: forget their seats
     (where no attempt runs on the row any more) and wake as many waiters as slots freed
-    (due at ``at``, epoch s, when their old due time is unknown; default: now)."""
+    (due at ``at``, epoch s, when their old due time is unknown; default: now); a claim
+    holding a flow limit (``claim.limit``) wakes one of its waiters."""
     freed: dict[str, int] = {}
     ids: list[int] = []
     for c in claims:
         if c.pool is not None:
             freed[c.pool] = freed.get(c.pool, 0) + c.pool_slots
             ids.append(c.id)
-    if not ids:
+        if c.limit is not None:  # a flow limit: counted from the attempt running, no seat
+            freed[c.limit] = freed.get(c.limit, 0) + 1
+    if not freed:
         return
     at = db_now(conn) if at is None else at
     st = statements(conn)
-    st.clear.executemany(conn, [{"ids": st.ids(ids)}])
+    if ids:
+        st.clear.executemany(conn, [{"ids": st.ids(ids)}])
     for name in sorted(freed):
         wake(conn, name, freed[name], at)
 
@@ -316,7 +367,8 @@ def sweep(conn: Connection, at: float) -> int:
     woken = 0
     for name in sorted(names):
         size = size_of(conn, name)
-        free = (1 if size is None else size) - in_use(conn, name, at)
+        held = running(conn, name, at) if is_limit(name) else in_use(conn, name, at)
+        free = (1 if size is None else size) - held
         woken += wake(conn, name, free, at)
     return woken
 
@@ -336,4 +388,5 @@ def set_slots(conn: Connection, name: str, slots: int | None, at: float) -> None
         known = ", ".join(sorted(conn.execute(select(pools.c.name)).scalars())) or "none"
         raise UserError(f"unknown pool {name!r} (known: {known})", 2)
     size = size_of(conn, name) or 0
-    wake(conn, name, size - in_use(conn, name, at), at)
+    held = running(conn, name, at) if is_limit(name) else in_use(conn, name, at)
+    wake(conn, name, size - held, at)

@@ -71,7 +71,11 @@ CLAIM_COLS = (
     instances.c.due_at,
     instances.c.priority,
     instances.c.start_priority,
+    instances.c.limit_key,  # its flow limit (``runner.store.flow_limits``)
 )
+
+#: Where ``limit_key`` is in a claim row (:data:`CLAIM_COLS`).
+LIMIT_KEY_AT = [c.name for c in CLAIM_COLS].index("limit_key")
 
 
 def due_clause(at, statuses: tuple[str, ...] = CLAIMABLE, *, keys=None):
@@ -122,6 +126,7 @@ class Claim:
     pool: str | None = None  # the pool whose slots the attempt holds (``store.pools``)
     pool_slots: int = 0
     pool_rated: bool = False  # its pool has a rate: never chained into the same pool
+    limit: str | None = None  # the flow limit it holds (``store.flow_limits``)
     priority: int = 5  # the row's (1..9)
     pinned: bool = False  # ``flowrun start --priority`` gave it: no state changes it
 
@@ -188,6 +193,7 @@ def next_claim(o: Outcome, at: float) -> Claim:
         pool_rated=prev.pool_rated,
         priority=prev.priority,  # chained only where it stays (``Claim.keeps_priority``)
         pinned=prev.pinned,
+        limit=prev.limit,  # the same flow: its limit is kept
     )
 
 

@@ -91,6 +91,15 @@ class Instance(SQLModel, table=True):
         # partial (0007 makes them partial on PostgreSQL too): the attempts holding a
         # pool's slots, and the instances waiting for one (``runner.store.pools``)
         Index("ix_instances_pool", "pool", sqlite_where=text("pool IS NOT NULL")),
+        # partial (0012 makes it partial on PostgreSQL too): the instances of flows with
+        # a ``max_running``, the locked ones last (``runner.store.flow_limits`` counts
+        # those running; ``locked_by`` changes no more than it does for its own index)
+        Index(
+            "ix_instances_limit",
+            "limit_key",
+            "locked_by",
+            sqlite_where=text("limit_key IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -140,6 +149,9 @@ class Instance(SQLModel, table=True):
         default=None,
         sa_type=SmallInteger,
         description="flowrun start --priority (NULL: none); overrides every state's",
+    )
+    limit_key: str | None = Field(
+        default=None, max_length=200, description="its flow's max_running limit (and key)"
     )
 
 

@@ -257,8 +257,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
         "description, label, initial, data, defaults, states, sensors, rules, pools, on_failure, "
-        "priority, "
-        "retention)"
+        "priority, max_running, on_limit, retention)"
     ]
 
 
