@@ -70,6 +70,7 @@ INSTANCE_COLUMNS = (
     "wait_due",
     "priority",
     "start_priority",
+    "limit_key",
 )
 ATTEMPT_COLUMNS = (
     "id",

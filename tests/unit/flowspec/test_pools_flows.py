@@ -14,7 +14,7 @@ from runner.errors import FlowErrors
 from runner.flowspec.compiler import compile_source
 from runner.flowspec.registry import FlowRegistry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 LOADS = """\
 initial: load

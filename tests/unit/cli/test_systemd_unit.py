@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runner.cli.context import DB_CREDENTIAL
 
-UNIT = Path(__file__).resolve().parents[2] / "contrib" / "systemd" / "flowrun.service"
+UNIT = Path(__file__).resolve().parents[3] / "contrib" / "systemd" / "flowrun.service"
 
 
 def test_the_database_url_is_a_credential() -> None:

@@ -21,7 +21,7 @@ import pytest
 from runner.handlers import data, reaper
 from runner.handlers.attempt import Cancel, Limits
 from tests.support.fault import pid_alive, poll
-from tests.unit.test_executor import run
+from tests.unit.handlers.test_executor import run
 
 #: every test here on both spawn paths (the C extension and Python: ``spawn_path``)
 pytestmark = pytest.mark.usefixtures("spawn_path")

@@ -17,7 +17,7 @@ import pytest
 
 from runner.handlers import native, reaper
 from tests.support.fault import poll
-from tests.unit.test_executor import run
+from tests.unit.handlers.test_executor import run
 
 needs_c = pytest.mark.skipif(native.ext is None, reason="C spawn path not in use")
 

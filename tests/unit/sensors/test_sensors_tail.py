@@ -9,7 +9,15 @@ import os
 import shutil
 from pathlib import Path
 
-from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
+from tests.support.sensor_hub import (
+    engine_at,
+    rows,
+    running_hub,
+    scalar,
+    settled,
+    wait_until,
+    write_flow,
+)
 
 TAIL_FLOW = """\
 sensors:

@@ -13,7 +13,7 @@ import pytest
 
 from runner.engine.config import CONCURRENCY_MAX, PER_CORE, WorkerConfig, default_concurrency
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cores() -> int:

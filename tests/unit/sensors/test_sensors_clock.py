@@ -7,9 +7,17 @@ import time
 from pathlib import Path
 
 from sqlalchemy import insert
-from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
 
 from runner.store.tables import sensors
+from tests.support.sensor_hub import (
+    engine_at,
+    rows,
+    running_hub,
+    scalar,
+    settled,
+    wait_until,
+    write_flow,
+)
 
 CLOCK_FLOW = """\
 sensors:

@@ -8,7 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from test_sensors_util import (
+from runner.sensors.hub import SensorHub
+from tests.support.sensor_hub import (
     engine_at,
     registry,
     rows,
@@ -18,8 +19,6 @@ from test_sensors_util import (
     wait_until,
     write_flow,
 )
-
-from runner.sensors.hub import SensorHub
 
 FLOW = """\
 sensors:

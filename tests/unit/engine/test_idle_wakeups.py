@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from sqlalchemy import Engine, event
-from test_sensors_util import registry, running_hub, wait_until, write_flow
 
 from runner.engine.config import WorkerConfig
 from runner.engine.worker import Worker
@@ -26,6 +25,7 @@ from runner.handlers import reaper
 from runner.store.create import create_instances
 from runner.store.db import make_engine
 from runner.store.wal import WalCheckpointer
+from tests.support.sensor_hub import registry, running_hub, wait_until, write_flow
 
 WINDOW = 2.0  # seconds of idleness counted
 

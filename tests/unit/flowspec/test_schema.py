@@ -10,7 +10,7 @@ from ruamel.yaml import YAML
 
 from runner.flowspec import schema
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = """\
 flow: csv_ingest
 initial: validate

@@ -10,7 +10,7 @@ from runner.errors import IllegalMove, UserError
 from runner.flowspec import facts
 from runner.flowspec.compiler import compile_source
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 FLOW = """\
 flow: gate

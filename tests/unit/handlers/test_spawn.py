@@ -20,7 +20,7 @@ from runner.handlers import exits, native, spawn
 from runner.handlers.environ import Env, encode_env
 from runner.handlers.handoff import Handoff
 from tests.support.fault import poll
-from tests.unit.test_executor import run
+from tests.unit.handlers.test_executor import run
 
 
 @pytest.fixture(params=["C", "fork_exec", "Popen"])

@@ -7,11 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
-
 from runner.errors import FlowErrors
 from runner.flowspec.compiler import compile_source
 from runner.flowspec.spec_sensors import EVENT_FIELDS
+from tests.support.sensor_hub import (
+    engine_at,
+    rows,
+    running_hub,
+    scalar,
+    settled,
+    wait_until,
+    write_flow,
+)
 
 HEAD = """\
 flow: f

@@ -20,7 +20,7 @@ import pytest
 
 from runner.handlers import native, reaper
 from tests.support.fault import poll
-from tests.unit.test_native_spawn import _zombie_children
+from tests.unit.handlers.test_native_spawn import _zombie_children
 
 pytestmark = pytest.mark.skipif(native.ext is None, reason="C spawn path not in use")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from test_sensors_util import engine_at, running_hub, scalar, settled, wait_until, write_flow
+from tests.support.sensor_hub import engine_at, running_hub, scalar, settled, wait_until, write_flow
 
 FLOW = """\
 sensors:

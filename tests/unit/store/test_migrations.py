@@ -27,7 +27,7 @@ from runner.store.db import make_engine
 from runner.store.revision import latest_revision
 from runner.store.tables import attempts, instances, metadata
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -8,11 +8,11 @@ import sqlite3
 from pathlib import Path
 
 from sqlalchemy import event
-from test_sensors_util import engine_at, registry, rows, write_flow
 
 from runner.sensors.events import claim_leases, record_events
 from runner.sensors.rules import RuleEngine
 from runner.store.db import no_wait_engine
+from tests.support.sensor_hub import engine_at, registry, rows, write_flow
 
 FLOW = """\
 sensors:

@@ -13,7 +13,7 @@ import pytest
 
 from runner.service.sdnotify import Notifier, notify_loop
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UNIT = ROOT / "contrib" / "systemd" / "flowrun.service"
 
 

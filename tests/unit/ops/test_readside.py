@@ -19,7 +19,7 @@ NOW = 1_700_000_000.0
 
 
 def test_dialect_name_is_asked_in_one_module_only() -> None:
-    root = Path(__file__).resolve().parents[2] / "runner"
+    root = Path(__file__).resolve().parents[3] / "runner"
     askers = sorted(
         str(p.relative_to(root))
         for p in root.rglob("*.py")

@@ -6,7 +6,15 @@ import asyncio
 import os
 from pathlib import Path
 
-from test_sensors_util import engine_at, rows, running_hub, scalar, settled, wait_until, write_flow
+from tests.support.sensor_hub import (
+    engine_at,
+    rows,
+    running_hub,
+    scalar,
+    settled,
+    wait_until,
+    write_flow,
+)
 
 FILES_FLOW = """\
 sensors:
