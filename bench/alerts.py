@@ -160,7 +160,7 @@ def throughput(pg: str | None, n: int, with_rule: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp, database(pg, Path(tmp)) as url:
         flows = Path(tmp) / "flows"
         flows.mkdir()
-        (flows / "bench_noop.py").write_text("async def noop(ctx):\n    return None\n")
+        (flows / "bench_noop.py").write_text("async def noop(ctx):\n    return True\n")
         (flows / "noop.yaml").write_text(NOOP + (RULE.replace("URL", rec.url) if with_rule else ""))
         engine = make_engine(url)
         with engine.begin() as conn:
