@@ -154,13 +154,29 @@ def writer_for(engine: Engine) -> LogWriter | None:
     return found
 
 
-@atexit.register
-def flush_all() -> None:
-    """Store what every writer still holds (at exit; after a worker stopped). Raises
-    nothing: a failure is logged in one line."""
+#: Seconds the process waits at exit for the last attempt logs to be stored: a database
+#: that does not answer (a cut network) must not keep a stopped daemon alive.
+FLUSH_AT_EXIT = 1.0
+
+
+def _flush_each() -> None:
     for writer in list(_writers.values()):
         try:
             while writer.flush():
                 pass
         except Exception as exc:  # noqa: BLE001
             log.warning("attempt logs not stored at exit: %s", short_error(exc))
+
+
+@atexit.register
+def flush_all(timeout: float = FLUSH_AT_EXIT) -> None:
+    """Store what every writer still holds (at exit; after a worker stopped), waiting at
+    most ``timeout`` seconds (on a thread of its own: a database that does not answer is
+    given up, in one log line). Raises nothing: a failure is logged in one line."""
+    if not _writers:
+        return
+    flushing = threading.Thread(target=_flush_each, name="flowrun-logs-exit", daemon=True)
+    flushing.start()
+    flushing.join(timeout)
+    if flushing.is_alive():
+        log.warning("attempt logs not stored at exit: no answer from the database in %gs", timeout)
