@@ -267,7 +267,8 @@ class SensorHub:
 
     def _lifecycle(self) -> bool:
         """Whether a loaded flow has a ``lifecycle`` sensor."""
-        return any(spec.kind == "lifecycle" for _, spec in self.desired().values())
+        flows = self.registry.flows.values()
+        return any(s.kind == "lifecycle" for f in flows for s in (f.sensors or {}).values())
 
     async def _rules_loop(self, stop: asyncio.Event) -> None:
         """Handle pending events until ``stop``; a database error ends it (``keep``
@@ -298,8 +299,8 @@ class SensorHub:
                     self.on_work()
                 if seen >= self.rules.batch:
                     continue
+                lifecycle = changes is not None and self._lifecycle()
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    lifecycle = changes is not None and self._lifecycle()
                     if lifecycle and bell is not None:
                         await first_of(
                             self._rules_kick.wait(), stop.wait(), rung.wait(), timeout=self.poll
