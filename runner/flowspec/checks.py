@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from runner.flowspec.deadlines import THEN_OUTCOMES
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
@@ -52,6 +53,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     if not gaps.edges:
         _check_reachable(spec, err)
     _check_exhausted(spec, err, gaps)
+    _check_deadlines(spec, err, gaps)
     _check_process_keys(spec, err)
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
@@ -175,8 +177,8 @@ def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
 
 
 def _check_reachable(spec: FlowSpec, err: Report) -> None:
-    """Every state is reachable from ``initial``, over ``next``/``to``/``on:`` and a
-    handler state's ``on_exhausted``."""
+    """Every state is reachable from ``initial``, over ``next``/``to``/``on:``, a
+    handler state's ``on_exhausted`` and the deadlines' ``then``."""
     states = spec.states
 
     def exhausted_target(st: StateSpec) -> str | None:
@@ -189,9 +191,13 @@ def _check_reachable(spec: FlowSpec, err: Report) -> None:
         return  # already reported
     seen = {spec.initial}
     queue = deque([spec.initial])
+    if spec.deadline is not None and spec.deadline.then in states:  # from any state
+        seen.add(spec.deadline.then)
+        queue.append(spec.deadline.then)
     while queue:
         st = states[queue.popleft()]
-        for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]:
+        deadline = st.deadline.then if st.deadline is not None else None
+        for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st), deadline]:
             if t in states and t not in seen:
                 seen.add(t)
                 queue.append(t)
@@ -225,6 +231,40 @@ def _check_exhausted(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
             exhausted(
                 st.error_budget.on_exhausted, ("states", name, "error_budget", "on_exhausted")
             )
+
+
+def _check_deadlines(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
+    """A deadline's ``then`` is a state of this flow, ``failed``, ``paused`` or ``alert``;
+    a terminal state has none (nothing is left to wait for); the flow's counts from the
+    instance's start (``since: created``)."""
+    names = list(spec.states)
+
+    def then(value: str, loc: tuple[str | int, ...]) -> None:
+        if value not in THEN_OUTCOMES and value not in spec.states and value not in gaps.states:
+            err(
+                f"deadline then '{value}' must be a state of this flow, failed, paused or alert"
+                f"{did_you_mean(value, [*THEN_OUTCOMES, *names])}",
+                loc,
+            )
+
+    if spec.deadline is not None:
+        then(spec.deadline.then, ("deadline", "then"))
+        if spec.deadline.since == "entered":
+            err(
+                "the flow's deadline counts from the instance's start: since must be created "
+                "(a state's deadline counts from its entry)",
+                ("deadline", "since"),
+            )
+    for name, st in spec.states.items():
+        if st.deadline is None:
+            continue
+        if st.terminal:
+            err(
+                "a terminal state has no deadline: the instance has ended there",
+                ("states", name, "deadline"),
+                key=True,
+            )
+        then(st.deadline.then, ("states", name, "deadline", "then"))
 
 
 def _check_rules(spec: FlowSpec, err: Report, gaps: Gaps) -> None:

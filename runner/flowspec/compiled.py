@@ -16,6 +16,7 @@ from typing import Any, cast
 from transitions import Machine, MachineError
 
 from runner.errors import IllegalMove
+from runner.flowspec.deadlines import Deadline
 from runner.flowspec.graph import EXHAUSTED, render_graph
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import STATUS_OUTCOMES, Policy
@@ -45,6 +46,7 @@ class CompiledState:
         slots: how many of the pool's slots one attempt holds.
         rate: the state's own rate (``"10/1m"``), or ``None``.
         priority: 1..9, the state's own priority, else the flow's (default 5).
+        deadline: the state's deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
     name: str
@@ -62,6 +64,7 @@ class CompiledState:
     slots: int = 1
     rate: str | None = None
     priority: int = 5
+    deadline: Deadline | None = None
 
     @property
     def exhausted_target(self) -> str | None:
@@ -100,6 +103,7 @@ class CompiledFlow:
         machine: the ``transitions.Machine`` of the moves (see the module docstring).
         spec: the validated ``FlowSpec`` (``None`` when built by hand).
         label: the ``label`` template naming each instance (``"{data.path}"``), or ``None``.
+        deadline: the flow's own deadline (since the instance was made), or ``None``.
     """
 
     name: str
@@ -115,6 +119,12 @@ class CompiledFlow:
     machine: Machine
     spec: FlowSpec | None = field(default=None, repr=False)
     label: str | None = None
+    deadline: Deadline | None = None
+
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether the flow or one of its states has a deadline."""
+        return self.deadline is not None or any(s.deadline for s in self.states.values())
 
     @property
     def pools(self) -> dict[str, int]:

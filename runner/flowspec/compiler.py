@@ -21,6 +21,7 @@ from typing import Any
 from transitions import Machine
 
 from runner.errors import FlowError, FlowErrors
+from runner.flowspec import deadlines
 from runner.flowspec.checks import check_flow
 from runner.flowspec.compiled import CompiledFlow, CompiledState
 from runner.flowspec.limits import read_flow_file
@@ -126,6 +127,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
             slots=st.slots or 1,
             rate=st.rate,
             priority=st.priority or spec.priority,
+            deadline=deadlines.from_spec(st.deadline, "state"),
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))
@@ -145,6 +147,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
         machine=_machine(spec),
         spec=spec,
         label=spec.label,
+        deadline=deadlines.from_spec(spec.deadline, "flow"),
     )
 
 

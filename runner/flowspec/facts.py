@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import IllegalMove
+from runner.flowspec.deadlines import Deadline
 from runner.flowspec.policy import Backoff, Policy
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
 
-FORMAT = 1
+FORMAT = 2
 """Bumped when the JSON below changes shape."""
 
 
@@ -49,6 +50,7 @@ class StateFacts:
         on: ``{event: target state}``.
         policy: the effective policy (durations in seconds).
         setup: the env and secret names its handler gets.
+        deadline: its deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
     name: str
@@ -58,17 +60,19 @@ class StateFacts:
     on: dict[str, str]
     policy: Policy
     setup: SetupNames
+    deadline: Deadline | None = None
 
 
 @dataclass(frozen=True)
 class FlowFacts:
-    """A flow version as the read side sees it: ``name``, ``version``, ``initial`` and
-    ``states`` (``{name: StateFacts}`` in file order)."""
+    """A flow version as the read side sees it: ``name``, ``version``, ``initial``,
+    ``states`` (``{name: StateFacts}`` in file order) and the flow's ``deadline``."""
 
     name: str
     version: str
     initial: str
     states: dict[str, StateFacts]
+    deadline: Deadline | None = None
 
     def event_target(self, state: str, event: str) -> str:
         """The target of ``on: {event: target}`` in ``state``.
@@ -99,10 +103,20 @@ def facts_json(flow: CompiledFlow) -> dict[str, Any]:
                 "policy": asdict(st.policy),
                 "env": list(st.setup.env_names),
                 "secrets": list(st.setup.secret_names),
+                "deadline": _deadline_json(st.deadline),
             }
             for st in flow.states.values()
         ],
+        "deadline": _deadline_json(flow.deadline),
     }
+
+
+def _deadline_json(d: Deadline | None) -> dict[str, Any] | None:
+    return None if d is None else asdict(d)
+
+
+def _deadline(data: dict[str, Any] | None) -> Deadline | None:
+    return None if data is None else Deadline(**data)
 
 
 def facts_from_json(data: dict[str, Any]) -> FlowFacts:
@@ -125,8 +139,11 @@ def facts_from_json(data: dict[str, Any]) -> FlowFacts:
             on=dict(s["on"]),
             policy=Policy(**pol),
             setup=SetupNames(tuple(s["env"]), tuple(s["secrets"])),
+            deadline=_deadline(s["deadline"]),
         )
-    return FlowFacts(data["name"], data["version"], data["initial"], states)
+    return FlowFacts(
+        data["name"], data["version"], data["initial"], states, _deadline(data["deadline"])
+    )
 
 
 def _cache_file(version: str) -> Path:

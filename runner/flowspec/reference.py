@@ -33,6 +33,7 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("error_budget", spec.ErrorBudgetSpec, "defaults.error_budget, states.S.error_budget"),
     ("backoff", spec.BackoffSpec, "defaults.backoff, states.S.backoff"),
     ("retention", spec.RetentionSpec, "retention"),
+    ("deadline", spec.DeadlineSpec, "deadline, states.S.deadline"),
     ("state", spec.StateSpec, "states.S"),
     ("pools", spec.PoolSpec, "pools.P"),
     ("max_running", spec.MaxRunningSpec, "max_running"),

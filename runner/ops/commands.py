@@ -27,6 +27,7 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.store.clock import db_now
 from runner.store.db import reading
+from runner.store.deadlines import entered
 from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
@@ -115,6 +116,10 @@ def apply(
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
         )
+        if "state_changed" in values:  # a state entered: its deadlines (store.deadlines)
+            flow = compiled(conn, row["version"])
+            if flow.has_deadlines:
+                entered(conn, [(iid, flow, values["state"], at)])
         _log(conn, iid, command, event, source, at, "applied", message, until, tag)
         results.append(CommandResult(iid, command, True, message))
         moved = _lifecycle_row(row, values, command, at)

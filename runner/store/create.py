@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
 
+from runner.flowspec import deadlines
 from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.flow_limits import key_of
@@ -63,6 +64,9 @@ def initial_row(
     else its initial state's (its own, else the flow's)."""
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
+    extra = {}
+    if getattr(flow, "has_deadlines", False):  # only then: no key for the others' inserts
+        extra["deadline_at"] = deadlines.on_entry(flow, flow.initial, at, at)
     template = getattr(flow, "label", None)
     due: float | None
     status, due = "runnable", at
@@ -91,6 +95,7 @@ def initial_row(
         "priority": priority if priority is not None else getattr(state, "priority", 5),
         "start_priority": priority,
         "limit_key": key_of(flow, merged) if state.kind != "terminal" else None,
+        **extra,
     }
 
 

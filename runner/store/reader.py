@@ -71,6 +71,7 @@ INSTANCE_COLUMNS = (
     "priority",
     "start_priority",
     "limit_key",
+    "deadline_at",
 )
 ATTEMPT_COLUMNS = (
     "id",

@@ -100,6 +100,9 @@ class Instance(SQLModel, table=True):
             "locked_by",
             sqlite_where=text("limit_key IS NOT NULL"),
         ),
+        # partial (0013 makes it partial on PostgreSQL too): the instances with a
+        # deadline not yet acted on (``runner.store.deadlines``: the earliest is read)
+        Index("ix_instances_deadline", "deadline_at", sqlite_where=text("deadline_at IS NOT NULL")),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -152,6 +155,10 @@ class Instance(SQLModel, table=True):
     )
     limit_key: str | None = Field(
         default=None, max_length=200, description="its flow's max_running limit (and key)"
+    )
+    deadline_at: float | None = Field(
+        default=None,
+        description="its earliest deadline not yet acted on (NULL: none); see store.deadlines",
     )
 
 

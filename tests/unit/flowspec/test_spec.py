@@ -248,7 +248,7 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
         "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group, "
-        "pool, slots, rate, priority)",
+        "pool, slots, rate, priority, deadline)",
     ]
 
 
@@ -257,7 +257,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
         "description, label, initial, data, defaults, states, sensors, rules, pools, on_failure, "
-        "priority, max_running, on_limit, retention)"
+        "priority, max_running, on_limit, deadline, retention)"
     ]
 
 
