@@ -95,7 +95,7 @@ def commit_outcomes(
         held_now = [o for o in good if not o.chain and o.instance_id not in lost_ids]
         emit(conn, outcome_events(worker_id, held_now, at))
     deadline_moves = [  # moves into states of flows with deadlines (store.deadlines)
-        (o.instance_id, flow, o.values["state"], at)
+        (o.instance_id, flow, o.values["state"], o.values["state_changed"])
         for o in good
         if (flow := o.values.get("deadline_flow")) is not None and o.instance_id not in lost_ids
     ]

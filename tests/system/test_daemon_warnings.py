@@ -52,8 +52,8 @@ def test_failed_and_killed_are_one_warning_each(tmp_path) -> None:
         records = _records(daemon.log())
     warnings = [r for r in records if r["level"] == "warning" and "kind" in r]
     by_kind = {r["kind"]: r for r in warnings}
-    assert sorted(by_kind) == ["failed", "killed"], warnings
-    failed, killed = by_kind["failed"], by_kind["killed"]
+    assert sorted(by_kind) == ["budget_spent", "killed"], warnings
+    failed, killed = by_kind["budget_spent"], by_kind["killed"]
     assert (failed["instance"], failed["flow"], failed["state"]) == (failing, "wflow", "work")
     assert failed["msg"] == (
         f"instance {failing} (flow wflow, state work): failed: error budget spent "

@@ -46,6 +46,17 @@ states:
   done: {terminal: true}
 """
 
+MOVE = """\
+initial: go
+states:
+  go: {exec: [python, -c, "pass"], next: wait}
+  wait:
+    external: true
+    on: {ok: done}
+    deadline: {after: 2s, then: alert}
+  done: {terminal: true}
+"""
+
 NOT_YET = """\
 initial: poll
 deadline: {after: 2s, then: failed}
@@ -89,6 +100,7 @@ def test_deadlines_act_on_time_once(tmp_path) -> None:
             ("dalert", ALERT),
             ("dpoll", NOT_YET),
             ("dlong", WAIT.replace("2s", "1h")),
+            ("dmove", MOVE),
         )
     }
     engine = make_engine(fr.db)
@@ -100,6 +112,7 @@ def test_deadlines_act_on_time_once(tmp_path) -> None:
         alert = start(engine, paths["dalert"])
         polled = start(engine, paths["dpoll"])
         long = start(engine, paths["dlong"])
+        moved = start(engine, paths["dmove"])  # its deadline starts when the worker moves it
         ahead = fr("explain", str(long)).stdout
         assert "deadline in 59m" in ahead and "→ escalate" in ahead, ahead
 
@@ -119,6 +132,9 @@ def test_deadlines_act_on_time_once(tmp_path) -> None:
         assert fr.show(paused)["status"] == "paused"  # moved, but stays paused
         poll(lambda: fr.show(polled)["status"] == "failed", 60, what="flow deadline failed it")
         poll(lambda: deadline_rows(engine, alert), 60, what="alert acted on")
+        poll(lambda: deadline_rows(engine, moved), 60, what="deadline of a state moved to")
+        entered = sql(engine, "SELECT state_changed FROM instances WHERE id = :i", i=moved)[0][0]
+        assert deadline_rows(engine, moved)[0][0] >= entered + 2.0
         time.sleep(2.0)  # four looks later: the alert was not acted on again
         assert len(deadline_rows(engine, alert)) == 1
         assert fr.show(alert)["state"] == "wait" and fr.show(alert)["status"] == "runnable"
@@ -129,7 +145,7 @@ def test_deadlines_act_on_time_once(tmp_path) -> None:
         assert "deadline missed at" in after and "→ escalate" in after, after
         records = [json.loads(x) for x in daemon.log().splitlines() if x.startswith("{")]
     warned = [r for r in records if r.get("kind") == "deadline_missed"]
-    assert sorted(r["instance"] for r in warned) == sorted([moving, paused, alert, polled])
+    assert sorted(r["instance"] for r in warned) == sorted([moving, paused, alert, polled, moved])
     by_id = {r["instance"]: r for r in warned}
     assert (by_id[polled]["flow"], by_id[polled]["state"]) == ("dpoll", "poll")
     assert by_id[moving]["level"] == "warning"
@@ -143,3 +159,34 @@ def test_pending_deadline_does_not_keep_exit_when_idle_running(tmp_path) -> None
     int(fr("start", "dwait").stdout)
     res = fr("--daemon", "--exit-when-idle", timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.postgres
+def test_two_daemons_one_event_per_missed_deadline(tmp_path, pg_url: str) -> None:
+    """Two daemons on one PostgreSQL database: each missed deadline is acted on once (one
+    command row, one event), moved or alerted."""
+    fr = Flowrun(tmp_path)
+    fr.db = pg_url
+    moving = write_flow(fr.flows, "dwait", WAIT)
+    alerting = write_flow(fr.flows, "dalert", ALERT.replace("1s", "2s"))
+    engine = make_engine(pg_url)
+    daemons = [fr.daemon(worker_id=f"dl{w}", log=f"d{w}") for w in range(2)]
+    try:
+        for d in daemons:
+            poll(lambda d=d: "sensors ready" in d.log(), 60, what="hub ready")
+        with engine.begin() as conn:
+            flows = (load_flow(moving), load_flow(alerting))
+            ids = [create_instance(conn, flows[i % 2]) for i in range(100)]
+        count = "SELECT count(*) FROM commands WHERE command = 'deadline'"
+        poll(lambda: sql(engine, count)[0][0] >= len(ids), 120, what="every deadline acted on")
+        time.sleep(2.0)  # later looks act on none of them again
+    finally:
+        for d in daemons:
+            d.stop()
+    per = sql(engine, "SELECT instance_id, count(*) FROM commands GROUP BY instance_id")
+    assert sorted(per) == [(i, 1) for i in sorted(ids)]
+    events_stored = sql(engine, "SELECT count(*), count(DISTINCT key) FROM events")[0]
+    assert events_stored == (100, 100)  # the sensor 'late' listens to every flow
+    states = sql(engine, "SELECT flow, state, count(*) FROM instances GROUP BY flow, state")
+    assert sorted(states) == [("dalert", "wait", 50), ("dwait", "escalate", 50)]
+    assert sql(engine, "SELECT count(*) FROM instances WHERE deadline_at IS NOT NULL")[0][0] == 0
