@@ -5,9 +5,10 @@
 (``log.info("...", extra={"instance": 42, "flow": "f"})``), and ``exc`` for a traceback.
 The text format appends the same fields as ``key=value`` to the attempt lines. By
 default an instance that failed or was paused (its error budget or restarts spent), was
-killed, or whose attempt's outcome was fenced out is one WARNING line naming instance,
-flow and state (fields ``instance``, ``flow``, ``state``, ``kind``;
-``runner.engine.cycle.log_ended``). ``--log-attempts`` adds one INFO line per finished
+killed, lost an attempt or missed a deadline, an attempt's outcome fenced out and an
+alert's delivery that gave up are one WARNING line naming instance, flow and state
+(fields ``instance``, ``flow``, ``state``, ``kind``; made by ``runner.warn_line``).
+``--log-attempts`` adds one INFO line per finished
 attempt with its error line (logger ``flowrun.attempts``; off by default: see
 :func:`attempt_logger` for its cost).
 """

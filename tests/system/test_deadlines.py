@@ -190,3 +190,24 @@ def test_two_daemons_one_event_per_missed_deadline(tmp_path, pg_url: str) -> Non
     states = sql(engine, "SELECT flow, state, count(*) FROM instances GROUP BY flow, state")
     assert sorted(states) == [("dalert", "wait", 50), ("dwait", "escalate", 50)]
     assert sql(engine, "SELECT count(*) FROM instances WHERE deadline_at IS NOT NULL")[0][0] == 0
+
+
+def test_console_detail_counts_down_to_the_deadline(tmp_path) -> None:
+    from runner.tui.data import ConsoleData
+    from runner.tui.screens.detail import summary_text
+
+    fr = Flowrun(tmp_path)
+    path = write_flow(fr.flows, "dlong", WAIT.replace("2s", "1h"))
+    engine = make_engine(fr.db)
+    try:
+        iid = start(engine, path)
+        created = sql(engine, "SELECT created_at FROM instances WHERE id = :i", i=iid)[0][0]
+        data = ConsoleData(engine, clock=lambda: created, flows_dir=fr.flows)
+        detail = data.detail(iid)
+        assert detail is not None
+        assert "deadline 1h00m → escalate" in summary_text(detail, created).plain
+        assert "deadline 48m → escalate" in summary_text(detail, created + 720).plain
+        assert "deadline passed 5s ago → escalate" in summary_text(detail, created + 3605).plain
+        data.close()
+    finally:
+        engine.dispose()
