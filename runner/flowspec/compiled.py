@@ -9,6 +9,7 @@ validated by firing an event on a throw-away ``__slots__`` object.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -121,9 +122,10 @@ class CompiledFlow:
     label: str | None = None
     deadline: Deadline | None = None
 
-    @property
+    @functools.cached_property
     def has_deadlines(self) -> bool:
-        """Whether the flow or one of its states has a deadline."""
+        """Whether the flow or one of its states has a deadline (asked at every move the
+        worker commits: computed once)."""
         return self.deadline is not None or any(s.deadline for s in self.states.values())
 
     @property
