@@ -22,7 +22,7 @@ from runner.flowspec.deadlines import THEN_OUTCOMES
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
-from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec import DeadlineSpec, FlowSpec, StateSpec
 from runner.flowspec.spec_rules import DELIVERED, delivery_templates
 from runner.flowspec.spec_sensors import event_fields
 from runner.templating import event_refs, placeholders
@@ -140,7 +140,7 @@ def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
         for ev, t in st.on_.items():
             _target(spec, err, t, (*here, "on", ev), f"on: {ev} ->", gaps)
         handler = st.exec_ is not None or st.call is not None
-        edges = st.next_ is not None or st.to or st.on_
+        edges = st.next_ is not None or st.to or st.on_ or _leaves(st.deadline, spec.deadline)
         if st.terminal:
             for key, present in (
                 ("exec", st.exec_ is not None),
@@ -174,6 +174,11 @@ def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
             )
         elif not edges:
             err(f"state '{name}' has no next:, to: or on: (it could never be left)", here, key=True)
+
+
+def _leaves(*deadlines: DeadlineSpec | None) -> bool:
+    """Whether one of ``deadlines`` ends a stay: its ``then`` is a state or ``failed``."""
+    return any(d is not None and d.then not in ("alert", "paused") for d in deadlines)
 
 
 def _check_reachable(spec: FlowSpec, err: Report) -> None:

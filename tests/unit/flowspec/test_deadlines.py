@@ -122,3 +122,13 @@ def test_check_refuses_a_flow_deadline_since_entered_and_a_terminal_deadline() -
 def test_a_state_reached_only_by_a_deadline_is_reachable() -> None:
     source = FLOW.format(state_deadline="{after: 2s, then: escalate}", flow_deadline="")
     assert "escalate" in compile_source(source.replace(", up: escalate", ""), "d.yaml").states
+
+
+def test_a_deadline_that_moves_leaves_a_state_an_alert_does_not() -> None:
+    lone = "initial: wait\nstates:\n  wait:\n    external: true\n    deadline: THEN\n"
+    lone += "  late: {terminal: true}\n"
+    moving = lone.replace("THEN", "{after: 2s, then: late}")
+    assert compile_source(moving, "d.yaml").states["wait"].deadline is not None
+    with pytest.raises(FlowErrors) as caught:
+        compile_source(lone.replace("THEN", "{after: 2s, then: alert}"), "d.yaml")
+    assert "state 'wait' has no next:, to: or on: (it could never be left)" in str(caught.value)
