@@ -126,7 +126,8 @@ def test_deadlines_act_on_time_once(tmp_path) -> None:
         assert acted >= due  # never early
         assert lag < 5.0  # generous on a loaded machine; about LOOK_EVERY (0.5 s) when idle
         assert "state 'wait' deadline (2s after entering it) → escalate" in text
-        assert shown["status"] == "runnable"
+        assert shown["status"] == "runnable" and shown["deadline_at"] is None
+        assert fr.show(long)["deadline_at"].endswith("Z")
 
         poll(lambda: fr.show(paused)["state"] == "escalate", 60, what="paused one moved")
         assert fr.show(paused)["status"] == "paused"  # moved, but stays paused
