@@ -38,7 +38,7 @@ from runner.store.db import reading
 from runner.store.deliveries import queue
 from runner.store.flow_limits import refusal
 from runner.store.tables import JSONType, events
-from runner.templating import render, render_event_refs, render_value
+from runner.templating import lookup, render, render_event_refs, render_value
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -74,9 +74,15 @@ _SET_PAYLOAD = (
 
 def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
     """True when every ``field -> regex`` of ``patterns`` ``re.search``-es ``payload[field]``
-    (as text; a missing field or ``None`` does not match)."""
+    (as text; a missing field or ``None`` does not match). A dotted field (``body.ref``,
+    ``headers.x-github-event``) is a path into nested fields (a webhook's)."""
     for field, pattern in (patterns or {}).items():
-        value = payload.get(field)
+        value: Any = payload.get(field)
+        if value is None and "." in field:
+            try:
+                value = lookup(payload, field)
+            except KeyError:
+                value = None
         if value is None or not re.search(pattern, str(value)):
             return False
     return True

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runner.lifecycle import in_window
+from runner.ops.views import webhook_what
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -110,11 +111,15 @@ def waits_for(
 
 def event_what(payload: Any) -> str:
     """What a sensor event (its ``payload``, a dict) says happened: a tail sensor's file
-    name and line (``app.log: ERROR 502 …``), a files sensor's path, a clock's tick; any
+    name and line (``app.log: ERROR 502 …``), a files sensor's path, a clock's tick, a
+    webhook's body (``runner.ops.views.webhook_what``); any
     other payload as compact JSON. Not yet made visible: show it through
     ``runner.tui.literal``."""
     if not isinstance(payload, dict):
         return "" if payload is None else json.dumps(payload, default=str, ensure_ascii=False)
+    hook = webhook_what(payload)
+    if hook is not None:
+        return hook
     if "line" in payload:
         name = str(payload.get("file") or "").rsplit("/", 1)[-1]
         return f"{name}: {payload['line']}" if name else str(payload["line"])
