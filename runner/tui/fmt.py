@@ -130,6 +130,32 @@ def event_what(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
 
 
+def delivery_text(d: dict[str, Any]) -> str:
+    """What became of one delivery (a dict of ``runner.ops.queries.event_deliveries``):
+    ``webhook POST http://...: delivered at T after 1 try (HTTP 200), 99 suppressed
+    (once_per)``; ``FAILED after 3 tries (...)``; ``pending, next try T (1 try so far)``.
+    The last result's first line only. Not yet made visible: show it literally."""
+    target = d.get("target") or {}
+    if "exec" in target:
+        what = "exec " + " ".join(str(a) for a in target["exec"])
+    else:
+        hook = target.get("webhook") or {}
+        what = f"webhook {hook.get('method', 'POST')} {hook.get('url')}"
+    tries = f"{d['attempts']} {'try' if d['attempts'] == 1 else 'tries'}"
+    if d["status"] == "delivered":
+        state = f"delivered at {d['delivered_at']} after {tries}"
+    elif d["status"] == "failed":
+        state = f"FAILED after {tries}"
+    else:
+        state = f"pending, next try {d['due_at']} ({tries} so far)"
+    lines = str(d.get("last_result") or "").split("\n")
+    last = next((ln.strip() for ln in lines if ln.strip()), "")
+    result = f" ({last})" if last else ""
+    folded = f", {d['suppressed']} suppressed (once_per)" if d.get("suppressed") else ""
+    before = f", says {d['folded_before']} suppressed before" if d.get("folded_before") else ""
+    return f"{what}: {state}{result}{folded}{before}"
+
+
 def thousands(n: int) -> str:
     """``1,000,000``."""
     return f"{n:,}"
