@@ -36,6 +36,7 @@ import uuid
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -186,14 +187,16 @@ def webhook_in(pg: str | None, count: int) -> list[float]:
         log = open(logfile, "wb")  # noqa: SIM115
         os.environ["BENCH_TOKEN"] = "bench-token"
         proc = flowrun(url, flows, "--daemon", "--http", "0", stdout=log, stderr=log)
-        out = []
+        out: list[float] = []
+        steps: list[tuple[float, float, float]] = []
         try:
             _wait(lambda: b"sensors ready" in logfile.read_bytes(), 60)
             found = re.search(rb"http listener on http://[^:]+:(\d+)", logfile.read_bytes())
             assert found is not None, "no listener line"
             port = int(found.group(1))
             started = sa.text(
-                "SELECT a.started_at FROM attempts a JOIN instances i ON i.id = a.instance_id"
+                "SELECT a.started_at, e.created_at, e.handled_at FROM attempts a"
+                " JOIN instances i ON i.id = a.instance_id JOIN events e ON e.id = i.event_id"
                 " WHERE i.event_id = :e AND a.attempt = 1"
             )
             for i in range(count):
@@ -206,22 +209,27 @@ def webhook_in(pg: str | None, count: int) -> list[float]:
                 assert res.status == 202, res.status
                 event = json.loads(res.read())["event"]
                 conn.close()
-                got: list[float] = []
+                got: list[Any] = []
 
-                def ran(event: int = event, got: list[float] = got) -> bool:
+                def ran(event: int = event, got: list[Any] = got) -> bool:
                     with engine.connect() as db:
-                        value = db.execute(started, {"e": event}).scalar()
-                    if value is not None:
-                        got.append(float(value))
-                    return value is not None
+                        row = db.execute(started, {"e": event}).first()
+                    if row is not None:
+                        got.append(row)
+                    return row is not None
 
                 _wait(ran, 30)
-                out.append(got[0] - sent)
+                at, stored, handled = (float(v) for v in got[0])
+                out.append(at - sent)
+                steps.append((stored - sent, handled - stored, at - handled))
                 time.sleep(0.2)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
             engine.dispose()
+    stored, handled, began = (statistics.median(col) * 1000 for col in zip(*steps, strict=True))
+    print(f"  medians: request -> event stored {stored:.0f} ms, stored -> handled by the rules "
+          f"{handled:.0f} ms, handled -> attempt started {began:.0f} ms")  # fmt: skip
     return out
 
 
