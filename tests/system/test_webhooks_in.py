@@ -157,6 +157,15 @@ def test_webhooks_start_instances_and_refusals_store_nothing(tmp_path: Path) -> 
     shown = fr("events")
     assert shown.returncode == 0, shown.stderr
     assert 'webhook {"ref":"main"}' in shown.stdout
+    # `rules test` reaches into a webhook's nested fields as the rules do
+    event = json.dumps({"body": {"ref": "x"}, "headers": {"x-github-event": "ping"}})
+    tried = fr("rules", "test", "hooked", "--sensor", "gh", "--event", event, "--json")
+    assert tried.returncode == 0, tried.stderr
+    assert "x-github-event" in tried.stdout and "push" in tried.stdout
+    # `events replay` of a stored webhook event: already acted on, nothing doubled
+    again = fr("events", "replay", str(first))
+    assert again.returncode == 0, again.stderr
+    assert len(sql(engine, "SELECT id FROM instances WHERE event_id = :e", e=first)) == 1
 
 
 def metrics_still_absent(port: int) -> bool:
