@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ def webhook_routes(registry: FlowRegistry) -> dict[str, Route]:
     """Path -> :class:`Route` of every webhook sensor of the loaded flows (a path served
     twice keeps the first flow by file path; ``flowrun check`` refuses that anyway)."""
     out: dict[str, Route] = {}
-    for flow in sorted(registry.flows.values(), key=lambda f: str(f.path)):
+    for flow in sorted(list(registry.flows.values()), key=lambda f: str(f.path)):
         for name, spec in sorted((flow.sensors or {}).items()):
             hook = getattr(spec, "webhook", None)
             if hook is not None:
@@ -121,18 +122,22 @@ class WebhookDoor:
         self.environ = os.environ if environ is None else environ
         self._warned: set[tuple[str, str]] = set()
         self._routes: tuple[tuple[tuple[str, str], ...], dict[str, Route]] = ((), {})
+        self._lock = threading.Lock()
+        self.routes()  # an unset secret is warned about at start-up
 
     def routes(self) -> dict[str, Route]:
         """The current routes (:func:`webhook_routes`), recomputed when the loaded flows
         changed; each secret's variable missing from the environment is warned about
         once."""
-        versions = tuple(sorted((n, f.version) for n, f in self.registry.flows.items()))
-        if versions != self._routes[0]:
-            routes = webhook_routes(self.registry)
-            for route in routes.values():
-                self._secret(route)  # the warning at load
-            self._routes = (versions, routes)
-        return self._routes[1]
+        flows = list(self.registry.flows.items())  # a copy: reloads replace the dict's items
+        versions = tuple(sorted((n, f.version) for n, f in flows))
+        with self._lock:  # the listener's threads and its watch
+            if versions != self._routes[0]:
+                routes = webhook_routes(self.registry)
+                for route in routes.values():
+                    self._secret(route)  # the warning at load
+                self._routes = (versions, routes)
+            return self._routes[1]
 
     def _secret(self, route: Route) -> bytes | None:
         """The route's secret from the environment (``None``: unset or empty; warned

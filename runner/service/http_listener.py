@@ -4,9 +4,10 @@ sensors' paths (``--http``), on the same port.
 The stdlib's ``wsgiref`` server (what prometheus_client's own server is made of), one
 thread per request, in a thread of its own; the supervisor watches it
 (:meth:`HttpListener.watch`). A webhook's body is read only when its ``Content-Length``
-is at most ``runner.sensors.webhook.BODY_MAX``; a longer one is answered ``413`` and
-then discarded unstored (a bounded "lingering close", so the client reads the answer
-instead of a reset connection).
+is at most ``runner.sensors.webhook.BODY_MAX`` and the request passed the checks made
+before (path, method, token); otherwise it is answered at once (``413``, ``401``, ...)
+and the body is then read and discarded, never kept (a bounded "lingering close",
+:data:`DRAIN_MAX`, so the client reads the answer instead of a reset connection).
 """
 
 from __future__ import annotations
@@ -151,11 +152,14 @@ class HttpListener:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Keep serving until ``stop``; raise if the thread died (the supervisor starts
-        it again)."""
+        it again). Each second the door's routes are brought up to date with the loaded
+        flows, so a reloaded flow's unset secret is warned about when it loads."""
         if self._server is None:
             self.start()
         try:
             while not stop.is_set():
+                if self.door is not None:
+                    self.door.routes()
                 if self._thread is not None and not self._thread.is_alive():
                     self._server = None
                     raise RuntimeError("http listener thread ended")
@@ -183,15 +187,17 @@ class HttpListener:
     ) -> Iterable[bytes]:
         assert self.door is not None
         headers = _headers(environ)
-        opened = self.door.open(environ.get("REQUEST_METHOD", "GET"), path, headers)
-        if isinstance(opened, Reply):
-            return _reply(start_response, opened)
+        stream = environ["wsgi.input"]
         try:
             length = int(environ.get("CONTENT_LENGTH") or "")
         except ValueError:
+            length = -1
+        opened = self.door.open(environ.get("REQUEST_METHOD", "GET"), path, headers)
+        if isinstance(opened, Reply):  # the body, unread, is discarded after the answer
+            return _reply(start_response, opened, drain=(stream, max(0, length)))
+        if length < 0:
             return _reply(start_response, Reply(411, {"error": "Content-Length required"}))
-        stream = environ["wsgi.input"]
-        if length > BODY_MAX or length < 0:
+        if length > BODY_MAX:
             reply = Reply(413, {"error": f"body over {BODY_MAX} bytes"})
             return _reply(start_response, reply, drain=(stream, max(0, length)))
         body = stream.read(length) if length else b""

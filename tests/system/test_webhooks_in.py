@@ -200,3 +200,14 @@ def test_unauthenticated_webhook_refused_beyond_loopback(tmp_path: Path) -> None
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("flowrun:")]
     assert len(lines) == 1, res.stderr
     assert re.search(r"hooked\.yaml:\d+:\d+: webhook sensor 'open' is unauthenticated", lines[0])
+
+
+def test_an_unset_secret_is_a_warning_at_start_and_401(tmp_path: Path) -> None:
+    fr = _fleet(tmp_path)
+    del fr.env["GH_SECRET"]
+    with daemon_running(fr, "unset", "--http", "0") as daemon:
+        port = _port(daemon)
+        poll(lambda: "environment variable GH_SECRET is not set" in daemon.log())
+        body = b"{}"
+        assert _post(port, "/hooks/gh", body, {"X-Hub-Signature-256": _sign(body)})[0] == 401
+    assert _events(engine_at(tmp_path)) == []
