@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.store.db import make_engine
 from tests.support.fault import Daemon, Flowrun, daemon_running, engine_at, poll, sql, write_flow
 
 pytestmark = pytest.mark.timeout(300)
@@ -211,3 +212,29 @@ def test_an_unset_secret_is_a_warning_at_start_and_401(tmp_path: Path) -> None:
         body = b"{}"
         assert _post(port, "/hooks/gh", body, {"X-Hub-Signature-256": _sign(body)})[0] == 401
     assert _events(engine_at(tmp_path)) == []
+
+
+@pytest.mark.postgres
+def test_two_postgres_daemons_both_serve_every_webhook(tmp_path: Path, pg_url: str) -> None:
+    fr = _fleet(tmp_path)
+    fr.db = pg_url
+    engine = make_engine(pg_url)
+    daemons = [fr.daemon("--http", "0", worker_id=f"pgh{w}", log=f"d{w}") for w in range(2)]
+    try:
+        ports = [_port(d) for d in daemons]
+        ids = []
+        for i in range(10):  # alternately to each daemon: no lease decides who may answer
+            status, doc = _post(ports[i % 2], "/hooks/deploy", b'{"ref": "r"}', _bearer(TOKEN))
+            assert status == 202, doc
+            ids.append(doc["event"])
+        poll(lambda: all(_completed(engine, e) for e in ids), 120, what="10 instances")
+    finally:
+        for d in daemons:
+            d.signal(signal.SIGINT)
+        for d in daemons:
+            d.wait(60)
+            d.stop()
+    assert len(set(ids)) == 10
+    assert sorted(r[0] for r in _events(engine)) == sorted(ids)  # each request stored once
+    assert len(sql(engine, "SELECT id FROM instances")) == 10  # each started once
+    engine.dispose()
