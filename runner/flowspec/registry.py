@@ -20,6 +20,7 @@ from runner.flowspec.compiler import PartialFlow, load_flow
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.pool_checks import pool_problems
 from runner.flowspec.spec_rules import DELIVERED
+from runner.flowspec.webhook_checks import webhook_problems
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -190,6 +191,8 @@ class FlowRegistry:
                 )
         names = {flow.name: flow for flow in candidate.values()}
         for flow, message, loc in pool_problems(list(candidate.values())):
+            err(flow, message, loc)
+        for flow, message, loc in webhook_problems(candidate.values()):
             err(flow, message, loc)
         for flow in candidate.values():
             for i, rule in enumerate(flow.rules):
