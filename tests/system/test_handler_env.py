@@ -107,9 +107,18 @@ states:
 """
 
 BOOM = """\
+import sys
+
+
 def boom(ctx):
-    ctx.data["copied"] = ctx.secrets["API_KEY"]
-    raise RuntimeError("cannot log in with " + ctx.secrets["API_KEY"])
+    s = ctx.secrets["API_KEY"]
+    half = len(s) // 2
+    for stream in (sys.stdout, sys.stderr):  # two writes: its attempt log sees both
+        stream.write("call key: " + s[:half])
+        stream.write(s[half:] + " (printed)\\n")
+    ctx.log.warning("logged %s", s)
+    ctx.data["copied"] = s
+    raise RuntimeError("cannot log in with " + s)
 """
 
 
@@ -133,6 +142,9 @@ def _run_secret_flows(fr: Flowrun) -> tuple[int, int, list[str]]:
         ("explain", str(leak), "--json"),
         ("explain", str(boom)),
         ("events", "--json"),
+        ("logs", str(leak)),
+        ("logs", str(boom), "--json"),
+        ("logs", str(boom), "--raw"),
     ):
         out = fr(*args)
         assert out.returncode == 0, (args, out.stderr)
@@ -150,6 +162,11 @@ def _assert_hidden(fr: Flowrun, leak: int, boom: int, shown: list[str]) -> None:
     assert "cannot log in with ***" in json.dumps(fr.show(boom))
     assert fr.show(boom)["history"][0]["secrets"] == ["API_KEY"]  # the name, not the value
     assert "handler of leak gets env: -; secrets: API_KEY" in fr("show", str(leak)).stdout
+    # the captured logs: an exec handler's pipes and a call handler's prints and records
+    assert fr("logs", str(leak)).stdout.count("the key: *** (printed)") == 2
+    logged = fr("logs", str(boom), "--raw").stdout
+    assert logged.count("call key: *** (printed)\n") == 2, logged
+    assert "logged ***" in logged
 
 
 def test_a_secret_is_stored_nowhere_sqlite(tmp_path: Path) -> None:
