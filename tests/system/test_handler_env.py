@@ -71,6 +71,28 @@ def test_env_templates_base_environment_and_env_inherit_none(tmp_path: Path) -> 
     }
 
 
+@pytest.mark.postgres
+def test_no_database_url_of_the_daemon_reaches_a_handler(tmp_path: Path, pg_url: str) -> None:
+    """On PostgreSQL, with the password in FLOWRUN_DB and FLOWRUN_LISTEN_DB (both used by
+    the daemon), the handler's environment has neither variable nor the password."""
+    fr = Flowrun(tmp_path)
+    url = pg_url.replace("://postgres@", f"://postgres:{SECRET}@")
+    assert SECRET in url
+    fr.db = url
+    fr.env["FLOWRUN_DB"] = url
+    fr.env["FLOWRUN_LISTEN_DB"] = url
+    write_flow(fr.flows, "envs", ENV_FLOW, {"envdump": ENVDUMP})
+    fr.env["H9_TOKEN_SOURCE"] = "tok"
+    iid = int(fr("start", "envs", "region=eu-west").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert fr.show(iid)["status"] == "completed"
+    for dump in ("daemon.json", "bare.json"):
+        env = json.loads((fr.flows / dump).read_text())
+        assert "FLOWRUN_DB" not in env and "FLOWRUN_LISTEN_DB" not in env, sorted(env)
+        assert SECRET not in json.dumps(env), dump
+
+
 SECRET_FLOW = """\
 initial: leak
 defaults:
