@@ -17,6 +17,8 @@ Once :func:`install` ran (the first ``call`` attempt with capture on):
 - secret values of the state (``ctx.secrets``) are written as ``***``, also one written
   in pieces (two ``print`` calls, two records): each stream goes through a
   ``runner.handlers.redact.Redactor``, which holds back an end that could begin a secret;
+- a record logged from inside a handler that also reaches the daemon's own log has the
+  secrets replaced there too (:class:`RedactRecords`, a filter on the daemon's handler);
 - ``ctx.log`` (:func:`handler_logger`) is the logger ``flowrun.handler.<flow>.<state>``:
   its records go to the attempt's log only (not the daemon's own log).
 
@@ -32,7 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from runner.handlers.redact import Redactor
+from runner.handlers.redact import Redactor, redact_text
 from runner.log_buffer import STDERR, STDOUT, AttemptLog
 
 
@@ -125,6 +127,29 @@ class _Route(logging.Handler):
             except Exception:  # noqa: BLE001 - a bad format string is the handler's
                 line = f"{record.levelname} {record.name}: {record.msg!r}\n"
             sink.write(STDERR, line)
+
+
+class RedactRecords(logging.Filter):
+    """A filter for the daemon's own log handlers: a record logged from inside a ``call``
+    handler whose state has secrets (a library's logger, ``logging.warning``, a
+    ``flowrun.*`` logger) has them replaced by ``***`` in its message and traceback
+    before any handler formats it. Other records pass unchanged; none is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        sink = current.get()
+        if sink is None or not sink.secrets:
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the handler's
+            text = f"{record.msg!r} % {record.args!r}"
+        if record.exc_info:
+            text += "\n" + _FORMAT.formatException(record.exc_info)
+        if record.stack_info:
+            text += "\n" + record.stack_info
+        record.msg, record.args = redact_text(text, sink.secrets), None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
 def install() -> None:

@@ -129,6 +129,7 @@ states:
 """
 
 BOOM = """\
+import logging
 import sys
 
 
@@ -139,6 +140,13 @@ def boom(ctx):
         stream.write("call key: " + s[:half])
         stream.write(s[half:] + " (printed)\\n")
     ctx.log.warning("logged %s", s)
+    # records that also reach the daemon's log (the root logger's, flowrun's)
+    logging.getLogger("some.lib").warning("lib %s", s)
+    logging.getLogger("flowrun.boom").warning("flowrun-side %s", s)
+    try:
+        raise ValueError("bad key " + s)
+    except ValueError:
+        logging.getLogger("some.lib").exception("failed")
     ctx.data["copied"] = s
     raise RuntimeError("cannot log in with " + s)
 """
@@ -155,6 +163,8 @@ def _run_secret_flows(fr: Flowrun) -> tuple[int, int, list[str]]:
     res = fr("--daemon", "--exit-when-idle", "--log-attempts", timeout=120)
     assert res.returncode == 0, res.stderr
     shown = [res.stdout, res.stderr]
+    for line in ("WARNING some.lib: lib ***", "flowrun-side ***", "ValueError: bad key ***"):
+        assert line in res.stderr, res.stderr  # the daemon's log: its records, redacted
     for args in (
         ("ls", "--json"),
         ("ls",),
