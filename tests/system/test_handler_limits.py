@@ -17,8 +17,8 @@ defaults:
   error_budget: {max_errors: 1, on_exhausted: failed}
 states:
   measure:
-    exec: [sh, -c, 'echo "$(ulimit -v) $(ulimit -n) $(nice)" > limits.txt']
-    limits: {memory: 256MiB, files: 100, nice: 7}
+    exec: [sh, -c, 'echo "$(ulimit -v) $(ulimit -n) $(nice) $(ulimit -p)" > limits.txt']
+    limits: {memory: 256MiB, files: 100, nice: 7, processes: 64}
     next: hog
   hog:
     exec: [python, -c, "x = bytearray(1 << 30)"]
@@ -54,7 +54,7 @@ def test_limits_are_set_and_a_memory_hog_is_ended_by_its_limit(tmp_path: Path, p
     iid = int(fr("start", "lim").stdout)
     res = fr("--daemon", "--exit-when-idle", timeout=120)
     assert res.returncode == 0, res.stderr
-    assert (fr.flows / "limits.txt").read_text().split() == [str(256 * 1024), "100", "7"]
+    assert (fr.flows / "limits.txt").read_text().split() == [str(256 * 1024), "100", "7", "64"]
     shown = fr.show(iid)
     assert shown["status"] == "failed" and shown["state"] == "hog"
     error = shown["history"][-1]["error"]
