@@ -141,6 +141,29 @@ def test_user_drops_a_handler_to_nobody(tmp_path: Path, path: str) -> None:
     assert (shared / "uid.txt").stat().st_uid == nobody.pw_uid
 
 
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_group_overrides_the_users_own_group(tmp_path: Path, path: str) -> None:
+    import grp
+    import pwd
+    import tempfile
+
+    daemon = grp.getgrnam("daemon")
+    fr = _flowrun(tmp_path, path)
+    write_flow(
+        fr.flows, "drop", USER_FLOW.replace("user: nobody", "user: nobody\n    group: daemon")
+    )
+    shared = Path(tempfile.mkdtemp(prefix="flowrun-group-"))
+    shared.chmod(0o777)
+    big = "x" * 100_000  # the flow reads its data file (over 64 kB of data)
+    iid = int(fr("start", "drop", f"dir={shared}", f"big={big}").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert fr.show(iid)["status"] == "completed", fr.show(iid)["last_error"]
+    assert (shared / "uid.txt").read_text().strip() == str(pwd.getpwnam("nobody").pw_uid)
+    assert (shared / "gid.txt").read_text().strip() == str(daemon.gr_gid)
+    assert (shared / "groups.txt").read_text().split() == [str(daemon.gr_gid)]
+
+
 def test_an_unknown_user_is_refused_when_the_daemon_loads_the_flow(tmp_path: Path) -> None:
     fr = Flowrun(tmp_path)
     path = write_flow(fr.flows, "ghost", USER_FLOW.replace("user: nobody", "user: no_such_user_h9"))
