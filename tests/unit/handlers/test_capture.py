@@ -47,3 +47,37 @@ def test_without_secrets_text_goes_through_at_once() -> None:
     assert _text(log)[STDOUT] == b"tok-9f8"
     sink.end()
     sink.end()  # idempotent
+
+
+def test_a_record_logged_inside_a_handler_reaches_the_daemons_log_redacted() -> None:
+    """The daemon's JSON log handler with its filter: message and traceback redacted inside
+    a handler's context, a record outside it untouched."""
+    import io
+    import json
+    import logging
+
+    from runner.service.logs import JsonFormatter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(capture.RedactRecords())
+    logger = logging.getLogger("tests.capture.daemon_log")
+    logger.addHandler(handler)
+    logger.propagate = False
+    sink, _ = _sink(SECRET)
+    try:
+        token = capture.current.set(sink)
+        try:
+            raise ValueError("bad " + SECRET)
+        except ValueError:
+            logger.exception("login with %s failed", SECRET)
+        capture.current.reset(token)
+        logger.warning("outside %s", "tok-1")
+    finally:
+        logger.removeHandler(handler)
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert SECRET not in out.getvalue()
+    assert first["msg"].startswith("login with *** failed\nTraceback")
+    assert first["msg"].endswith("ValueError: bad ***")
+    assert second["msg"] == "outside tok-1"
