@@ -411,7 +411,8 @@ class Daemon:
         finally:
             self.stop.set()
             # the database does not answer: the parts are given a moment only
-            await wind_down(side, self.aborted_by is not None or self.worker.unreachable)
+            cut_off = self.aborted_by is not None or self.worker.unreachable
+            await wind_down(side, cut_off, self.worker.grace_left)
             if self.install_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
