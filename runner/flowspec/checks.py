@@ -320,7 +320,8 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
         # (field, loc, shown, at the key)
         used: list[tuple[str, tuple[str | int, ...], str, bool]] = []
         for field in rule.match or {}:
-            used.append((field, ("rules", i, "match", field), f"match key '{field}'", True))
+            head = field.split(".")[0]  # a dotted key reaches into a nested field
+            used.append((head, ("rules", i, "match", field), f"match key '{field}'", True))
         for key, template in (rule.data or {}).items():
             for path in placeholders(template):
                 head, _, rest = path.partition(".")

@@ -44,6 +44,8 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("files", spec_sensors.FilesSpec, "sensors.N.files"),
     ("tail", spec_sensors.TailSpec, "sensors.N.tail"),
     ("lifecycle", spec_sensors.LifecycleSpec, "sensors.N.lifecycle"),
+    ("webhook_in", spec_sensors.WebhookInSpec, "sensors.N.webhook"),
+    ("hmac", spec_sensors.HmacSpec, "sensors.N.webhook.hmac"),
     ("rule", spec_rules.RuleSpec, "rules[i]"),
     ("selector", spec_rules.SelectorSpec, "rules[i].pause / resume / kill"),
     ("send", spec_rules.SendSpec, "rules[i].send"),

@@ -30,6 +30,7 @@ from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
+from runner.sensors.webhook import WebhookSensor
 from runner.store.data_version import CommitBell, commit_bell, data_version
 from runner.store.db import short_error
 from runner.store.deliveries import untried
@@ -45,6 +46,7 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
     "every": ClockSensor,
     "cron": ClockSensor,
     "lifecycle": LifecycleSensor,
+    "webhook": WebhookSensor,
 }
 
 

@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runner.error_line import error_line
+from runner.handlers.capture import RedactRecords
 from runner.literal import literal
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ def setup_logging(fmt: str = "text", level: str | int = logging.INFO, attempts: 
     ``logging`` number); ``attempts`` turns the per-attempt INFO lines on."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RedactRecords())  # a call handler's secrets never reach this log
     root = logging.getLogger("flowrun")
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)

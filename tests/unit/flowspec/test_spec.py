@@ -348,10 +348,10 @@ def test_sensor_errors(tmp_path: Path) -> None:
           files: {files: {glob: "*.csv", settle: soon}}
         """
     assert errors(tmp_path, text) == [
-        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron, lifecycle "
-        "(got: files, every)",
-        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron, lifecycle "
-        "(got: none)",
+        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron, lifecycle, "
+        "webhook (got: files, every)",
+        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron, lifecycle, "
+        "webhook (got: none)",
         "7:16: sensors.cron.cron: invalid cron expression '61 * * * *' (expected e.g. '0 3 * * *')",
         "8:35: sensors.tail.tail.match: invalid regex 'ERROR (?P<code': missing >, "
         "unterminated name at position 10",
