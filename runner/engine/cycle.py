@@ -230,8 +230,10 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     the careful way."""
     outcomes, cancels = request.outcomes, request.cancels
     limit = max(0, request.free - len(request.chain))
-    if request.probe and not (request.recover or outcomes or cancels or request.release):
-        idle = _idle_probe(engine, request.plan)
+    if (request.probe or request.recover) and not (outcomes or cancels or request.release):
+        # an idle look, or a look for lost attempts with nothing locked, held or waiting
+        # (``leases.may_recover``): a read; the write transaction only to claim what is due
+        idle = _idle_probe(engine, request.plan, request.recover, request.probe)
         if idle is not None:
             return idle
     try:
@@ -354,13 +356,20 @@ def _transaction(
     return result
 
 
-def _idle_probe(engine: Engine, plan: bool) -> CycleResult | None:
-    """A cheap read before an idle probe's write transaction: ``None`` when something is
-    due now (claim it), else an empty :class:`CycleResult`, which with ``plan`` says when
-    work next appears by itself (``leases.next_times``), read in the same snapshot."""
+def _idle_probe(
+    engine: Engine, plan: bool, recover: bool = False, probe: bool = True
+) -> CycleResult | None:
+    """A cheap read before an idle look's write transaction: ``None`` when, with
+    ``probe``, something is due now (claim it) or, with ``recover``, lost attempts may be
+    found (``leases.may_recover``), else an empty :class:`CycleResult`, which with
+    ``plan`` says when work next appears by itself (``leases.next_times``), read in the
+    same snapshot. A look for lost attempts alone (no ``probe``) does not look for due
+    work: the worker's idle probe does, when it may find some."""
     with reading(engine) as conn:
+        if recover and leases.may_recover(conn):
+            return None
         at = db_now(conn)
-        if leases.has_due(conn, at):
+        if probe and leases.has_due(conn, at):
             return None
         result = CycleResult()
         if plan:

@@ -239,7 +239,7 @@ class Worker:
         (``DBAPIError``, raised) the finished attempts are kept for the next cycle.
         """
         self.attempts.ended = self._wake.bind()
-        result = await self.cycles.run_now(self._request(self._free(), recover=True))
+        result = await self.cycles.run_now(self._request(self._free(), probe=True, recover=True))
         self._took(result)
         return result
 

@@ -23,9 +23,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, literal_column, or_, select, union_all, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
 
 from runner.flowspec import faults
 from runner.flowspec.policy import Policy
@@ -76,10 +88,15 @@ def by_index(conn: Connection) -> None:
         hot.clock.observe(float(rows[0][-1]), sent, time.time())
 
 
+@cache
+def _has_due() -> Select[Any]:
+    """:func:`has_due`'s statement, built once (an idle worker asks every second)."""
+    return select(instances.c.id).where(due_clause(bindparam("at"))).limit(1)
+
+
 def has_due(conn: Connection, at: float) -> bool:
     """Cheap read (no write lock): is any instance due and unlocked at ``at``?"""
-    q = select(instances.c.id).where(due_clause(at)).limit(1)
-    return conn.execute(q).first() is not None
+    return conn.execute(_has_due(), {"at": at}).first() is not None
 
 
 def claim_batch(
@@ -157,6 +174,22 @@ class Lost:
     failed: bool  # its restarts were spent: the instance is now ``failed``
     flow: str = field(default="", compare=False)  # for the log line
     state: str = field(default="", compare=False)
+
+
+def may_recover(conn: Connection) -> bool:
+    """Whether :func:`recover_lost` and ``pools.sweep`` could find anything: some instance
+    is locked (a lease that may have lapsed, a holder that may be dead), holds a pool's
+    seat or waits for a pool. Index reads only (``ix_instances_locked_by`` and the pools'
+    partial indexes); False on an idle database."""
+    return any(conn.execute(q).first() is not None for q in _may_recover())
+
+
+@cache
+def _may_recover() -> tuple[Select[Any], ...]:
+    """:func:`may_recover`'s statements, built once."""
+    i = instances.c
+    wheres = (i.locked_by > "", i.pool.is_not(None), i.waiting_for.is_not(None))
+    return tuple(select(i.id).where(where).limit(1) for where in wheres)
 
 
 def recover_lost(
