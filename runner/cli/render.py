@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from runner.error_line import error_line
+from runner.labels import show
 from runner.literal import literal, one_line
 from runner.ops.views import INSTANCE_KEYS
 from runner.tui import fmt
@@ -426,12 +427,14 @@ WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("running", "running", None, 2),
     ("leases", "leases", None, 1),
     ("state", "state", None, None),
+    ("labels", "labels", 10, 5),
 )
 
 
 def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
-    attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
+    attempts, valid leases, the liveness verdict (alive/late/dead/stopped) and the labels
+    (``gpu=1,host=a``), fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and
     hosts shown literally."""
     width = terminal_width(width)
@@ -445,10 +448,11 @@ def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> No
             "running": str(r["running"]),
             "leases": str(r["leases"]),
             "state": r["verdict"],
+            "labels": literal(show(r.get("labels") or {})) or "-",
         }
         for r in rows
     ]
-    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))
+    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id", "labels"))))
 
 
 POOL_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (

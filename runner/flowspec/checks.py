@@ -21,6 +21,7 @@ from collections.abc import Callable
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
+from runner.flowspec.routing import check_routing, routing_targets
 from runner.flowspec.spec import FlowSpec, StateSpec
 from runner.flowspec.spec_rules import DELIVERED, delivery_templates
 from runner.flowspec.spec_sensors import event_fields
@@ -56,6 +57,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
     _check_pools(spec, err)
+    check_routing(spec, err, gaps)
 
 
 def _check_pools(spec: FlowSpec, err: Report) -> None:
@@ -191,7 +193,8 @@ def _check_reachable(spec: FlowSpec, err: Report) -> None:
     queue = deque([spec.initial])
     while queue:
         st = states[queue.popleft()]
-        for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]:
+        moves = [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]
+        for t in [*moves, *routing_targets(spec, st)]:
             if t in states and t not in seen:
                 seen.add(t)
                 queue.append(t)

@@ -26,6 +26,7 @@ from runner.flowspec.compiled import CompiledFlow, CompiledState
 from runner.flowspec.limits import read_flow_file
 from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.policy import state_policy
+from runner.flowspec.routing import event_fields_named, state_routing
 from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
 from runner.flowspec.spec_rules import ON_FAILURE, ON_FAILURE_KINDS
@@ -126,6 +127,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
             slots=st.slots or 1,
             rate=st.rate,
             priority=st.priority or spec.priority,
+            routing=state_routing(spec.defaults, st),
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))
@@ -145,6 +147,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
         machine=_machine(spec),
         spec=spec,
         label=spec.label,
+        route_fields=tuple(event_fields_named(spec)),
     )
 
 

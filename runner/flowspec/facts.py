@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from runner.errors import IllegalMove
 from runner.flowspec.policy import Backoff, Policy
+from runner.labels import NO_ROUTING, Routing
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
 
-FORMAT = 1
+FORMAT = 2
 """Bumped when the JSON below changes shape."""
 
 
@@ -49,6 +50,7 @@ class StateFacts:
         on: ``{event: target state}``.
         policy: the effective policy (durations in seconds).
         setup: the env and secret names its handler gets.
+        routing: its ``runs_on`` and ``routing_timeout`` (``runner.labels.Routing``).
     """
 
     name: str
@@ -58,6 +60,7 @@ class StateFacts:
     on: dict[str, str]
     policy: Policy
     setup: SetupNames
+    routing: Routing = NO_ROUTING
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def facts_json(flow: CompiledFlow) -> dict[str, Any]:
                 "policy": asdict(st.policy),
                 "env": list(st.setup.env_names),
                 "secrets": list(st.setup.secret_names),
+                "routing": asdict(st.routing),
             }
             for st in flow.states.values()
         ],
@@ -125,6 +129,7 @@ def facts_from_json(data: dict[str, Any]) -> FlowFacts:
             on=dict(s["on"]),
             policy=Policy(**pol),
             setup=SetupNames(tuple(s["env"]), tuple(s["secrets"])),
+            routing=Routing(**s["routing"]),
         )
     return FlowFacts(data["name"], data["version"], data["initial"], states)
 

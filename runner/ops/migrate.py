@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from runner import lifecycle
 from runner.errors import UserError
+from runner.store.routing import route_of
 from runner.store.tables import commands, flow_versions, instances
 from runner.store.versions import compiled
 
@@ -186,6 +187,8 @@ def _plan(
         values.update(entered)
         if row["start_priority"] is not None:
             values["priority"] = row["start_priority"]  # the start's wins over a state's
+    # the new version's requirement of the state (``runner.labels``), moved or not
+    values["runs_on"] = route_of(goal, m.to_state, row)
     moved = f", state {state} -> {m.to_state}" if m.to_state != state else ""
     m.ok = True
     m.message = f"instance {iid}: version {row['version']} -> {goal.version}{moved}"

@@ -132,6 +132,8 @@ def _commit_rows(
             row["status"] = v["status"]
             row["due_at"] = v["due_at"]
             row["priority"] = v.get("priority")  # a move's; None keeps the row's
+            # a move's requirement ('': none); None keeps the row's
+            row["runs_on"] = (v["runs_on"] or "") if "runs_on" in v else None
             row["b_attempts"] = c.attempt
             released.append(row)
         checkpoint = av["checkpoint"]

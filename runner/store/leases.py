@@ -20,6 +20,7 @@ The protocol (after Takahē's Stator, made sharper by a fence):
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,10 +77,12 @@ def by_index(conn: Connection) -> None:
         hot.clock.observe(float(rows[0][-1]), sent, time.time())
 
 
-def has_due(conn: Connection, at: float) -> bool:
-    """Cheap read (no write lock): is any instance due and unlocked at ``at``?"""
-    q = select(instances.c.id).where(due_clause(at)).limit(1)
-    return conn.execute(q).first() is not None
+def has_due(conn: Connection, at: float, labels: str | None = None) -> bool:
+    """Cheap read (no write lock): is any instance due and unlocked at ``at`` that a
+    worker with ``labels`` (``runner.labels.canonical``; ``None``: none) may claim?"""
+    routed = dialect_of(conn).covered(instances.c.runs_on)
+    q = select(instances.c.id).where(due_clause(at), routed).limit(1)
+    return conn.execute(q, {"labels": labels or "{}"}).first() is not None
 
 
 def claim_batch(
@@ -88,6 +91,7 @@ def claim_batch(
     lease: float,
     limit: int,
     at: float | None = None,
+    labels: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due instances and start an attempt on each.
 
@@ -97,6 +101,8 @@ def claim_batch(
         lease: seconds the claim lasts without renewal.
         limit: the most instances to claim.
         at: the current time (epoch seconds); defaults to now on the database's clock.
+        labels: the worker's labels (``runner.labels.canonical``; ``None``: none): only
+            instances whose ``runs_on`` they cover are claimed, inside the statement.
 
     Returns the claims to run, highest priority first, then oldest due. No attempt row is
     written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
@@ -107,7 +113,8 @@ def claim_batch(
     """
     hot = hot_for(conn)
     at = hot.clock.now() if at is None else at
-    rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
+    params = {"at": at, "n": limit, "w": worker_id, "until": at + lease, "labels": labels or "{}"}
+    rows = hot.claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
     if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
         rows, seats = settle(conn, rows, at)  # the pool limits, in this transaction
@@ -136,9 +143,16 @@ def claim_batch(
             priority=r[15],
             pinned=r[16] is not None,
             limit=seats[r[0]].holds if r[0] in seats else None,
+            runs_on=r[18],
+            route_event=decode_event(r[19]),
         )
         for r in sorted(rows, key=_claim_order)
     ]
+
+
+def decode_event(text: str | bytes | None) -> dict[str, Any] | None:
+    """A stored ``route_event`` (JSON text) as a dict; ``None`` for none."""
+    return json.loads(text) if text else None
 
 
 def _claim_order(r: Any) -> tuple[int, float]:

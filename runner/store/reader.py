@@ -71,6 +71,7 @@ INSTANCE_COLUMNS = (
     "priority",
     "start_priority",
     "limit_key",
+    "runs_on",
 )
 ATTEMPT_COLUMNS = (
     "id",
@@ -122,6 +123,7 @@ WORKER_COLUMNS = (
     "heartbeat_every",
     "boot_id",
     "pid_started",
+    "labels",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset(

@@ -39,6 +39,7 @@ GROUND = (
     "retention",
     "literal",
     "log_buffer",
+    "labels",
 )
 
 #: Layer order: a module may import its own layer and the layers ranked below it.
