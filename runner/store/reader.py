@@ -72,6 +72,7 @@ INSTANCE_COLUMNS = (
     "start_priority",
     "limit_key",
     "runs_on",
+    "route_event",
 )
 ATTEMPT_COLUMNS = (
     "id",

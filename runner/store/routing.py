@@ -29,7 +29,7 @@ from runner.errors import UserError
 from runner.labels import decode, match, resolve, show
 from runner.store import versions
 from runner.store.dialect import dialect_of
-from runner.store.rows import due_clause
+from runner.store.rows import CLAIMABLE, due_clause
 from runner.store.tables import commands, instances, workers
 
 i = instances.c
@@ -58,7 +58,10 @@ def sweep(conn: Connection, at: float) -> int:
     (see the module docstring); returns how many moved. In the caller's transaction;
     one grouped read of ``ix_instances_runs_on`` when nothing is routed."""
     due = due_clause(at)
-    q = select(i.runs_on).where(i.runs_on.is_not(None), i.due_at <= at).distinct()
+    # the requirements of live instances: a read of the partial index (empty when
+    # nothing is routed), each row's status checked; the due rows are read below
+    live = i.status.in_(CLAIMABLE)
+    q = select(i.runs_on).where(i.runs_on.is_not(None), live).distinct()
     required = [r for r in conn.execute(q).scalars() if r]
     if not required:
         return 0
