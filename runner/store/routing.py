@@ -29,6 +29,7 @@ from runner.errors import UserError
 from runner.labels import decode, match, resolve, show
 from runner.store import versions
 from runner.store.dialect import dialect_of
+from runner.store.lifecycle_events import emit, transition
 from runner.store.rows import CLAIMABLE, due_clause
 from runner.store.tables import commands, instances, workers
 
@@ -108,7 +109,8 @@ def _move(
     was alive after ``cutoff`` (``since``); returns how many."""
     if since > cutoff:
         return 0
-    q = select(i.id, i.fence, i.data, i.route_event, i.status).where(
+    cols = (i.id, i.fence, i.data, i.route_event, i.status, i.flow, i.attempts, i.errors)
+    q = select(*cols, i.restarts).where(
         i.runs_on == required,
         i.version == version,
         i.state == state,
@@ -122,6 +124,7 @@ def _move(
     gone = "never" if since <= 0 else f"none alive since {_clock(since)}"
     why = f"routing_timeout: no live worker with {show(required)} ({gone})"
     count = 0
+    failed: list[tuple[str, dict[str, Any]]] = []  # lifecycle events (``on_failure``)
     for row in conn.execute(q).mappings().all():
         if routing.then == "failed":
             values: dict[str, Any] = {"status": "failed", "due_at": None}
@@ -155,6 +158,10 @@ def _move(
             )
         )
         count += 1
+        if routing.then == "failed":
+            after = {**row, "version": version, "state": state, **values, "last_error": message}
+            failed.append(transition(f"{row['id']}:f{row['fence'] + 1}", after, "failed", None, at))
+    emit(conn, failed)  # in the move's transaction; nothing when no sensor listens
     return count
 
 

@@ -31,7 +31,8 @@ states:
   b: {exec: [python, -c, "pass"], next: c, runs_on: {host: "{event.host}"}}
   c: {exec: [python, -c, "pass"], next: d, runs_on: {site: "{data.site}"},
       routing_timeout: {after: 10m, then: d}}
-  d: {exec: [python, -c, "pass"], next: done, runs_on: {site: ""}}
+  d: {exec: [python, -c, "pass"], next: e, runs_on: {site: ""}}
+  e: {exec: [python, -c, "pass"], next: done, runs_on: {gpu: "2"}, routing_timeout: 1m}
   done: {terminal: true}
 """
 
@@ -135,3 +136,24 @@ def test_routing_timeout_moves_what_no_live_worker_matches(world) -> None:
     assert (state, status, runs_on) == ("d", "runnable", None)
     [cmd] = sql(engine, f"SELECT command, source, result FROM commands WHERE instance_id = {iid}")
     assert cmd[0] == "route" and cmd[1] == "routing" and "site=rome" in cmd[2]
+
+
+def test_routing_timeout_fails_by_default_and_checks_are_positioned(world, tmp_path) -> None:
+    engine, flow = world
+    with engine.begin() as conn:
+        iid = create_instance(conn, flow, {}, at=T0)
+        gpu2 = labels.canonical({"gpu": "2"})
+        conn.execute(update(instances).where(instances.c.id == iid).values(state="e", runs_on=gpu2))
+        assert routing.sweep(conn, T0 + 59) == 0
+        assert routing.sweep(conn, T0 + 61) == 1
+    [(status, error)] = sql(engine, f"SELECT status, last_error FROM instances WHERE id = {iid}")
+    assert status == "failed" and "no live worker with gpu=2 (never): failed" in error
+    bad = FLOW.replace("defaults:\n  runs_on: {site: paris}", "defaults: {}").replace(
+        "  done: {terminal: true}", "  done: {terminal: true, runs_on: {a: b}}"
+    )
+    bad += "sensors:\n  s: {every: 1m, runs_on: {site: '{data.x}'}}\n"
+    with pytest.raises(FlowErrors) as err:
+        compile_source(bad, str(tmp_path / "ro.yaml"), imports=False)
+    text = str(err.value)
+    assert "ro.yaml:10:26: runs_on applies to exec and call states only" in text, text
+    assert "a sensor's runs_on takes plain values" in text, text
