@@ -421,13 +421,13 @@ def delivery_line(d: dict[str, Any]) -> str:
 WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("id", "id", 16, None),
     ("host", "host", 8, 4),
+    ("labels", "labels", 10, 5),
     ("pid", "pid", None, 3),
     ("started", "started", None, 0),
     ("heartbeat", "heartbeat", None, None),
     ("running", "running", None, 2),
     ("leases", "leases", None, 1),
     ("state", "state", None, None),
-    ("labels", "labels", 10, 5),
 )
 
 
