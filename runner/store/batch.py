@@ -217,7 +217,7 @@ def batch_rows(
             kept.append(row)
         else:
             row.update(st=v["status"], d=v["due_at"], n=c.attempt, p=v.get("priority"))
-            if "runs_on" in v:  # a move's requirement ('': none)
+            if "runs_on" in v and v["runs_on"] != c.runs_on:  # another requirement ('': none)
                 row["ro"] = v["runs_on"] or ""
             released.append(row)
         finished.append(

@@ -270,32 +270,31 @@ class Hot:
             "attempts": bindparam("b_attempts"),
             "updated_at": bindparam("b_at"),
         }
-        #: an outcome that releases its instance (params: COMMIT_KEYS and b_*)
-        self.commit_instances = Prepared(
+        released = {
+            **outcome_cols,
+            "status": bindparam("status"),
+            "due_at": bindparam("due_at", type_=Float()),
+            # a move's state priority, unless the start gave one; None keeps it
+            "priority": func.coalesce(
+                instances.c.start_priority,
+                bindparam("priority", type_=Integer()),
+                instances.c.priority,
+            ),
+            "locked_by": null(),
+            "locked_until": null(),
+            "running_attempt": null(),
+        }
+        #: an outcome that releases its instance (params: COMMIT_KEYS and b_*); its
+        #: ``runs_on`` is not named (indexed: ``ix_instances_runs_on``), so work without
+        #: routing writes what it wrote before labels existed
+        self.commit_instances = Prepared(engine, update(instances).where(*fenced).values(released))
+        #: the same for a move to another requirement (``runner.labels``; params: also
+        #: runs_on, the stored text, '' for none)
+        self.commit_routed = Prepared(
             engine,
             update(instances)
             .where(*fenced)
-            .values(
-                {
-                    **outcome_cols,
-                    "status": bindparam("status"),
-                    "due_at": bindparam("due_at", type_=Float()),
-                    # a move's state priority, unless the start gave one; None keeps it
-                    "priority": func.coalesce(
-                        instances.c.start_priority,
-                        bindparam("priority", type_=Integer()),
-                        instances.c.priority,
-                    ),
-                    # a move's requirement ('' none); None keeps the row's
-                    "runs_on": func.nullif(
-                        func.coalesce(bindparam("runs_on", type_=String()), instances.c.runs_on),
-                        "",
-                    ),
-                    "locked_by": null(),
-                    "locked_until": null(),
-                    "running_attempt": null(),
-                }
-            ),
+            .values({**released, "runs_on": func.nullif(bindparam("runs_on", type_=String()), "")}),
         )
         #: an outcome whose instance this worker keeps for its next attempt (chained): it
         #: stays runnable and locked, so no indexed column is written (measured on SQLite:
