@@ -6,12 +6,16 @@ what lifecycle events cost a busy daemon.
    ``webhook`` rule posting to an HTTP receiver in this process (stdlib ``http.server``
    on 127.0.0.1). Instances are created one at a time, every 0.2 s; latency = time the
    webhook arrived - the event's ``at`` (the transition's commit time). p50 / p99.
-2. Cost: N instances of a no-op flow (two ``call`` states, then terminal) drained by ONE
+2. Webhook in: the same daemon kind with ``--http``, a ``webhook`` sensor (bearer token)
+   and a rule starting a no-op ``call`` flow; requests are POSTed one at a time, every
+   0.2 s; latency = the instance's first attempt started - the request sent. p50 / p99.
+3. Cost: N instances of a no-op flow (two ``call`` states, then terminal) drained by ONE
    ``flowrun --daemon --exit-when-idle``, without and with a lifecycle rule on
    ``completed`` that posts every completion to the receiver; rate = instances / (last
    attempt end - first attempt start); ratio with/without (goal >= 0.8), interleaved.
 
-Usage: ``.venv/bin/python bench/alerts.py [--pg URL] [--n 2000] [--count 40] [--repeat 2]``
+Usage: ``.venv/bin/python bench/alerts.py [--pg URL] [--n 2000] [--count 40] [--repeat 2]
+[--parts transition,webhook,throughput]``
 (``--pg``: a PostgreSQL server URL such as ``postgresql://postgres@127.0.0.1:5432/postgres``;
 a fresh database is made and dropped per run; default: a SQLite file).
 """
@@ -32,6 +36,7 @@ import uuid
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -62,6 +67,19 @@ sensors:
   done_ev: {lifecycle: {flows: [noop], on: [completed]}}
 rules:
   - {when: done_ev, webhook: {url: "URL"}}
+"""
+
+
+HOOKED = """\
+flow: hooked
+initial: a
+states:
+  a: {call: "bench_noop:noop", next: done}
+  done: {terminal: true}
+sensors:
+  deploy: {webhook: {path: /hooks/deploy, token_env: BENCH_TOKEN}}
+rules:
+  - {when: deploy, start: hooked, data: {n: "{event.body.n}"}}
 """
 
 
@@ -149,6 +167,72 @@ def latency(pg: str | None, count: int) -> list[float]:
     return out
 
 
+def webhook_in(pg: str | None, count: int) -> list[float]:
+    """Seconds from a webhook request sent to its instance's first attempt started."""
+    import http.client
+    import json
+    import re
+
+    import sqlalchemy as sa
+
+    from runner.store.db import make_engine
+
+    with tempfile.TemporaryDirectory() as tmp, database(pg, Path(tmp)) as url:
+        flows = Path(tmp) / "flows"
+        flows.mkdir()
+        (flows / "bench_noop.py").write_text("async def noop(ctx):\n    return True\n")
+        (flows / "hooked.yaml").write_text(HOOKED)
+        engine = make_engine(url)
+        logfile = Path(tmp) / "daemon.log"
+        log = open(logfile, "wb")  # noqa: SIM115
+        os.environ["BENCH_TOKEN"] = "bench-token"
+        proc = flowrun(url, flows, "--daemon", "--http", "0", stdout=log, stderr=log)
+        out: list[float] = []
+        steps: list[tuple[float, float, float]] = []
+        try:
+            _wait(lambda: b"sensors ready" in logfile.read_bytes(), 60)
+            found = re.search(rb"http listener on http://[^:]+:(\d+)", logfile.read_bytes())
+            assert found is not None, "no listener line"
+            port = int(found.group(1))
+            started = sa.text(
+                "SELECT a.started_at, e.created_at, e.handled_at FROM attempts a"
+                " JOIN instances i ON i.id = a.instance_id JOIN events e ON e.id = i.event_id"
+                " WHERE i.event_id = :e AND a.attempt = 1"
+            )
+            for i in range(count):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                body = json.dumps({"n": i}).encode()
+                headers = {"Authorization": "Bearer bench-token"}
+                sent = time.time()
+                conn.request("POST", "/hooks/deploy", body=body, headers=headers)
+                res = conn.getresponse()
+                assert res.status == 202, res.status
+                event = json.loads(res.read())["event"]
+                conn.close()
+                got: list[Any] = []
+
+                def ran(event: int = event, got: list[Any] = got) -> bool:
+                    with engine.connect() as db:
+                        row = db.execute(started, {"e": event}).first()
+                    if row is not None:
+                        got.append(row)
+                    return row is not None
+
+                _wait(ran, 30)
+                at, stored, handled = (float(v) for v in got[0])
+                out.append(at - sent)
+                steps.append((stored - sent, handled - stored, at - handled))
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+            engine.dispose()
+    stored, handled, began = (statistics.median(col) * 1000 for col in zip(*steps, strict=True))
+    print(f"  medians: request -> event stored {stored:.0f} ms, stored -> handled by the rules "
+          f"{handled:.0f} ms, handled -> attempt started {began:.0f} ms")  # fmt: skip
+    return out
+
+
 def throughput(pg: str | None, n: int, with_rule: bool) -> float:
     import sqlalchemy as sa
 
@@ -190,19 +274,33 @@ def _wait(pred, timeout: float) -> None:
         time.sleep(0.005)
 
 
+def _report(what: str, seconds: list[float]) -> None:
+    """One line: p50, p99 and max of ``seconds`` in ms."""
+    lat = sorted(seconds)
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(f"{what}, {len(lat)} samples: "
+          f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+          f"max {lat[-1] * 1000:.0f} ms")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg", help="PostgreSQL server URL (default: SQLite)")
     ap.add_argument("--n", type=int, default=2000, help="instances per throughput run")
     ap.add_argument("--count", type=int, default=40, help="transitions timed for latency")
     ap.add_argument("--repeat", type=int, default=2, help="throughput runs of each kind")
+    ap.add_argument(
+        "--parts", default="transition,webhook,throughput", help="which parts run (comma list)"
+    )
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     db = "PostgreSQL" if args.pg else "SQLite"
-    lat = sorted(latency(args.pg, args.count))
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-    print(f"{db}: transition -> webhook received, {len(lat)} transitions: "
-          f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
-          f"max {lat[-1] * 1000:.0f} ms")  # fmt: skip
+    if "transition" in parts:
+        _report(f"{db}: transition -> webhook received", latency(args.pg, args.count))
+    if "webhook" in parts:
+        _report(f"{db}: webhook in -> instance started", webhook_in(args.pg, args.count))
+    if "throughput" not in parts:
+        return
     without, with_ = [], []
     for _ in range(args.repeat):  # interleaved
         without.append(throughput(args.pg, args.n, False))

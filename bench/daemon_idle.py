@@ -45,9 +45,15 @@ STATES = (
 )
 
 
-def write_flows(folder: Path, lifecycle: bool = False) -> None:
-    """The 8 flows of the bench in ``folder`` (its inbox folder and log file too), and with
-    ``lifecycle`` a ninth that alerts on failures."""
+#: ``--deadline``: one more flow with a deadline (its daemon's deadline watch looks for
+#: the earliest one every 0.5 s)
+DEADLINE = "deadline: {after: 1d, then: alert}\n"
+
+
+def write_flows(folder: Path, lifecycle: bool = False, deadline: bool = False) -> None:
+    """The 8 flows of the bench in ``folder`` (its inbox folder and log file too), with
+    ``lifecycle`` one more that alerts on failures, with ``deadline`` one with a
+    deadline."""
     (folder / "inbox").mkdir(parents=True)
     (folder / "app.log").write_text("")
     names = list(FLOWS) + [f"plain{i}" for i in range(5)]
@@ -55,6 +61,8 @@ def write_flows(folder: Path, lifecycle: bool = False) -> None:
         (folder / f"{name}.yaml").write_text(f"flow: {name}\n{FLOWS.get(name, '')}{STATES}")
     if lifecycle:
         (folder / "alerting.yaml").write_text(f"flow: alerting\n{LIFECYCLE}{STATES}")
+    if deadline:
+        (folder / "late.yaml").write_text(f"flow: late\n{DEADLINE}{STATES}")
 
 
 def cpu_ticks(pid: int) -> int:
@@ -77,12 +85,17 @@ def wait_ready(log: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None
 
 
 def measure(
-    seconds: float, settle: float, db: str | None, extra: list[str], lifecycle: bool = False
+    seconds: float,
+    settle: float,
+    db: str | None,
+    extra: list[str],
+    lifecycle: bool = False,
+    deadline: bool = False,
 ) -> float:
     """Run the daemon and return its idle CPU in percent of one core."""
     root = Path(tempfile.mkdtemp(prefix="daemon-idle-"))
     flows = root / "flows"
-    write_flows(flows, lifecycle)
+    write_flows(flows, lifecycle, deadline)
     url = db or f"sqlite:///{root / 'flowrun.db'}"
     log = root / "daemon.log"
     argv = [sys.executable, "-m", "runner.cli", "--flows", str(flows), "--db", url]
@@ -109,9 +122,10 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=5.0, help="seconds idle before it")
     ap.add_argument("--db", help="database URL (default: a fresh SQLite file)")
     ap.add_argument("--lifecycle", action="store_true", help="a ninth flow with a lifecycle sensor")
+    ap.add_argument("--deadline", action="store_true", help="one more flow with a deadline")
     ap.add_argument("extra", nargs="*", help="more flowrun options (after --)")
     args = ap.parse_args()
-    share = measure(args.seconds, args.settle, args.db, args.extra, args.lifecycle)
+    share = measure(args.seconds, args.settle, args.db, args.extra, args.lifecycle, args.deadline)
     print(f"idle daemon: {share:.2f}% of a core")
 
 

@@ -2,6 +2,7 @@
 appends one line to ``alerts.log`` next to this file, e.g.::
 
     2026-11-27T13:00:00.000Z csv_ingest instance 7 (inbox/x.csv) killed in quarantine: ...
+    2026-11-28T13:00:00.000Z csv_ingest instance 8 (inbox/y.csv) deadline_missed in quarantine
 
 A real deployment would mail, page or post to a chat here; any exit but 0 makes flowrun
 retry the delivery. ``FLOWRUN_EVENT_ID`` names the event (the same on a retried delivery).

@@ -8,6 +8,7 @@ databases; ``UserError`` is any other user mistake with the exit code the CLI sh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -34,11 +35,16 @@ class FlowError(Exception):
 
 
 class FlowErrors(Exception):
-    """Every ``FlowError`` found while loading one or more flow files."""
+    """Every ``FlowError`` found while loading one or more flow files.
 
-    def __init__(self, errors: list[FlowError]):
+    ``partial``: for one file with errors, what of it still compiled
+    (``runner.flowspec.compiler.PartialFlow``: the cross-flow checks of the folder run
+    on it too), else ``None``."""
+
+    def __init__(self, errors: list[FlowError], partial: Any = None):
         super().__init__("\n".join(str(e) for e in errors))
         self.errors = errors
+        self.partial = partial
 
 
 class ConfigError(Exception):

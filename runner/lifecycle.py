@@ -38,6 +38,7 @@ TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("exhaust_pause", ("runnable",), "paused"),  # budget spent, on_exhausted: paused
     ("complete", ("runnable",), "completed"),  # entered a terminal state
     ("fail", ("runnable",), "failed"),  # restarts spent
+    ("expire", ("runnable", "sleeping", "paused"), "failed"),  # a deadline with then: failed
     ("kill", ("runnable", "sleeping", "paused"), "killed"),
     ("retry", ("failed",), "runnable"),
     ("send", ("runnable", "sleeping", "paused"), "runnable"),  # an `on:` event moved it

@@ -172,10 +172,19 @@ def render_event_refs(pattern: str, event: Mapping[str, Any]) -> str:
 LABEL_WIDTH = 40
 
 
+def _path_like(text: str) -> bool:
+    """Whether ``text`` looks like a file path: it names a folder (``/``) and either starts
+    like a path (``/``, ``./``, ``../``, ``~/``) or has no white space (a log line such as
+    ``ERROR [cache] evicted [/var/lib/app] entries`` is not a path)."""
+    if "/" not in text.rstrip("/"):
+        return False
+    return text.startswith(("/", "./", "../", "~/")) or not any(c.isspace() for c in text)
+
+
 def _short(value: object) -> str:
-    """A path-like string (it contains ``/``) shortened to its last folder and file name."""
+    """A path-like string (:func:`_path_like`) shortened to its last folder and file name."""
     text = _text(value)
-    if "/" in text.rstrip("/"):
+    if _path_like(text):
         parts = [p for p in text.rstrip("/").split("/") if p]
         text = "/".join(parts[-2:])
     return text

@@ -112,12 +112,13 @@ class WorkerOptions:
 @dataclass(frozen=True)
 class DaemonOptions:
     """The ``--daemon``-only global options: ``log_level`` (``"debug"`` ... ``"error"``),
-    ``log_attempts`` (one INFO line per finished attempt) and ``metrics`` (the
-    ``[HOST:]PORT`` text as given, ``None``: no metrics)."""
+    ``log_attempts`` (one INFO line per finished attempt), ``metrics`` and ``http`` (the
+    ``[HOST:]PORT`` texts as given, ``None``: no metrics, no ``--http``)."""
 
     log_level: str = "info"
     log_attempts: bool = False
     metrics: str | None = None
+    http: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from runner.cli.context import Ctx, pass_ctx
-from runner.errors import ConfigError, FlowErrors
+from runner.errors import ConfigError, FlowError, FlowErrors
 from runner.literal import literal
 
 
@@ -31,7 +31,8 @@ def check(c: Ctx, paths: tuple[Path, ...]):
     Raises:
         ConfigError: a PATH does not exist.
     """
-    from runner.flowspec.compiler import load_flow
+    from runner.flowspec.compiled import CompiledFlow
+    from runner.flowspec.compiler import PartialFlow, load_flow
     from runner.flowspec.registry import FlowRegistry
     from runner.flowspec.setup_checks import setup_warnings
 
@@ -44,18 +45,21 @@ def check(c: Ctx, paths: tuple[Path, ...]):
             for loaded in reg.flows.values():
                 warnings += setup_warnings(loaded)
         elif p.exists():
+            mine: list[FlowError] = []
+            flow: CompiledFlow | PartialFlow | None
             try:
                 flow = load_flow(p)
                 count += 1
-            except FlowErrors as exc:
-                errors += exc.errors
-            else:
                 warnings += setup_warnings(flow)
+            except FlowErrors as exc:  # what still compiled is cross-checked too
+                mine, flow = exc.errors, exc.partial
+            if flow is not None:
                 folders = [q for q in (p.parent, c.flows) if q.is_dir()]
                 regs = [FlowRegistry(q) for q in {q.resolve(): q for q in folders}.values()]
                 for reg in regs:
                     reg.load_all()
-                errors += regs[0].check_alone(flow, *regs[1:])
+                mine += regs[0].check_alone(flow, *regs[1:])
+            errors += sorted(mine, key=lambda e: (e.line or 0, e.col or 0))
         else:
             raise ConfigError(f"{p}: no such file or folder")
 

@@ -141,6 +141,14 @@ FLOWRUN_RETENTION, ...).
     help="--daemon: serve Prometheus /metrics here (loopback when only a port).",
 )
 @click.option(
+    "--http",
+    metavar="[HOST:]PORT",
+    envvar="FLOWRUN_HTTP",
+    help="--daemon: serve the webhook sensors here (loopback when only a port; the same "
+    "listener as --metrics: give both the same address or one). Beyond loopback only "
+    "when every webhook sensor has token_env or hmac.",
+)
+@click.option(
     "--idle-poll",
     type=click.FloatRange(min=0),
     default=None,
@@ -235,6 +243,7 @@ def main_group(
     log_level="info",
     log_attempts=False,
     metrics=None,
+    http=None,
     idle_poll=None,
     pool_size=2,
     prefetch=None,
@@ -267,7 +276,7 @@ def main_group(
         idle_poll=idle_poll,
         labels=labels,
     )
-    ctx.obj.daemon_options = DaemonOptions(log_level, log_attempts, metrics)
+    ctx.obj.daemon_options = DaemonOptions(log_level, log_attempts, metrics, http)
     ctx.obj.retention = RetentionOptions(
         retention, event_retention, prune_every or None, log_store_max
     )
@@ -340,6 +349,21 @@ def run_daemon(c: Ctx) -> int:
         gc.enable()
 
 
+def _address(option: str, text: str | None) -> tuple[str, int] | None:
+    """``--metrics``/``--http``'s ``[HOST:]PORT`` as ``(host, port)`` (``None``: not given).
+
+    Raises:
+        ConfigError: not a port 0-65535 (one line naming the option)."""
+    if not text:
+        return None
+    from runner.service.http_listener import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option} {text}: {exc}") from None
+
+
 def _run_daemon(c: Ctx) -> int:
     import asyncio
 
@@ -354,14 +378,8 @@ def _run_daemon(c: Ctx) -> int:
     setup_logging(wo.log_format, so.log_level, so.log_attempts)
     log = logging.getLogger("flowrun.daemon")
     try:
-        address = None
-        if so.metrics:
-            from runner.service.metrics import parse_address  # prometheus_client: only here
-
-            try:
-                address = parse_address(so.metrics)
-            except ValueError as exc:
-                raise ConfigError(f"--metrics {so.metrics}: {exc}") from None
+        address = _address("--metrics", so.metrics)
+        http = _address("--http", so.http)
         if not c.flows.is_dir():
             raise ConfigError(
                 f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
@@ -377,6 +395,7 @@ def _run_daemon(c: Ctx) -> int:
             )
         options = ServiceOptions(
             metrics=address,
+            http=http,
             progress=wo.exit_when_idle,
             log_attempts=so.log_attempts,
             prune_every=kept.prune_every,

@@ -396,24 +396,8 @@ def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> Non
 def delivery_line(d: dict[str, Any]) -> str:
     """One line for a delivery (``runner.ops.queries.event_deliveries``): ``event 12
     delivery 4 webhook POST http://...: delivered at T after 1 try (HTTP 200), 99
-    suppressed``; stored text shown literally."""
-    target = d.get("target") or {}
-    if "exec" in target:
-        what = "exec " + " ".join(literal(str(a)) for a in target["exec"])
-    else:
-        hook = target.get("webhook") or {}
-        what = f"webhook {hook.get('method', 'POST')} {literal(str(hook.get('url')))}"
-    tries = f"{d['attempts']} {'try' if d['attempts'] == 1 else 'tries'}"
-    if d["status"] == "delivered":
-        state = f"delivered at {d['delivered_at']} after {tries}"
-    elif d["status"] == "failed":
-        state = f"FAILED after {tries}"
-    else:
-        state = f"pending, next try {d['due_at']} ({tries} so far)"
-    result = f" ({one_line(d['last_result'])})" if d.get("last_result") else ""
-    folded = f", {d['suppressed']} suppressed (once_per)" if d.get("suppressed") else ""
-    before = f", says {d['folded_before']} suppressed before" if d.get("folded_before") else ""
-    return f"  event {d['event_id']} delivery {d['id']} {what}: {state}{result}{folded}{before}"
+    suppressed`` (``runner.tui.fmt.delivery_text``); stored text shown literally."""
+    return f"  event {d['event_id']} delivery {d['id']} {literal(fmt.delivery_text(d))}"
 
 
 #: The workers table's columns (``INSTANCE_COLUMNS``-shaped): the id, the heartbeat and

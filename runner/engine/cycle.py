@@ -39,11 +39,16 @@ from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, pools, routing, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
+from runner.store.lifecycle_events import outcome_kind
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
+from runner.warn_line import warn
 
 if TYPE_CHECKING:
     from runner.engine.running import Running
+
+#: The lifecycle kinds of an attempt's outcome that are one WARNING line (``log_ended``).
+WARNED = ("failed", "budget_spent", "restarts_spent")
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -246,17 +251,21 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
 
 def log_ended(engine: Engine, request: CycleRequest, lost: Sequence[int]) -> None:
     """One WARNING line per instance a committed cycle left for an operator, naming it,
-    its flow and state (fields ``instance``, ``flow``, ``state``, ``kind``): ``failed``
-    or ``paused`` (its error budget or restarts spent), ``killed`` (a command killed it:
+    its flow and state (``runner.warn_line``; fields ``instance``, ``flow``, ``state``,
+    ``kind``): ``budget_spent`` (failed, paused or another state entered),
+    ``restarts_spent``, ``failed`` (the lifecycle kinds of
+    ``store.lifecycle_events.outcome_kind``), ``killed`` (a command killed it:
     its running attempt was cancelled, or its outcome fenced out), ``fenced_out`` (the
     outcome not committed: another worker or a command took the instance; ``holder`` and
     ``worker`` fields). ``lost``: the ids whose outcome the fence refused."""
     gone = set(lost)
     for o in request.outcomes:
         status = o.values["status"]
-        if status in ("failed", "paused") and o.claim.id not in gone:
+        kind = outcome_kind(o.attempt_values["outcome"], status)
+        if kind in WARNED and o.claim.id not in gone:
             why = error_line(o.values["last_error"], 300, spent=True)
-            _warn(o.claim, status, f"{status}: {why}")
+            to = "" if status != "runnable" else f"entered {o.values['state']!r}"
+            _warn(o.claim, kind, f"{to or status}: {why}")
     cancelled = [c for c, _ in request.cancels]
     if not (gone or cancelled):
         return
@@ -296,20 +305,7 @@ def log_ended(engine: Engine, request: CycleRequest, lost: Sequence[int]) -> Non
 
 
 def _warn(claim: Claim, kind: str, text: str, **fields: Any) -> None:
-    log.warning(
-        "instance %d (flow %s, state %s): %s",
-        claim.id,
-        claim.flow,
-        claim.state,
-        text,
-        extra={
-            "instance": claim.id,
-            "flow": claim.flow,
-            "state": claim.state,
-            "kind": kind,
-            **fields,
-        },
-    )
+    warn(log, claim.id, claim.flow, claim.state, kind, text, **fields)
 
 
 def run_inline(
@@ -391,26 +387,23 @@ def nothing_pending(engine: Engine) -> bool:
 
 def log_lost(recovered: list[leases.Lost]) -> None:
     """Log each attempt a cycle recorded as lost by a dead worker (``leases.Lost`` list):
-    one WARNING each, its ``kind`` ``failed`` when that spent the restarts, else ``lost``."""
+    one WARNING each, its ``kind`` ``restarts_spent`` when that spent the restarts (the
+    instance failed), else ``lost``."""
     for lost in recovered:
-        log.warning(
-            "instance %d (flow %s, state %s): attempt lost by worker %s (attempt %d); %s",
+        warn(
+            log,
             lost.instance_id,
             lost.flow,
             lost.state,
-            lost.worker,
-            lost.attempt,
-            "restarts spent: instance failed"
-            if lost.failed
-            else "restarting from its last checkpoint",
-            extra={
-                "instance": lost.instance_id,
-                "flow": lost.flow,
-                "state": lost.state,
-                "kind": "failed" if lost.failed else "lost",
-                "worker": lost.worker,
-                "attempt": lost.attempt,
-            },
+            "restarts_spent" if lost.failed else "lost",
+            f"attempt lost by worker {lost.worker} (attempt {lost.attempt}); "
+            + (
+                "restarts spent: instance failed"
+                if lost.failed
+                else "restarting from its last checkpoint"
+            ),
+            worker=lost.worker,
+            attempt=lost.attempt,
         )
 
 

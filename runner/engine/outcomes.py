@@ -107,6 +107,8 @@ def decide(
             values.update(
                 lifecycle.enter_state(flow, verdict.enter, at, values["data"], claim.route_event)
             )
+    if values["state_changed"] is not None and flow.has_deadlines:
+        values["deadline_flow"] = flow  # the commit sets its deadline (store.deadlines)
     unchanged: tuple[str, ...] = ()
     data, errors = values["data"], values["state_errors"]
     if data is claim.data or data == claim.data:

@@ -26,7 +26,7 @@ from runner.engine.cycle import CycleRequest, WorkerStats
 from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import HURRY_TIMEOUT, DatabaseThread
 from runner.engine.running import Running, RunningAttempts
-from runner.store import heartbeat
+from runner.store import heartbeat, log_writer
 
 log = logging.getLogger("flowrun.worker")
 
@@ -138,6 +138,8 @@ class Shutdown:
         for settled in await self.cycles.settle(0 if gone else ABANDON_AFTER if late else None):
             stats.add(settled)
         running = self.attempts.running
+        if gone and (writer := log_writer.writer_for(engine)) is not None:
+            writer.give_up()  # nor its attempt logs: the exit must not wait for them
         if self.abort or gone:
             self.attempts.abort()
             log.warning(

@@ -162,6 +162,13 @@ class Worker:
         return self._stop.stopping
 
     @property
+    def grace_left(self) -> float | None:
+        """Seconds left of the stop's grace period (0 once past it), or ``None`` before a
+        stop was asked for."""
+        deadline = self._stop.grace_deadline
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    @property
     def unreachable(self) -> bool:
         """True while a database over the network (PostgreSQL) did not answer this
         worker's last call, or was down when it stopped: what is left to do at a stop

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from runner.flowspec.deadlines import THEN_OUTCOMES
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
 from runner.flowspec.routing import check_routing, routing_targets
-from runner.flowspec.spec import FlowSpec, StateSpec
+from runner.flowspec.spec import DeadlineSpec, FlowSpec, StateSpec
 from runner.flowspec.spec_rules import DELIVERED, delivery_templates
 from runner.flowspec.spec_sensors import event_fields
 from runner.templating import event_refs, placeholders
@@ -53,6 +54,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     if not gaps.edges:
         _check_reachable(spec, err)
     _check_exhausted(spec, err, gaps)
+    _check_deadlines(spec, err, gaps)
     _check_process_keys(spec, err)
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
@@ -140,7 +142,7 @@ def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
         for ev, t in st.on_.items():
             _target(spec, err, t, (*here, "on", ev), f"on: {ev} ->", gaps)
         handler = st.exec_ is not None or st.call is not None
-        edges = st.next_ is not None or st.to or st.on_
+        edges = st.next_ is not None or st.to or st.on_ or _leaves(st.deadline, spec.deadline)
         if st.terminal:
             for key, present in (
                 ("exec", st.exec_ is not None),
@@ -176,9 +178,14 @@ def _check_states(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
             err(f"state '{name}' has no next:, to: or on: (it could never be left)", here, key=True)
 
 
+def _leaves(*deadlines: DeadlineSpec | None) -> bool:
+    """Whether one of ``deadlines`` ends a stay: its ``then`` is a state or ``failed``."""
+    return any(d is not None and d.then not in ("alert", "paused") for d in deadlines)
+
+
 def _check_reachable(spec: FlowSpec, err: Report) -> None:
-    """Every state is reachable from ``initial``, over ``next``/``to``/``on:`` and a
-    handler state's ``on_exhausted``."""
+    """Every state is reachable from ``initial``, over ``next``/``to``/``on:``, a
+    handler state's ``on_exhausted`` and the deadlines' ``then``."""
     states = spec.states
 
     def exhausted_target(st: StateSpec) -> str | None:
@@ -191,9 +198,13 @@ def _check_reachable(spec: FlowSpec, err: Report) -> None:
         return  # already reported
     seen = {spec.initial}
     queue = deque([spec.initial])
+    if spec.deadline is not None and spec.deadline.then in states:  # from any state
+        seen.add(spec.deadline.then)
+        queue.append(spec.deadline.then)
     while queue:
         st = states[queue.popleft()]
-        moves = [st.next_, *st.to, *st.on_.values(), exhausted_target(st)]
+        deadline = st.deadline.then if st.deadline is not None else None
+        moves = [st.next_, *st.to, *st.on_.values(), exhausted_target(st), deadline]
         for t in [*moves, *routing_targets(spec, st)]:
             if t in states and t not in seen:
                 seen.add(t)
@@ -228,6 +239,40 @@ def _check_exhausted(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
             exhausted(
                 st.error_budget.on_exhausted, ("states", name, "error_budget", "on_exhausted")
             )
+
+
+def _check_deadlines(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
+    """A deadline's ``then`` is a state of this flow, ``failed``, ``paused`` or ``alert``;
+    a terminal state has none (nothing is left to wait for); the flow's counts from the
+    instance's start (``since: created``)."""
+    names = list(spec.states)
+
+    def then(value: str, loc: tuple[str | int, ...]) -> None:
+        if value not in THEN_OUTCOMES and value not in spec.states and value not in gaps.states:
+            err(
+                f"deadline then '{value}' must be a state of this flow, failed, paused or alert"
+                f"{did_you_mean(value, [*THEN_OUTCOMES, *names])}",
+                loc,
+            )
+
+    if spec.deadline is not None:
+        then(spec.deadline.then, ("deadline", "then"))
+        if spec.deadline.since == "entered":
+            err(
+                "the flow's deadline counts from the instance's start: since must be created "
+                "(a state's deadline counts from its entry)",
+                ("deadline", "since"),
+            )
+    for name, st in spec.states.items():
+        if st.deadline is None:
+            continue
+        if st.terminal:
+            err(
+                "a terminal state has no deadline: the instance has ended there",
+                ("states", name, "deadline"),
+                key=True,
+            )
+        then(st.deadline.then, ("states", name, "deadline", "then"))
 
 
 def _check_rules(spec: FlowSpec, err: Report, gaps: Gaps) -> None:
@@ -278,7 +323,8 @@ def _check_event_fields(spec: FlowSpec, err: Report) -> None:
         # (field, loc, shown, at the key)
         used: list[tuple[str, tuple[str | int, ...], str, bool]] = []
         for field in rule.match or {}:
-            used.append((field, ("rules", i, "match", field), f"match key '{field}'", True))
+            head = field.split(".")[0]  # a dotted key reaches into a nested field
+            used.append((head, ("rules", i, "match", field), f"match key '{field}'", True))
         for key, template in (rule.data or {}).items():
             for path in placeholders(template):
                 head, _, rest = path.partition(".")

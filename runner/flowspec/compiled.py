@@ -9,6 +9,7 @@ validated by firing an event on a throw-away ``__slots__`` object.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -16,6 +17,7 @@ from typing import Any, cast
 from transitions import Machine, MachineError
 
 from runner.errors import IllegalMove
+from runner.flowspec.deadlines import Deadline
 from runner.flowspec.graph import EXHAUSTED, render_graph
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.policy import STATUS_OUTCOMES, Policy
@@ -47,6 +49,7 @@ class CompiledState:
         rate: the state's own rate (``"10/1m"``), or ``None``.
         priority: 1..9, the state's own priority, else the flow's (default 5).
         routing: its ``runs_on`` and ``routing_timeout`` (``runner.flowspec.routing``).
+        deadline: the state's deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
     name: str
@@ -65,6 +68,7 @@ class CompiledState:
     rate: str | None = None
     priority: int = 5
     routing: Routing = NO_ROUTING
+    deadline: Deadline | None = None
 
     @property
     def exhausted_target(self) -> str | None:
@@ -104,6 +108,7 @@ class CompiledFlow:
         spec: the validated ``FlowSpec`` (``None`` when built by hand).
         label: the ``label`` template naming each instance (``"{data.path}"``), or ``None``.
         route_fields: the event fields its states' ``runs_on`` name (``{event.host}``).
+        deadline: the flow's own deadline (since the instance was made), or ``None``.
     """
 
     name: str
@@ -120,6 +125,13 @@ class CompiledFlow:
     spec: FlowSpec | None = field(default=None, repr=False)
     label: str | None = None
     route_fields: tuple[str, ...] = ()
+    deadline: Deadline | None = None
+
+    @functools.cached_property
+    def has_deadlines(self) -> bool:
+        """Whether the flow or one of its states has a deadline (asked at every move the
+        worker commits: computed once)."""
+        return self.deadline is not None or any(s.deadline for s in self.states.values())
 
     @property
     def pools(self) -> dict[str, int]:

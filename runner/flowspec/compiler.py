@@ -15,16 +15,19 @@ import hashlib
 import importlib
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transitions import Machine
 
 from runner.errors import FlowError, FlowErrors
+from runner.flowspec import deadlines
 from runner.flowspec.checks import check_flow
 from runner.flowspec.compiled import CompiledFlow, CompiledState
 from runner.flowspec.limits import read_flow_file
 from runner.flowspec.loader import did_you_mean, load_flow_partial
+from runner.flowspec.partial import LeftOut
 from runner.flowspec.policy import state_policy
 from runner.flowspec.routing import event_fields_named, state_routing
 from runner.flowspec.setup import state_setup
@@ -128,10 +131,34 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
             rate=st.rate,
             priority=st.priority or spec.priority,
             routing=state_routing(spec.defaults, st),
+            deadline=deadlines.from_spec(st.deadline, "state"),
         )
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.col or 0))
-        raise FlowErrors(errors)
+        part = PartialFlow(_compiled(spec, source, file, states), left) if spec.flow else None
+        raise FlowErrors(errors, part)
+    return _compiled(spec, source, file, states)
+
+
+@dataclass(frozen=True)
+class PartialFlow:
+    """A flow file with errors compiled from the parts of it that validated, for the
+    cross-flow checks that still hold (``FlowRegistry``): never loaded, never run.
+
+    Attributes:
+        flow: the ``CompiledFlow`` of what validated.
+        left: the nodes left out for their field errors (``LeftOut.hides`` says which
+            cross-flow problems they could cause).
+    """
+
+    flow: CompiledFlow
+    left: LeftOut
+
+
+def _compiled(
+    spec: FlowSpec, source: str, file: str, states: dict[str, CompiledState]
+) -> CompiledFlow:
+    """The ``CompiledFlow`` of a checked ``spec`` (its flow name set) and its ``states``."""
     assert spec.flow is not None
     return CompiledFlow(
         name=spec.flow,
@@ -148,6 +175,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
         spec=spec,
         label=spec.label,
         route_fields=tuple(event_fields_named(spec)),
+        deadline=deadlines.from_spec(spec.deadline, "flow"),
     )
 
 

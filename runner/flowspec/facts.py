@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import IllegalMove
+from runner.flowspec.deadlines import Deadline
 from runner.flowspec.policy import Backoff, Policy
 from runner.labels import NO_ROUTING, Routing
 
@@ -51,6 +52,7 @@ class StateFacts:
         policy: the effective policy (durations in seconds).
         setup: the env and secret names its handler gets.
         routing: its ``runs_on`` and ``routing_timeout`` (``runner.labels.Routing``).
+        deadline: its deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
     name: str
@@ -61,17 +63,19 @@ class StateFacts:
     policy: Policy
     setup: SetupNames
     routing: Routing = NO_ROUTING
+    deadline: Deadline | None = None
 
 
 @dataclass(frozen=True)
 class FlowFacts:
-    """A flow version as the read side sees it: ``name``, ``version``, ``initial`` and
-    ``states`` (``{name: StateFacts}`` in file order)."""
+    """A flow version as the read side sees it: ``name``, ``version``, ``initial``,
+    ``states`` (``{name: StateFacts}`` in file order) and the flow's ``deadline``."""
 
     name: str
     version: str
     initial: str
     states: dict[str, StateFacts]
+    deadline: Deadline | None = None
 
     def event_target(self, state: str, event: str) -> str:
         """The target of ``on: {event: target}`` in ``state``.
@@ -103,10 +107,20 @@ def facts_json(flow: CompiledFlow) -> dict[str, Any]:
                 "env": list(st.setup.env_names),
                 "secrets": list(st.setup.secret_names),
                 "routing": asdict(st.routing),
+                "deadline": _deadline_json(st.deadline),
             }
             for st in flow.states.values()
         ],
+        "deadline": _deadline_json(flow.deadline),
     }
+
+
+def _deadline_json(d: Deadline | None) -> dict[str, Any] | None:
+    return None if d is None else asdict(d)
+
+
+def _deadline(data: dict[str, Any] | None) -> Deadline | None:
+    return None if data is None else Deadline(**data)
 
 
 def facts_from_json(data: dict[str, Any]) -> FlowFacts:
@@ -130,8 +144,11 @@ def facts_from_json(data: dict[str, Any]) -> FlowFacts:
             policy=Policy(**pol),
             setup=SetupNames(tuple(s["env"]), tuple(s["secrets"])),
             routing=Routing(**s["routing"]),
+            deadline=_deadline(s["deadline"]),
         )
-    return FlowFacts(data["name"], data["version"], data["initial"], states)
+    return FlowFacts(
+        data["name"], data["version"], data["initial"], states, _deadline(data["deadline"])
+    )
 
 
 def _cache_file(version: str) -> Path:

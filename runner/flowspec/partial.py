@@ -62,6 +62,16 @@ class LeftOut:
         at = self.in_file(loc)
         return any(at[: len(n)] == n or n[: len(at)] == at for n in self.nodes)
 
+    def hides(self, loc: Loc) -> bool:
+        """Whether a cross-flow problem at ``loc`` (in the data validated) could come from
+        a node left out rather than be a mistake of its own: ``loc`` touches one (a flow
+        name that clashes after ``flow:`` was left out: ``("flow",)``), or it is a pool
+        problem (``pools``, a state's ``pool``) while a pool declaration was left out."""
+        if self.touches(loc):
+            return True
+        pooled = loc[:1] == ("pools",) or loc[-1:] == ("pool",)
+        return pooled and any(n[:1] == ("pools",) for n in self.nodes)
+
     def gaps(self, data: Any) -> Gaps:
         """The :class:`Gaps` these left-out nodes make in the file's plain ``data``."""
 

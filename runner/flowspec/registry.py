@@ -16,10 +16,11 @@ from pathlib import Path
 
 from runner.errors import FlowError, FlowErrors, UserError
 from runner.flowspec.compiled import CompiledFlow
-from runner.flowspec.compiler import load_flow
+from runner.flowspec.compiler import PartialFlow, load_flow
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.pool_checks import pool_problems
 from runner.flowspec.spec_rules import DELIVERED
+from runner.flowspec.webhook_checks import webhook_problems
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -95,6 +96,7 @@ class FlowRegistry:
         keys = list(dict.fromkeys(k for k in map(self._key, paths) if k is not None))
         fresh: dict[str, CompiledFlow] = {}
         compile_errors: dict[str, list[FlowError]] = {}
+        partials: dict[str, PartialFlow] = {}
         candidate = dict(self.by_path)
         for key in keys:
             seen = _signature(key)  # taken before the read: a later edit shows as stale
@@ -107,6 +109,8 @@ class FlowRegistry:
                 flow = load_flow(key)
             except FlowErrors as exc:
                 compile_errors[key] = exc.errors
+                if exc.partial is not None:
+                    partials[key] = exc.partial
                 continue
             refused = self._check(flow) if self._check is not None else []
             if refused:
@@ -125,6 +129,9 @@ class FlowRegistry:
                     candidate[key] = self.by_path[key]
                 else:
                     candidate.pop(key)
+        for key, part in partials.items():  # a broken file's other mistakes, in one report
+            more = self._cross_of(part, candidate)
+            compile_errors[key] = _by_position(compile_errors[key] + more)
         previous_cross = self._cross_errors
         for key in keys:
             self._compile_errors.pop(key, None)
@@ -151,11 +158,18 @@ class FlowRegistry:
         keys = {str(p) for p in self.files()} | set(self._seen)
         return sorted(k for k in keys if _signature(k) != self._seen.get(k))
 
-    def _cross(self, candidate: dict[str, CompiledFlow]) -> dict[str, list[FlowError]]:
-        """Cross-flow problems of the candidate set, by file path."""
+    def _cross(
+        self,
+        candidate: dict[str, CompiledFlow],
+        quiet: Callable[[CompiledFlow, tuple[str | int, ...]], bool] | None = None,
+    ) -> dict[str, list[FlowError]]:
+        """Cross-flow problems of the candidate set, by file path; ``quiet(flow, loc)``
+        true leaves out a problem at ``loc`` of ``flow`` (a part of a broken file)."""
         problems: dict[str, list[FlowError]] = {}
 
         def err(flow: CompiledFlow, message: str, loc: tuple[str | int, ...]) -> None:
+            if quiet is not None and quiet(flow, loc):
+                return
             line, col = flow.spec.position(loc) if flow.spec else (1, 1)
             problems.setdefault(flow.path, []).append(FlowError(message, flow.path, line, col))
 
@@ -177,6 +191,8 @@ class FlowRegistry:
                 )
         names = {flow.name: flow for flow in candidate.values()}
         for flow, message, loc in pool_problems(list(candidate.values())):
+            err(flow, message, loc)
+        for flow, message, loc in webhook_problems(candidate.values()):
             err(flow, message, loc)
         for flow in candidate.values():
             for i, rule in enumerate(flow.rules):
@@ -214,9 +230,12 @@ class FlowRegistry:
                         )
         return problems
 
-    def check_alone(self, flow: CompiledFlow, *others: FlowRegistry) -> list[FlowError]:
+    def check_alone(
+        self, flow: CompiledFlow | PartialFlow, *others: FlowRegistry
+    ) -> list[FlowError]:
         """Cross-flow problems of ``flow`` (one file checked on its own, ``flowrun check
-        FILE``) against the flows of this folder and of ``others`` (loaded registries).
+        FILE``; a ``PartialFlow`` for a file with errors) against the flows of this folder
+        and of ``others`` (loaded registries).
 
         The file's own loaded version, if any, is replaced by ``flow``; problems of the
         other files are not reported. Returns the ``FlowError`` list (empty when clean).
@@ -224,15 +243,33 @@ class FlowRegistry:
         candidate: dict[str, CompiledFlow] = {}
         for reg in (*others, self):
             candidate.update(reg.by_path)
+        if isinstance(flow, PartialFlow):
+            return self._cross_of(flow, candidate)
         target = Path(flow.path).resolve()
         candidate = {k: v for k, v in candidate.items() if Path(k).resolve() != target}
         candidate[flow.path] = flow
         return self._cross(candidate).get(flow.path, [])
 
+    def _cross_of(self, part: PartialFlow, candidate: dict[str, CompiledFlow]) -> list[FlowError]:
+        """The cross-flow problems of a broken file's parts that validated (``part``)
+        against ``candidate`` (path -> flow; the file's own entry is replaced), leaving
+        out those its left-out parts could cause (``LeftOut.hides``)."""
+        flow = part.flow
+        target = Path(flow.path).resolve()
+        others = {k: v for k, v in candidate.items() if Path(k).resolve() != target}
+        found = self._cross(
+            {**others, flow.path: flow}, lambda f, loc: f is flow and part.left.hides(loc)
+        )
+        return found.get(flow.path, [])
+
     @staticmethod
     def _unknown(name: str | None, names: dict[str, CompiledFlow]) -> str:
         known = ", ".join(sorted(names)) or "none"
         return f"unknown flow '{name}'{did_you_mean(str(name), names)} (known: {known})"
+
+
+def _by_position(errors: list[FlowError]) -> list[FlowError]:
+    return sorted(errors, key=lambda e: (e.line or 0, e.col or 0))
 
 
 def _signature(path: str) -> tuple[int, int, int] | None:

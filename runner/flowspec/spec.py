@@ -77,6 +77,21 @@ def _routing(value: Any) -> Any:
     return value if isinstance(value, dict) or value is None else {"after": value}
 
 
+class DeadlineSpec(Strict):
+    """How long an instance may stay in a state (or in its flow), and what then."""
+
+    after: Duration = Field(gt=0, description="how long, e.g. 3d, 1h, 90s")
+    since: Literal["entered", "created"] | None = Field(
+        None,
+        description="counted from entering the state (entered; a state's default) or from "
+        "the instance's start (created; the flow's)",
+    )
+    then: str = Field(
+        description="when it passes: a state of this flow (the instance moves there), failed, "
+        "paused, or alert (only a deadline_missed lifecycle event)"
+    )
+
+
 class Defaults(Strict):
     """Policy applied to every state unless the state overrides a key."""
 
@@ -228,6 +243,12 @@ class StateSpec(Strict):
     routing_timeout: Annotated[RoutingTimeoutSpec, BeforeValidator(_routing)] | None = Field(
         None, description="overrides defaults.routing_timeout"
     )
+    deadline: DeadlineSpec | None = Field(
+        None,
+        description="{after, since, then}: when the instance is still in this state 'after' "
+        "its entry (or its start: since created), 'then' acts and a deadline_missed "
+        "lifecycle event is stored",
+    )
 
 
 class PoolSpec(Strict):
@@ -340,6 +361,12 @@ class FlowSpec(Strict):
         description="a rule starting an instance while max_running instances (per key) are "
         "live in handler states: queue (make it; it waits) or skip (make none; the event "
         "records the skip)",
+    )
+    deadline: DeadlineSpec | None = Field(
+        None,
+        description="{after, then}: when an instance has not ended 'after' its start, 'then' "
+        "acts (a state, failed, paused or alert) and a deadline_missed lifecycle event is "
+        "stored; since is always created",
     )
     retention: RetentionSpec | None = Field(
         None,

@@ -88,7 +88,9 @@ class RuleSpec(Strict):
     """``when`` a sensor emits an event matching ``match``, do exactly one action."""
 
     when: str = Field(description="a sensor name of this flow")
-    match: dict[str, Regex] | None = Field(None, description="event field -> regex")
+    match: dict[str, Regex] | None = Field(
+        None, description="event field -> regex (a dotted key reaches a nested field: body.ref)"
+    )
     start: Name | None = Field(None, description="start an instance of this flow")
     data: dict[str, EventTemplate] | None = Field(
         None, description="with start: data field -> template such as '{event.path}'"

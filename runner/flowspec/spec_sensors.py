@@ -2,7 +2,8 @@
 their events.
 
 A sensor is exactly one of ``files`` (:class:`FilesSpec`), ``tail`` (:class:`TailSpec`),
-``every`` or ``cron`` (:class:`SensorSpec`), ``lifecycle`` (:class:`LifecycleSpec`); what
+``every`` or ``cron`` (:class:`SensorSpec`), ``lifecycle`` (:class:`LifecycleSpec`),
+``webhook`` (:class:`WebhookInSpec`); what
 each kind's events carry is :data:`EVENT_FIELDS` (the sensors live in ``runner.sensors``).
 """
 
@@ -11,6 +12,7 @@ from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from runner.flowspec.spec_handler import EnvName
 from runner.flowspec.spec_types import Duration, Name, OptDuration, Regex, SensorRunsOn, Strict
 
 
@@ -89,6 +91,68 @@ class LifecycleSpec(Strict):
     )
 
 
+class HmacSpec(Strict):
+    """A webhook signed GitHub's way: ``header`` carries ``sha256=<hex>``, the HMAC-SHA256
+    of the raw body keyed with the secret in the daemon's environment variable
+    ``secret_env``."""
+
+    secret_env: EnvName = Field(description="the daemon's environment variable holding the key")
+    header: str = Field(
+        "X-Hub-Signature-256",
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="the header carrying sha256=<hex> (default: GitHub's X-Hub-Signature-256)",
+    )
+
+
+#: Longest webhook path (characters).
+WEBHOOK_PATH_MAX = 200
+
+
+class WebhookInSpec(Strict):
+    """Requests from other systems as events: a ``POST`` of JSON to ``path`` on the
+    daemon's HTTP listener (``--http`` or ``--metrics``), authenticated by a bearer token
+    (``token_env``: the daemon's environment variable holding it) or an HMAC signature
+    (``hmac``); ``unauthenticated: true`` instead serves it to anyone who can reach the
+    listener (loopback only)."""
+
+    path: str = Field(
+        pattern=r"^/[A-Za-z0-9._~/-]*$",
+        max_length=WEBHOOK_PATH_MAX,
+        description="URL path served, e.g. /hooks/deploy (unique across flows)",
+    )
+    token_env: EnvName | None = Field(
+        None, description="the daemon's environment variable holding the bearer token"
+    )
+    hmac: HmacSpec | None = Field(None, description="an HMAC-SHA256 signature header instead")
+    unauthenticated: bool = Field(
+        False, description="no token nor signature (refused on a listener beyond loopback)"
+    )
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _slash(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.startswith("/"):
+            raise ValueError(f"a webhook path starts with '/' (e.g. /{value})")
+        return value
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> Self:
+        given = [k for k in ("token_env", "hmac") if getattr(self, k) is not None]
+        if self.unauthenticated:
+            given.append("unauthenticated")
+        if len(given) != 1:
+            got = ", ".join(given) or "none"
+            raise ValueError(
+                f"a webhook needs exactly one of token_env, hmac (or unauthenticated: true) "
+                f"(got: {got})"
+            )
+        return self
+
+    def secret_env(self) -> str | None:
+        """The environment variable holding this webhook's secret (``None``: none)."""
+        return self.token_env or (self.hmac.secret_env if self.hmac else None)
+
+
 def _check_cron(value: str | None) -> str | None:
     from croniter import croniter  # only flows with a cron sensor pay for its import
 
@@ -97,12 +161,12 @@ def _check_cron(value: str | None) -> str | None:
     return value
 
 
-_KINDS = ("files", "tail", "every", "cron", "lifecycle")
+_KINDS = ("files", "tail", "every", "cron", "lifecycle", "webhook")
 
 
 class SensorSpec(Strict):
-    """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds), ``cron`` or
-    ``lifecycle``."""
+    """A sensor: exactly one of ``files``, ``tail``, ``every`` (seconds), ``cron``,
+    ``lifecycle`` or ``webhook``."""
 
     files: FilesSpec | None = Field(None, description="new files in a folder")
     tail: TailSpec | None = Field(None, description="lines appended to a log file")
@@ -112,6 +176,9 @@ class SensorSpec(Strict):
     )
     lifecycle: LifecycleSpec | None = Field(
         None, description="flowrun's own instance transitions (failed, killed, ...)"
+    )
+    webhook: WebhookInSpec | None = Field(
+        None, description="JSON POSTed by other systems to a path of the daemon's listener"
     )
     description: str | None = Field(None, description="free text")
     runs_on: SensorRunsOn | None = Field(
@@ -143,7 +210,8 @@ class SensorSpec(Strict):
 
     @property
     def kind(self) -> str:
-        """``"files"``, ``"tail"``, ``"every"``, ``"cron"`` or ``"lifecycle"``."""
+        """``"files"``, ``"tail"``, ``"every"``, ``"cron"``, ``"lifecycle"`` or
+        ``"webhook"``."""
         return next(k for k in _KINDS if getattr(self, k) is not None)
 
 
@@ -171,6 +239,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
         "at",
         "explain",
     ),
+    "webhook": ("body", "headers"),
 }
 
 

@@ -74,7 +74,8 @@ async def _logged(
     """:func:`run_call` with the handler's output routed to ``ctx._attempt_log``."""
     log, ctx._attempt_log = ctx._attempt_log, None
     capture.install()
-    token = capture.current.set(log)  # type: ignore[arg-type]
+    sink = capture.Sink(log)  # type: ignore[arg-type]
+    token = capture.current.set(sink)
     try:
         if _is_async(func):
             return await run_call(
@@ -82,11 +83,11 @@ async def _logged(
             )
         watch = Watch(limits)
         ctx._signal = watch.signal
-        routed = capture.in_context(log, func)  # type: ignore[arg-type]
+        routed = capture.in_context(sink, func)
         return await _run_sync(routed, ctx, watch, cancel, threads, next_state)
     finally:
         capture.current.reset(token)
-        log.end()  # type: ignore[attr-defined]
+        sink.end()
 
 
 async def _run_sync(

@@ -2,9 +2,10 @@
 
 A ``call`` handler runs inside the daemon, beside other handlers running at the same
 time, so its output is told apart by a context variable (:data:`current`) holding its
-attempt's ``AttemptLog`` (``runner.store.log_writer``): set in the attempt's own task for
-an async handler, in a copy of the context its thread runs in for a sync one
-(:func:`running`). Concurrent handlers never mix: each task and thread sees its own.
+attempt's :class:`Sink` (its ``AttemptLog``, ``runner.store.log_writer``, and the
+state's secrets): set in the attempt's own task for an async handler, in a copy of the
+context its thread runs in for a sync one (:func:`in_context`). Concurrent handlers never
+mix: each task and thread sees its own.
 
 Once :func:`install` ran (the first ``call`` attempt with capture on):
 
@@ -13,7 +14,11 @@ Once :func:`install` ran (the first ``call`` attempt with capture on):
   stream as before;
 - the root logger gets a handler that copies every record logged from inside a handler
   (any logger) to its attempt's log, on stderr, as ``LEVEL name: message``;
-- secret values of the state (``ctx.secrets``) are written as ``***``;
+- secret values of the state (``ctx.secrets``) are written as ``***``, also one written
+  in pieces (two ``print`` calls, two records): each stream goes through a
+  ``runner.handlers.redact.Redactor``, which holds back an end that could begin a secret;
+- a record logged from inside a handler that also reaches the daemon's own log has the
+  secrets replaced there too (:class:`RedactRecords`, a filter on the daemon's handler);
 - ``ctx.log`` (:func:`handler_logger`) is the logger ``flowrun.handler.<flow>.<state>``:
   its records go to the attempt's log only (not the daemon's own log).
 
@@ -29,11 +34,55 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from runner.handlers.redact import redact_text
+from runner.handlers.redact import Redactor, redact_text
 from runner.log_buffer import STDERR, STDOUT, AttemptLog
 
-#: The attempt log of the handler running in this task or thread (``None``: none).
-current: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(
+
+class Sink:
+    """One ``call`` attempt's output on its way to its :class:`AttemptLog` ``log``: what is
+    written on each stream goes through a :class:`Redactor` of ``log.secrets`` (a secret
+    split across two writes is found; the end of a write that could begin one waits for
+    the next write or :meth:`end`). Safe from any thread."""
+
+    __slots__ = ("log", "secrets", "_redactors", "_lock")
+
+    def __init__(self, log: AttemptLog) -> None:
+        self.log = log
+        self.secrets = log.secrets
+        self._redactors: dict[int, Redactor] = {}
+        self._lock = threading.Lock()
+
+    def write(self, stream: int, text: str) -> None:
+        """Add ``text`` written on ``stream`` (``STDOUT``/``STDERR``), secrets redacted."""
+        data = text.encode("utf-8", "backslashreplace")
+        if not self.secrets:
+            self.log.write(stream, data)
+            return
+        with self._lock:  # in order: what one write held back goes before the next
+            redactor = self._redactors.get(stream)
+            if redactor is None:
+                redactor = self._redactors[stream] = Redactor(_secret_bytes(self.secrets))
+            self.log.write(stream, redactor.feed(data))
+
+    def end(self) -> None:
+        """The attempt is over: what was held back is written (no secret completes it now)
+        and the log ended. Idempotent."""
+        with self._lock:
+            for stream, redactor in self._redactors.items():
+                self.log.write(stream, redactor.end())
+            self._redactors.clear()
+        self.log.end()
+
+
+def _secret_bytes(secrets: tuple[str, ...]) -> set[bytes]:
+    """Each secret as a handler's text would be written: UTF-8, a byte that is not (read
+    with ``surrogateescape``) either as itself or as ``\\udcXX`` (``backslashreplace``)."""
+    ways = ("surrogateescape", "backslashreplace")
+    return {s.encode("utf-8", how) for s in secrets for how in ways}
+
+
+#: The sink of the handler running in this task or thread (``None``: none).
+current: contextvars.ContextVar[Sink | None] = contextvars.ContextVar(
     "flowrun_attempt_log", default=None
 )
 
@@ -53,11 +102,10 @@ class _Stream:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        log = current.get()
-        if log is None:
+        sink = current.get()
+        if sink is None:
             return self._real.write(text)
-        shown = redact_text(text, log.secrets) if log.secrets else text
-        log.write(self._stream, shown.encode("utf-8", "backslashreplace"))
+        sink.write(self._stream, text)
         return len(text)
 
     def flush(self) -> None:
@@ -72,15 +120,36 @@ class _Route(logging.Handler):
     """Copies a record logged inside a handler to its attempt log (stderr)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        log = current.get()
-        if log is not None:
+        sink = current.get()
+        if sink is not None:
             try:
                 line = _FORMAT.format(record) + "\n"
             except Exception:  # noqa: BLE001 - a bad format string is the handler's
                 line = f"{record.levelname} {record.name}: {record.msg!r}\n"
-            if log.secrets:
-                line = redact_text(line, log.secrets)
-            log.write(STDERR, line.encode("utf-8", "backslashreplace"))
+            sink.write(STDERR, line)
+
+
+class RedactRecords(logging.Filter):
+    """A filter for the daemon's own log handlers: a record logged from inside a ``call``
+    handler whose state has secrets (a library's logger, ``logging.warning``, a
+    ``flowrun.*`` logger) has them replaced by ``***`` in its message and traceback
+    before any handler formats it. Other records pass unchanged; none is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        sink = current.get()
+        if sink is None or not sink.secrets:
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the handler's
+            text = f"{record.msg!r} % {record.args!r}"
+        if record.exc_info:
+            text += "\n" + _FORMAT.formatException(record.exc_info)
+        if record.stack_info:
+            text += "\n" + record.stack_info
+        record.msg, record.args = redact_text(text, sink.secrets), None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
 def install() -> None:
@@ -111,8 +180,8 @@ def handler_logger(flow: str, state: str) -> logging.Logger:
     return logging.getLogger(f"{HANDLER_LOGGER}.{flow}.{state}")
 
 
-def in_context(log: AttemptLog, func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` to run in a thread with :data:`current` set to ``log`` (a sync handler)."""
+def in_context(sink: Sink, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` to run in a thread with :data:`current` set to ``sink`` (a sync handler)."""
     context = contextvars.copy_context()
-    context.run(current.set, log)
+    context.run(current.set, sink)
     return lambda *args: context.run(func, *args)

@@ -416,9 +416,10 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-#: Variables of the daemon's environment that carry its credentials: never a handler's
+#: Variables of the daemon's environment that carry its credentials (the database URLs of
+#: ``--db`` and ``--listen-db``, the console's token, libpq's password): never a handler's
 #: (a handler that needs one gets it as a secret: ``secrets: {FLOWRUN_DB: {env: FLOWRUN_DB}}``).
-CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
+CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_LISTEN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
 
 #: What ``env_inherit: none`` keeps of the daemon's environment.
 MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")

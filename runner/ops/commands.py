@@ -16,6 +16,7 @@ The CLI, the console and rules all go through :func:`submit` / :func:`apply`.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,12 +28,17 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.store.clock import db_now
 from runner.store.db import reading
+from runner.store.deadlines import entered
 from runner.store.leases import decode_event
 from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
 from runner.store.tables import commands, instances
 from runner.store.versions import compiled
+from runner.warn_line import warn
+
+#: The daemon's rules apply commands here: a kill they make is one WARNING line.
+log = logging.getLogger("flowrun.rules")
 
 
 @dataclass
@@ -116,8 +122,14 @@ def apply(
         _close_orphan_attempt(
             conn, row, at, same_state=values.get("state", row["state"]) == row["state"]
         )
+        if "state_changed" in values:  # a state entered: its deadlines (store.deadlines)
+            flow = compiled(conn, row["version"])
+            if flow.has_deadlines:
+                entered(conn, [(iid, flow, values["state"], at)])
         _log(conn, iid, command, event, source, at, "applied", message, until, tag)
         results.append(CommandResult(iid, command, True, message))
+        if command == "kill" and source.startswith("rule:"):  # in the daemon: its log says so
+            warn(log, iid, row["flow"], row["state"], "killed", f"killed by {source}")
         moved = _lifecycle_row(row, values, command, at)
         if moved is not None:
             transitions.append(moved)

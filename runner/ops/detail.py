@@ -135,8 +135,9 @@ def get_instance(
     the last ``history_limit``), ``checkpoints``, ``commands`` (oldest first) and
     ``budget`` (the error budget of its current state, ``None`` in a terminal state or
     when its flow version no longer compiles) and ``waits_for`` (the ``on:`` events it
-    waits for, runnable in an external state with nothing due; else ``None``); ``None``
-    when unknown. ``db`` is a
+    waits for, runnable in an external state with nothing due; else ``None``),
+    ``deadline_at`` (ISO 8601 UTC: its next deadline not acted on yet, else ``None``);
+    ``None`` when unknown. ``db`` is a
     ``Reader`` or an ``Engine``: ``flowrun show --json``.
 
     Raises:
@@ -152,6 +153,7 @@ def get_instance(
     out["budget"] = _budget(reader, row)
     out["history_pruned_before"] = iso(row["history_from"])
     out["waits_for"] = _waits_for(reader, row)
+    out["deadline_at"] = iso(row["deadline_at"])  # its next deadline not acted on, or None
     out["history"] = [attempt_json(a) for a in reversed(att)]
     setups = _setups(reader, row["version"])
     for item in out["history"]:  # the names its handler got, never a secret's value

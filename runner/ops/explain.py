@@ -30,7 +30,9 @@ from runner.ops.explanation import (
     Entry,
     Explanation,
     Track,
+    clock,
     created_entry,
+    deadline_entry,
     describe_backoff,
     exhausted_target,
     pruned_entry,
@@ -115,8 +117,10 @@ def explain(
     summary = _summary(inst)
     events = waits_for(inst, flow)
     summary["waits_for"] = None if events is None else list(events)
+    ahead = forecast(inst, flow, now, t)
+    pending = deadline_entry(inst, flow, now)
     return Explanation(
-        instance=summary, timeline=out, forecast=forecast(inst, flow, now, t), track=t
+        instance=summary, timeline=out, forecast=ahead + ([pending] if pending else []), track=t
     )
 
 
@@ -389,10 +393,19 @@ def _command(out: list[Entry], t: Track, c: dict[str, Any], flow_of) -> None:
         text += " (error budget and restarts of the state start afresh)"
     elif name == "sleep":
         kind = "sleep"
+    elif name == "deadline":
+        kind = "deadline"
+        text = f"deadline missed at {clock(args.get('due') or c['created_at'])}: {c['result']}"
+        if args.get("to"):
+            _enter(t, args["to"], _safe_flow(flow_of, t.version))
+        if args.get("status"):
+            t.status = args["status"]
     out.append(Entry(c["created_at"], kind, text, data))
     if t.wait_from is not None:
         t.interrupts.append(f"{name} by {who}")
-    if name in ("resume", "retry", "send", "wake", "migrate"):
+    if name in ("resume", "retry", "send", "wake", "migrate") or (
+        name == "deadline" and args.get("to")
+    ):
         _wait(t, c["created_at"], f"{name} by {who}", kind="command", command=name)
     elif name == "sleep":
         _wait(t, c["created_at"], f"put to sleep by {who} (nothing spent)", kind="sleep")

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from runner.flowspec import deadlines
 from runner.flowspec.policy import Backoff, Policy
 from runner.literal import literal
 from runner.ops.views import iso
@@ -181,6 +182,23 @@ def running_entry(a: dict[str, Any], inst: dict[str, Any], now: float) -> Entry:
     )
 
 
+def deadline_entry(inst: dict[str, Any], flow: Any, now: float) -> Entry | None:
+    """The forecast's ``deadline`` line of a live instance with a pending deadline
+    (``"deadline in 1h12m → escalate"``), ``None`` without one. ``flow``: its
+    ``CompiledFlow`` (``None``: unknown, the time alone is shown)."""
+    at = inst.get("deadline_at")
+    if at is None or inst["status"] not in ("runnable", "sleeping", "paused"):
+        return None
+    found = deadlines.describe(flow, inst["state"], inst["state_changed"], inst["created_at"], at)
+    d = found[1] if found and flow is not None else None
+    then = d.then if d is not None else "?"
+    data = {"due": at, "then": then, "scope": d.scope if d is not None else None}
+    if at > now:
+        return Entry(at, "deadline", f"deadline in {secs(at - now)} → {then}", data)
+    late = f"deadline passed {secs(now - at)} ago → {then} (acting on it)"
+    return Entry(at, "deadline", late, data)
+
+
 def clock(ts: float) -> str:
     """Epoch seconds as ``YYYY-MM-DD HH:MM:SS UTC``."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -221,6 +239,7 @@ def render_text(explanation: Explanation, now: float) -> str:
         lines.append(f"{mark} {stamp} {offset:>8}  {literal(e.text)}")
     lines += ["", f"What happens next (now {datetime.fromtimestamp(now, UTC):%H:%M:%S} UTC):"]
     titles = {"due": "next", "next_error": "on error", "next_restart": "if stuck"}
+    titles["deadline"] = "deadline"
     for e in explanation.forecast:
         lines.append(f"  {titles.get(e.kind, e.kind):>8}: {literal(e.text)}")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from runner import lifecycle
 from runner.errors import UserError
+from runner.flowspec import deadlines
 from runner.store.routing import route_of
 from runner.store.tables import commands, flow_versions, instances
 from runner.store.versions import compiled
@@ -189,6 +190,9 @@ def _plan(
             values["priority"] = row["start_priority"]  # the start's wins over a state's
     # the new version's requirement of the state (``runner.labels``), moved or not
     values["runs_on"] = route_of(goal, m.to_state, row)
+    if goal.has_deadlines or row["deadline_at"] is not None:  # the new version's deadlines
+        since = values.get("state_changed", row["state_changed"])
+        values["deadline_at"] = deadlines.on_entry(goal, m.to_state, since, row["created_at"])
     moved = f", state {state} -> {m.to_state}" if m.to_state != state else ""
     m.ok = True
     m.message = f"instance {iid}: version {row['version']} -> {goal.version}{moved}"

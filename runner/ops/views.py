@@ -115,6 +115,15 @@ def waits_for(row: Any, flow: CompiledFlow | FlowFacts | None) -> tuple[str, ...
     return tuple(state.on)
 
 
+def webhook_what(payload: dict[str, Any]) -> str | None:
+    """A webhook event's body as compact JSON (``webhook {"ref": "main"}``), ``None`` for
+    another kind's payload. As stored: the caller shows it literally."""
+    if set(payload) != {"body", "headers"}:
+        return None
+    body = json.dumps(payload["body"], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return f"webhook {body}"
+
+
 def event_what(payload: Any) -> str:
     """What happened, in one text, from a stored event's ``payload``: a tail sensor's
     ``line``, a files sensor's file (``a.csv (12 bytes) in /srv/inbox``), a clock sensor's
@@ -123,6 +132,9 @@ def event_what(payload: Any) -> str:
     JSON. As stored: the caller shows it literally."""
     if not isinstance(payload, dict):
         return json.dumps(payload)
+    hook = webhook_what(payload)
+    if hook is not None:
+        return hook
     if isinstance(payload.get("kind"), str) and isinstance(payload.get("instance"), int):
         error = f": {payload['error']}" if payload.get("error") else ""  # a lifecycle event
         return (

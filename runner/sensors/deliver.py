@@ -32,6 +32,7 @@ from runner.sensors.base import first_of, log
 from runner.sensors.rules import describe_target
 from runner.store.deliveries import Claimed, claim_due, finish, next_due
 from runner.templating import render
+from runner.warn_line import warn
 
 #: Seconds an ``exec`` notifier may run before it is killed (a failure, retried).
 EXEC_TIMEOUT = 60.0
@@ -132,20 +133,15 @@ class Deliverer:
 
     def _warn(self, c: Claimed, text: str) -> None:
         p = c.payload
-        log.warning(
-            "delivery %d (%s, event %d) failed for good after %d tries: %s",
-            c.id,
-            describe_target(c.target),
-            c.event_id,
-            c.attempts + 1,
-            text,
-            extra={
-                "instance": p.get("instance"),
-                "flow": p.get("flow"),
-                "state": p.get("state"),
-                "kind": "delivery_failed",
-                "event": c.event_id,
-            },
+        warn(
+            log,
+            p.get("instance"),
+            p.get("flow"),
+            p.get("state"),
+            "delivery_failed",
+            f"delivery {c.id} ({describe_target(c.target)}, event {c.event_id}, "
+            f"{p.get('kind')}) failed for good after {c.attempts + 1} tries: {text}",
+            event=c.event_id,
         )
 
     async def _exec(self, c: Claimed) -> Outcome:

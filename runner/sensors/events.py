@@ -66,6 +66,20 @@ def record_events(
                 raise LeaseLost(f"sensor {sensor}: lease lost by {worker_id}")
 
 
+def store_event(engine: Engine, sensor: str, key: str, payload: dict[str, Any]) -> int:
+    """Store ONE event of ``sensor`` (``"<flow>.<sensor>"``) under ``key`` (unique for
+    the sensor) and return its id, once committed: a webhook's request is answered only
+    after this returns. No lease: any daemon may store it."""
+    with engine.begin() as conn:
+        event_id = conn.execute(
+            events.insert()
+            .values(sensor=sensor, key=key, payload=payload, created_at=time.time())
+            .returning(events.c.id)
+        ).scalar_one()
+        notify_event(conn)  # the rule engines of every daemon (PostgreSQL)
+    return int(event_id)
+
+
 def load_cursor(engine: Engine, sensor: str) -> dict[str, Any]:
     """The stored cursor JSON of ``sensor`` (``{}`` when none)."""
     with reading(engine) as conn:

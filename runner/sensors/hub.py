@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from runner.labels import HOST, covers
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
+from runner.sensors.deadlines import DeadlineWatch
 from runner.sensors.deliver import Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
@@ -31,6 +32,7 @@ from runner.sensors.lifecycle import LifecycleSensor
 from runner.sensors.rules import RuleEngine
 from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
+from runner.sensors.webhook import WebhookSensor
 from runner.store.data_version import CommitBell, commit_bell, data_version
 from runner.store.db import short_error
 from runner.store.deliveries import untried
@@ -46,6 +48,7 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
     "every": ClockSensor,
     "cron": ClockSensor,
     "lifecycle": LifecycleSensor,
+    "webhook": WebhookSensor,
 }
 
 
@@ -112,6 +115,9 @@ class SensorHub:
         self.rules = RuleEngine(engine, registry)
         #: sends the rules' exec and webhook actions (``runner.sensors.deliver``)
         self.deliverer = Deliverer(engine, registry, worker_id)
+        #: acts on missed deadlines (``runner.sensors.deadlines``)
+        self.deadlines = DeadlineWatch(engine, registry, worker_id)
+        self.deadlines.on_missed = self._deadlines_missed
         self._running: dict[str, _Running] = {}
         self._rules_kick = asyncio.Event()
         self.watch = FlowWatch(self)
@@ -161,11 +167,14 @@ class SensorHub:
         deliver_task = asyncio.ensure_future(
             self._keep("deliveries", lambda: self.deliverer.run(stop), stop)
         )
+        deadline_task = asyncio.ensure_future(
+            self._keep("deadlines", lambda: self.deadlines.run(stop), stop)
+        )
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
         finally:
             await self._stop_sensors(list(self._running))
-            for task in (watch_task, rules_task, deliver_task):
+            for task in (watch_task, rules_task, deliver_task, deadline_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -202,6 +211,13 @@ class SensorHub:
                     break
         except Exception as exc:  # noqa: BLE001 - stored events stay for the next start
             log.warning("rules: events left for the next start (%s)", short_error(exc))
+
+    def _deadlines_missed(self) -> None:
+        """Deadlines were acted on: their events wait for the rules, the instances moved
+        for the worker."""
+        self.kick()
+        if self.on_work is not None:
+            self.on_work()
 
     # -- sensors and leases -------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, func, select, update
 
 from runner.errors import UserError
 from runner.ops.views import iso
-from runner.sensors.rules import RULE_ERRORS, Planned, act, plan, rule_error
+from runner.sensors.rules import RULE_ERRORS, Planned, act, event_field, plan, rule_error
 from runner.store.db import reading
 from runner.store.tables import commands, events, instances
 
@@ -103,7 +103,7 @@ def verdicts(flow: CompiledFlow, sensor: str, payload: dict[str, Any]) -> list[R
             continue
         why = "matches"
         for name, pattern in (rule.match or {}).items():
-            value = payload.get(name)
+            value = event_field(payload, name)
             if value is None:
                 why = f"the event has no field {name!r}"
                 break

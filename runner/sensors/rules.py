@@ -38,7 +38,7 @@ from runner.store.db import reading
 from runner.store.deliveries import queue
 from runner.store.flow_limits import refusal
 from runner.store.tables import JSONType, events
-from runner.templating import render, render_event_refs, render_value
+from runner.templating import lookup, render, render_event_refs, render_value
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -72,11 +72,24 @@ _SET_PAYLOAD = (
 )
 
 
+def event_field(payload: Mapping[str, Any], field: str) -> Any:
+    """``payload[field]``, or for a dotted ``field`` absent as such (``body.ref``) the
+    value at that path in nested fields; ``None`` when missing."""
+    value = payload.get(field)
+    if value is None and "." in field:
+        try:
+            value = lookup(payload, field)
+        except KeyError:
+            return None
+    return value
+
+
 def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> bool:
     """True when every ``field -> regex`` of ``patterns`` ``re.search``-es ``payload[field]``
-    (as text; a missing field or ``None`` does not match)."""
+    (as text; a missing field or ``None`` does not match). A dotted field (``body.ref``,
+    ``headers.x-github-event``) is a path into nested fields (a webhook's)."""
     for field, pattern in (patterns or {}).items():
-        value = payload.get(field)
+        value = event_field(payload, field)
         if value is None or not re.search(pattern, str(value)):
             return False
     return True

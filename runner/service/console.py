@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.handlers.capture import RedactRecords
+
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
@@ -30,6 +32,7 @@ def _log_to_file(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(RedactRecords())
     root = logging.getLogger("flowrun")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

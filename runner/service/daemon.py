@@ -31,6 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from runner.engine.config import WorkerConfig
 from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
+from runner.errors import ConfigError
 from runner.flowspec.registry import FlowRegistry
 from runner.labels import decode
 from runner.service.first_cycle import FirstCycle
@@ -44,7 +45,8 @@ from runner.store.notify import DueListener
 
 if TYPE_CHECKING:
     from runner.sensors.hub import SensorHub
-    from runner.service.metrics import AttemptTally, DaemonCollector, MetricsServer
+    from runner.service.http_listener import HttpListener
+    from runner.service.metrics import AttemptTally, DaemonCollector
     from runner.service.pruner import Pruner
 
 log = logging.getLogger("flowrun.daemon")
@@ -77,6 +79,11 @@ def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], No
     return both
 
 
+def _shown(address: tuple[str, int]) -> str:
+    """``host:port`` of an ``(host, port)`` address, as the options take it."""
+    return f"{address[0]}:{address[1]}"
+
+
 class Part(NamedTuple):
     """One part the supervisor keeps running: its ``name`` (in logs and metrics) and
     ``run`` (a coroutine function; returning ends the part, raising restarts it)."""
@@ -92,15 +99,17 @@ class Daemon:
     Daemon(...).run()`` until stopped or idle. Made on the event loop that runs it.
 
     Its fields are its parts: made at once (``worker``, ``supervisor``, ``listener``,
-    ``tally``, ``collector``, ``metrics``, ``notifier``), or once the worker's first cycle
+    ``tally``, ``collector``, ``http``, ``notifier``), or once the worker's first cycle
     is over (``hub``, ``pruner``), ``None`` when the options leave them out. What runs
     under the supervisor is :meth:`parts`; to add a part, add its field (made in
     ``__post_init__``, or in its run method when it should not delay the first claim) and
     one entry in :meth:`parts` (wrapped in ``gate.later`` when it can wait).
 
     Raises (on construction):
-        ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
-            not a PostgreSQL URL or given with a SQLite engine.
+        ConfigError: the HTTP listener's address cannot be bound, ``--metrics`` and
+            ``--http`` name two addresses, an unauthenticated webhook sensor would be served
+            beyond loopback, or ``options.listen_url`` is not a PostgreSQL URL or given
+            with a SQLite engine.
     """
 
     engine: Engine
@@ -115,7 +124,7 @@ class Daemon:
     listener: DueListener | None = field(init=False, default=None)  # LISTEN (PostgreSQL)
     tally: AttemptTally | None = field(init=False, default=None)  # --metrics
     collector: DaemonCollector | None = field(init=False, default=None)  # --metrics
-    metrics: MetricsServer | None = field(init=False, default=None)  # --metrics
+    http: HttpListener | None = field(init=False, default=None)  # --metrics, --http
     notifier: Notifier = field(init=False)  # systemd
     hub: SensorHub | None = field(init=False, default=None)  # after the first cycle
     pruner: Pruner | None = field(init=False, default=None)  # after the first cycle
@@ -157,13 +166,50 @@ class Daemon:
             self.tally.finished if self.tally else None,
             attempt_logger(config.worker_id) if opts.log_attempts else None,
         )
-        if opts.metrics is not None and self.tally is not None:
-            from runner.service.metrics import start_metrics
-
-            self.collector, self.metrics = start_metrics(
-                self.engine, worker, self.tally, self.supervisor, *opts.metrics
-            )
+        if opts.metrics is not None or opts.http is not None:
+            self.http = self.make_http()  # wiring: http listener
         self.notifier = opts.notifier or Notifier()
+
+    def make_http(self) -> HttpListener:
+        """The HTTP listener (``/metrics``, the webhook sensors), bound and serving.
+
+        Raises:
+            ConfigError: see the class."""
+        from runner.service.http_listener import HttpListener
+        from runner.service.webhooks import webhook_door
+
+        opts = self.options
+        address = opts.http or opts.metrics
+        assert address is not None
+        if opts.http and opts.metrics and opts.http != opts.metrics:
+            raise ConfigError(
+                f"--metrics {_shown(opts.metrics)} and --http {_shown(opts.http)}: the daemon "
+                "has one HTTP listener; give both the same address, or only one of them"
+            )
+        app = None
+        if opts.metrics is not None and self.tally is not None:
+            from runner.service.metrics import metrics_app
+
+            self.collector, app = metrics_app(self.engine, self.worker, self.tally, self.supervisor)
+        door = None
+        if self.with_hub:
+            assert self.registry is not None
+            door = webhook_door(
+                self.engine, self.registry, address, asyncio.get_running_loop(), self.kick_hub
+            )
+        http = HttpListener(*address, metrics=app, door=door)
+        option = "--http" if opts.http else "--metrics"
+        try:
+            http.start()
+        except OSError as exc:
+            if self.collector is not None:
+                self.collector.close()
+            raise ConfigError(f"{option} {_shown(address)}: {exc}") from None
+        if app is not None:
+            log.info("metrics on http://%s:%d/metrics", http.host, http.port)
+        if door is not None:
+            log.info("http listener on http://%s:%d (webhook sensors)", http.host, http.port)
+        return http
 
     @property
     def with_hub(self) -> bool:
@@ -180,7 +226,7 @@ class Daemon:
         wanted = [
             (self.listener is not None, Part("listener", later(self.listen))),
             (self.notifier.enabled, Part("systemd notify", self.notify)),
-            (self.metrics is not None, Part("metrics server", self.serve_metrics)),
+            (self.http is not None, Part("http listener", self.serve_http)),
             (opts.status_every > 0, Part("status line", later(self.status_line))),
             (progress, Part("progress", later(self.progress))),
             (pruning, Part("pruner", later(self.prune))),
@@ -290,10 +336,10 @@ class Daemon:
         """systemd: ``READY=1``, ``STATUS=``, the watchdog, ``STOPPING=1``."""
         await notify_loop(self.notifier, self.ready, self.healthy, self.status, self.stop)
 
-    async def serve_metrics(self) -> None:
-        """Watch the metrics server's thread until stopped."""
-        assert self.metrics is not None
-        await self.metrics.watch(self.stop)
+    async def serve_http(self) -> None:
+        """Watch the HTTP listener's thread until stopped."""
+        assert self.http is not None
+        await self.http.watch(self.stop)
 
     async def status_line(self) -> None:
         """A status line every ``options.status_every`` seconds."""
@@ -367,17 +413,18 @@ class Daemon:
         finally:
             self.stop.set()
             # the database does not answer: the parts are given a moment only
-            await wind_down(side, self.aborted_by is not None or self.worker.unreachable)
+            cut_off = self.aborted_by is not None or self.worker.unreachable
+            await wind_down(side, cut_off, self.worker.grace_left)
             if self.install_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
-            if self.metrics is not None:
-                self.metrics.close()
+            if self.http is not None:
+                self.http.close()
             if self.collector is not None:
                 self.collector.close()
             self.notifier.close()
         code = exit_code(sup.fatal, self.aborted_by)
-        return Served(self.worker, code, sup, self.metrics.port if self.metrics else None)
+        return Served(self.worker, code, sup, self.http.port if self.http else None)
 
 
 async def serve(
@@ -398,8 +445,7 @@ async def serve(
     worker).
 
     Raises:
-        ConfigError: the metrics address cannot be bound, or ``options.listen_url`` is
-            not a PostgreSQL URL or given with a SQLite engine.
+        ConfigError: see :class:`Daemon`.
     """
     daemon = Daemon(
         engine,

@@ -5,9 +5,10 @@
 (``log.info("...", extra={"instance": 42, "flow": "f"})``), and ``exc`` for a traceback.
 The text format appends the same fields as ``key=value`` to the attempt lines. By
 default an instance that failed or was paused (its error budget or restarts spent), was
-killed, or whose attempt's outcome was fenced out is one WARNING line naming instance,
-flow and state (fields ``instance``, ``flow``, ``state``, ``kind``;
-``runner.engine.cycle.log_ended``). ``--log-attempts`` adds one INFO line per finished
+killed, lost an attempt or missed a deadline, an attempt's outcome fenced out and an
+alert's delivery that gave up are one WARNING line naming instance, flow and state
+(fields ``instance``, ``flow``, ``state``, ``kind``; made by ``runner.warn_line``).
+``--log-attempts`` adds one INFO line per finished
 attempt with its error line (logger ``flowrun.attempts``; off by default: see
 :func:`attempt_logger` for its cost).
 """
@@ -21,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runner.error_line import error_line
+from runner.handlers.capture import RedactRecords
 from runner.literal import literal
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ def setup_logging(fmt: str = "text", level: str | int = logging.INFO, attempts: 
     ``logging`` number); ``attempts`` turns the per-attempt INFO lines on."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RedactRecords())  # a call handler's secrets never reach this log
     root = logging.getLogger("flowrun")
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)

@@ -7,8 +7,8 @@ worker's ``attempts.on_finished`` hook: attempts by (flow, state, outcome) and t
 duration histogram, each a dictionary increment (:class:`AttemptTally`). Instance counts
 by flow and status, and the event → handler start latency, are read from the database by
 the scrape, at most every ``refresh`` seconds (a grouped count over an index, not a scan
-per scrape). The server is prometheus_client's own (a thread), kept alive by the
-supervisor.
+per scrape). It is served by the daemon's one HTTP listener
+(``runner.service.http_listener``), which webhooks share.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -31,7 +31,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, event, func, select
 
-from runner.errors import ConfigError
 from runner.ops.pools import read_pools
 from runner.retention import KINDS
 from runner.store.db import reading
@@ -39,9 +38,6 @@ from runner.store.space import database_bytes
 from runner.store.tables import attempts, events, instances
 
 if TYPE_CHECKING:
-    import asyncio
-    from wsgiref.simple_server import WSGIServer
-
     from runner.engine.worker import Worker
     from runner.handlers.attempt import AttemptResult
     from runner.sensors.hub import SensorHub
@@ -65,18 +61,6 @@ WORKER_COUNTERS = (
     ("lost_fence", "fenced_out_commits", "Attempt outcomes refused: instance taken away."),
     ("recovered", "lost_attempts", "Attempts of dead workers recorded as lost here."),
 )
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``"[HOST:]PORT"`` → ``(host, port)``; only a port means loopback ``127.0.0.1``.
-
-    Raises ``ValueError`` for a port that is not 0-65535."""
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    number = int(port)
-    if not 0 <= number <= 65535:
-        raise ValueError(f"port {number} out of range")
-    return host, number
 
 
 def _pool_families(pools: list[dict[str, Any]]) -> Iterator[Any]:
@@ -324,49 +308,6 @@ class DaemonCollector(Collector):
             yield faults
 
 
-class MetricsServer:
-    """prometheus_client's HTTP server (a thread) for one registry at ``host:port``.
-
-    ``start()`` binds (raises ``OSError`` when it cannot); :meth:`watch` is the supervised
-    part: it raises when the server thread died, so the supervisor starts it again."""
-
-    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
-        self.host, self.port, self.registry = host, port, registry
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Bind and serve ``/metrics`` in a daemon thread."""
-        self._server, self._thread = start_http_server(self.port, self.host, registry=self.registry)
-        self.port = self._server.server_address[1]
-
-    def close(self) -> None:
-        """Stop serving and free the port."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    async def watch(self, stop: asyncio.Event) -> None:
-        """Keep serving until ``stop`` (an ``asyncio.Event``); raise if the thread died."""
-        import asyncio
-
-        if self._server is None:
-            self.start()
-        try:
-            while not stop.is_set():
-                if self._thread is not None and not self._thread.is_alive():
-                    self._server = None
-                    raise RuntimeError("metrics server thread ended")
-                try:
-                    await asyncio.wait_for(stop.wait(), 1.0)
-                except TimeoutError:
-                    pass
-        finally:
-            if stop.is_set():
-                self.close()
-
-
 def registry_for(collector: DaemonCollector) -> CollectorRegistry:
     """A fresh registry holding only ``collector`` (no process/platform collectors, so two
     daemons in one test process do not clash)."""
@@ -375,26 +316,14 @@ def registry_for(collector: DaemonCollector) -> CollectorRegistry:
     return registry
 
 
-def start_metrics(
+def metrics_app(
     engine: Engine,
     worker: Worker,
     tally: AttemptTally,
     supervisor: Supervisor,
-    host: str,
-    port: int,
-) -> tuple[DaemonCollector, MetricsServer]:
-    """A daemon's ``--metrics host:port``: its collector (no hub yet: the daemon sets
-    ``hub`` and ``pruner`` once they start) and its server, bound and serving.
-
-    Raises:
-        ConfigError: the address cannot be bound (one line naming it).
-    """
+) -> tuple[DaemonCollector, Callable[..., Any]]:
+    """A daemon's ``--metrics``: its collector (no hub yet: the daemon sets ``hub`` and
+    ``pruner`` once they start) and the WSGI application serving it, for the daemon's
+    listener (``runner.service.http_listener``)."""
     collector = DaemonCollector(engine, worker, tally, None, supervisor)
-    server = MetricsServer(host, port, registry_for(collector))
-    try:
-        server.start()
-    except OSError as exc:
-        collector.close()
-        raise ConfigError(f"--metrics {host}:{port}: {exc}") from None
-    log.info("metrics on http://%s:%d/metrics", server.host, server.port)
-    return collector, server
+    return collector, make_wsgi_app(registry_for(collector))

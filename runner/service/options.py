@@ -19,6 +19,9 @@ class ServiceOptions:
 
     Attributes:
         metrics: ``(host, port)`` to serve Prometheus ``/metrics`` on, or ``None``.
+        http: ``(host, port)`` of the daemon's HTTP listener (webhook sensors, and
+            ``/metrics`` with ``metrics``), or ``None``: ``metrics``'s address, if any.
+            Both given must name the same address (one listener).
         progress: show progress until idle (``--exit-when-idle``): a rich bar when
             ``tty`` (``None``: stderr is a terminal), else a line every 5 s.
         status_every: seconds between status lines (counts by status, attempts/s).
@@ -35,6 +38,7 @@ class ServiceOptions:
     """
 
     metrics: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None  # wiring: http listener (--http)
     progress: bool = False
     tty: bool | None = None
     status_every: float = 60.0
@@ -51,7 +55,8 @@ class ServiceOptions:
 class Served:
     """How a daemon ended: ``code`` is its exit code (0 clean stop or idle exit, 70 a part
     could not be kept alive, 128 + signal number after an abort by a second signal);
-    ``worker`` (its ``stats``), the ``supervisor`` and the metrics port actually bound."""
+    ``worker`` (its ``stats``), the ``supervisor`` and the HTTP listener's port actually
+    bound (``--metrics``/``--http``)."""
 
     worker: Worker
     code: int

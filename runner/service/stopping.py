@@ -20,17 +20,23 @@ log = logging.getLogger("flowrun.daemon")
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h): a part could not be kept alive
 
 
-async def wind_down(side: list[asyncio.Future[None]], cut_off: bool) -> None:
+async def wind_down(
+    side: list[asyncio.Future[None]], cut_off: bool, grace_left: float | None = None
+) -> None:
     """The worker ended: give the other parts (``side``, their tasks) a moment to end
-    (10 s; 0.5 s when ``cut_off``: aborted, or the database does not answer, their
-    statements then broken off), cancel the rest, log what failed. Raises nothing."""
+    (10 s; when ``cut_off``: aborted, or the database does not answer, their statements
+    then broken off, what is left of the stop's grace period, ``grace_left`` seconds, at
+    most 0.5 s and at least 0.05 s), cancel the rest, log what failed. Raises nothing."""
     # the database does not answer: break off the parts' statements waiting for it,
     # and give them a moment only (their leases expire; events wait for the next start)
     if cut_off:
         interrupt()
     if not side:
         return
-    done, pending = await asyncio.wait(side, timeout=0.5 if cut_off else 10)
+    moment = 10.0
+    if cut_off:
+        moment = 0.5 if grace_left is None else min(0.5, max(0.05, grace_left))
+    done, pending = await asyncio.wait(side, timeout=moment)
     for task in pending:
         task.cancel()
     for task in done:

@@ -1,7 +1,7 @@
 """One supervisor for every long-lived part of ``flowrun --daemon``: nothing half-alive.
 
 Each part (the worker loop, each sensor, the rules, the watcher and flow reload, the
-sensor leases, the metrics server, the systemd notifier) is a coroutine run through
+sensor leases, the HTTP listener, the systemd notifier) is a coroutine run through
 :meth:`Supervisor.keep`. When it fails:
 
 - an *expected* fault (the database went away, a file-system error: ``DBAPIError``,

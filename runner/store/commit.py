@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, update
 
 from runner.store.clock import db_now
+from runner.store.deadlines import entered
 from runner.store.dialect import dialect_of
 from runner.store.lifecycle_events import emit, outcome_events, wanted
 from runner.store.notify import notify_due
@@ -89,10 +90,17 @@ def commit_outcomes(
         if optimistic and changed != len(good):
             raise FenceMoved(f"{len(good) - changed} of {len(good)} claims no longer held")
     hot.close_attempts.executemany(conn, finished)
+    lost_ids = {o.instance_id for o in lost}
     if wanted(conn):  # lifecycle events, in the transition's transaction
-        lost_ids = {o.instance_id for o in lost}
         held_now = [o for o in good if not o.chain and o.instance_id not in lost_ids]
         emit(conn, outcome_events(worker_id, held_now, at))
+    deadline_moves = [  # moves into states of flows with deadlines (store.deadlines)
+        (o.instance_id, flow, o.values["state"], o.values["state_changed"])
+        for o in good
+        if (flow := o.values.get("deadline_flow")) is not None and o.instance_id not in lost_ids
+    ]
+    if deadline_moves:
+        entered(conn, deadline_moves)
     for o in lost:
         cancel_attempt(conn, worker_id, o.claim, "lease or fence lost", at=at)
     return [o.instance_id for o in lost], chained

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
 
+from runner.flowspec import deadlines
 from runner.labels import resolve
 from runner.store.clock import db_now
 from runner.store.db import insert_ignore
@@ -69,6 +70,9 @@ def initial_row(
     (``CompiledFlow.route_fields``) for the states entered later."""
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
+    extra = {}
+    if getattr(flow, "has_deadlines", False):  # only then: no key for the others' inserts
+        extra["deadline_at"] = deadlines.on_entry(flow, flow.initial, at, at)
     template = getattr(flow, "label", None)
     due: float | None
     status, due = "runnable", at
@@ -103,6 +107,7 @@ def initial_row(
         "limit_key": key_of(flow, merged) if state.kind != "terminal" else None,
         "runs_on": resolve(templates, merged, event) if templates else None,
         "route_event": json.dumps(kept, sort_keys=True) if kept else None,
+        **extra,
     }
 
 

@@ -55,6 +55,14 @@ class LogWriter:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._flush_lock = threading.Lock()
+        #: set by :meth:`give_up`: the exit does not wait for this database
+        self.given_up = False
+
+    def give_up(self) -> None:
+        """The database does not answer and the worker stopped without it: the flush at
+        exit (:func:`flush_all`) stores nothing more here, in one log line, instead of
+        holding the stop past its grace waiting for it."""
+        self.given_up = True
 
     def open(self, instance_id: int, attempt: int, log_max: int = DEFAULT_MAX) -> AttemptLog:
         """A new :class:`AttemptLog` for ``instance_id``'s attempt ``attempt`` (1-based)."""
@@ -159,8 +167,8 @@ def writer_for(engine: Engine) -> LogWriter | None:
 FLUSH_AT_EXIT = 1.0
 
 
-def _flush_each() -> None:
-    for writer in list(_writers.values()):
+def _flush_each(writers: list[LogWriter]) -> None:
+    for writer in writers:
         try:
             while writer.flush():
                 pass
@@ -172,10 +180,17 @@ def _flush_each() -> None:
 def flush_all(timeout: float = FLUSH_AT_EXIT) -> None:
     """Store what every writer still holds (at exit; after a worker stopped), waiting at
     most ``timeout`` seconds (on a thread of its own: a database that does not answer is
-    given up, in one log line). Raises nothing: a failure is logged in one line."""
-    if not _writers:
+    given up, in one log line); a writer given up (:meth:`LogWriter.give_up`) is not
+    waited for at all. Raises nothing: a failure is logged in one line."""
+    writers = list(_writers.values())
+    if any(w.given_up and w._queued for w in writers):
+        log.warning("attempt logs not stored at exit: the database does not answer")
+    writers = [w for w in writers if not w.given_up]
+    if not writers:
         return
-    flushing = threading.Thread(target=_flush_each, name="flowrun-logs-exit", daemon=True)
+    flushing = threading.Thread(
+        target=_flush_each, args=(writers,), name="flowrun-logs-exit", daemon=True
+    )
     flushing.start()
     flushing.join(timeout)
     if flushing.is_alive():

@@ -73,6 +73,7 @@ INSTANCE_COLUMNS = (
     "limit_key",
     "runs_on",
     "route_event",
+    "deadline_at",
 )
 ATTEMPT_COLUMNS = (
     "id",

@@ -100,11 +100,13 @@ class Instance(SQLModel, table=True):
             "locked_by",
             sqlite_where=text("limit_key IS NOT NULL"),
         ),
-        # partial (0013 makes it partial on PostgreSQL too): the instances with a
+        # partial (0014 makes it partial on PostgreSQL too): the instances with a
         # ``runs_on`` requirement (``runner.store.routing`` looks for those unmatched)
         Index(
             "ix_instances_runs_on", "runs_on", "due_at", sqlite_where=text("runs_on IS NOT NULL")
         ),
+        # deadline not yet acted on (``runner.store.deadlines``: the earliest is read)
+        Index("ix_instances_deadline", "deadline_at", sqlite_where=text("deadline_at IS NOT NULL")),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -167,6 +169,10 @@ class Instance(SQLModel, table=True):
         default=None,
         sa_column=Column(Text, nullable=True),
         description="the starting event's fields its flow's runs_on name (JSON; NULL: none)",
+    )
+    deadline_at: float | None = Field(
+        default=None,
+        description="its earliest deadline not yet acted on (NULL: none); see store.deadlines",
     )
 
 
@@ -360,7 +366,7 @@ class WorkerRow(SQLModel, table=True):
     labels: str | None = Field(
         default=None,
         sa_column=Column(Text, nullable=True),
-        description="its labels (runner.labels.canonical JSON; NULL: written before 0013)",
+        description="its labels (runner.labels.canonical JSON; NULL: written before 0014)",
     )
 
 

@@ -28,7 +28,7 @@ from sqlalchemy import Engine, event, func, select
 from runner.ops.detail import read_instance
 from runner.ops.liveness import read_workers
 from runner.ops.pools import read_pools
-from runner.ops.queries import count_by_status, shown_action
+from runner.ops.queries import count_by_status, event_deliveries, shown_action
 from runner.store.db import read_engine
 from runner.store.tables import (
     attempts,
@@ -286,7 +286,9 @@ class ConsoleData:
         return read_pools(self.reader, now=self.clock())
 
     def events(self, limit: int = 200) -> list[dict[str, Any]]:
-        """The newest ``limit`` sensor events (rows, newest first) with what the rules did."""
+        """The newest ``limit`` sensor events (rows, newest first) with what the rules did
+        and their ``deliveries`` (``runner.ops.queries.event_deliveries``: a rule's
+        ``exec``/``webhook`` and what became of it)."""
         left = (
             select(func.count())
             .where(instances.c.event_id == events.c.id)
@@ -298,6 +300,9 @@ class ConsoleData:
             rows = [dict(r) for r in conn.execute(stmt).mappings()]
         for r in rows:  # no action naming an instance that was pruned
             r["action"] = shown_action(r["action"], r.pop("instances_left"))
+        by_event = event_deliveries(self.reader, [r["id"] for r in rows])
+        for r in rows:
+            r["deliveries"] = by_event.get(r["id"], [])
         return rows
 
     def sensors(self) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runner.lifecycle import in_window
+from runner.ops.views import webhook_what
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -110,11 +111,15 @@ def waits_for(
 
 def event_what(payload: Any) -> str:
     """What a sensor event (its ``payload``, a dict) says happened: a tail sensor's file
-    name and line (``app.log: ERROR 502 …``), a files sensor's path, a clock's tick; any
+    name and line (``app.log: ERROR 502 …``), a files sensor's path, a clock's tick, a
+    webhook's body (``runner.ops.views.webhook_what``); any
     other payload as compact JSON. Not yet made visible: show it through
     ``runner.tui.literal``."""
     if not isinstance(payload, dict):
         return "" if payload is None else json.dumps(payload, default=str, ensure_ascii=False)
+    hook = webhook_what(payload)
+    if hook is not None:
+        return hook
     if "line" in payload:
         name = str(payload.get("file") or "").rsplit("/", 1)[-1]
         return f"{name}: {payload['line']}" if name else str(payload["line"])
@@ -123,6 +128,32 @@ def event_what(payload: Any) -> str:
     if "tick" in payload:
         return f"tick {payload['tick']}"
     return json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def delivery_text(d: dict[str, Any]) -> str:
+    """What became of one delivery (a dict of ``runner.ops.queries.event_deliveries``):
+    ``webhook POST http://...: delivered at T after 1 try (HTTP 200), 99 suppressed
+    (once_per)``; ``FAILED after 3 tries (...)``; ``pending, next try T (1 try so far)``.
+    The last result's first line only. Not yet made visible: show it literally."""
+    target = d.get("target") or {}
+    if "exec" in target:
+        what = "exec " + " ".join(str(a) for a in target["exec"])
+    else:
+        hook = target.get("webhook") or {}
+        what = f"webhook {hook.get('method', 'POST')} {hook.get('url')}"
+    tries = f"{d['attempts']} {'try' if d['attempts'] == 1 else 'tries'}"
+    if d["status"] == "delivered":
+        state = f"delivered at {d['delivered_at']} after {tries}"
+    elif d["status"] == "failed":
+        state = f"FAILED after {tries}"
+    else:
+        state = f"pending, next try {d['due_at']} ({tries} so far)"
+    lines = str(d.get("last_result") or "").split("\n")
+    last = next((ln.strip() for ln in lines if ln.strip()), "")
+    result = f" ({last})" if last else ""
+    folded = f", {d['suppressed']} suppressed (once_per)" if d.get("suppressed") else ""
+    before = f", says {d['folded_before']} suppressed before" if d.get("folded_before") else ""
+    return f"{what}: {state}{result}{folded}{before}"
 
 
 def thousands(n: int) -> str:

@@ -52,8 +52,8 @@ def test_failed_and_killed_are_one_warning_each(tmp_path) -> None:
         records = _records(daemon.log())
     warnings = [r for r in records if r["level"] == "warning" and "kind" in r]
     by_kind = {r["kind"]: r for r in warnings}
-    assert sorted(by_kind) == ["failed", "killed"], warnings
-    failed, killed = by_kind["failed"], by_kind["killed"]
+    assert sorted(by_kind) == ["budget_spent", "killed"], warnings
+    failed, killed = by_kind["budget_spent"], by_kind["killed"]
     assert (failed["instance"], failed["flow"], failed["state"]) == (failing, "wflow", "work")
     assert failed["msg"] == (
         f"instance {failing} (flow wflow, state work): failed: error budget spent "
@@ -78,3 +78,35 @@ def test_text_log_names_instance_and_flow(tmp_path) -> None:
     assert len(lines) == 1, res.stderr
     assert f"instance {failing} (flow wflow, state work): failed: error budget spent" in lines[0]
     assert lines[0].endswith(CAUSE) and "noise line" not in res.stderr
+
+
+SPENT = """\
+initial: work
+defaults:
+  error_budget: {max_errors: 1, on_exhausted: fallback}
+  max_restarts: 0
+states:
+  work: {exec: [python, handler.py, "{data.mode}"], next: done, timeout: 1s}
+  fallback: {external: true, on: {ok: done}}
+  done: {terminal: true}
+"""
+
+
+def test_spent_restarts_and_budget_name_their_kind(tmp_path) -> None:
+    """A timeout past max_restarts is kind restarts_spent; a spent budget whose
+    on_exhausted enters a state is kind budget_spent (the instance is not failed: it is
+    still one line)."""
+    fr = Flowrun(tmp_path)
+    write_flow(fr.flows, "spent", SPENT, {"handler": HANDLER})
+    stuck = int(fr("start", "spent", "mode=sleep").stdout)
+    erring = int(fr("start", "spent", "mode=fail").stdout)
+    res = fr("--daemon", "--exit-when-idle", "--log-format", "json", timeout=120)
+    warnings = [r for r in _records(res.stderr) if r["level"] == "warning" and "kind" in r]
+    by_instance = {r["instance"]: r for r in warnings}
+    assert len(warnings) == 2, warnings
+    assert by_instance[stuck]["kind"] == "restarts_spent"
+    assert by_instance[stuck]["msg"].startswith(
+        f"instance {stuck} (flow spent, state work): failed"
+    )
+    assert by_instance[erring]["kind"] == "budget_spent"
+    assert "state work): entered 'fallback': error budget spent" in by_instance[erring]["msg"]

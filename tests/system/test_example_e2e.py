@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fault import Flowrun
+from tests.support.fault import Flowrun, daemon_running, poll
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = ROOT / "flows"
@@ -136,3 +136,25 @@ def test_csv_ingest_on_real_input(flowrun: ExampleRun) -> None:
     assert {_name(i): i["state"] for i in again if i["state"] == "quarantine"} == {
         name: "quarantine" for name in staged if name in DEFECTIVE - {"la-riots.csv"}
     }
+
+
+def test_a_file_left_in_quarantine_past_its_deadline_is_an_alert_line(
+    flowrun: ExampleRun,
+) -> None:
+    """The example's quarantine deadline (a day, shortened here to 2 s) writes one alert
+    line per file left there, and leaves it where it is."""
+    flow = flowrun.flows / "csv_ingest.yaml"
+    text = flow.read_text()
+    assert "deadline: {after: 1d, then: alert}" in text
+    flow.write_text(text.replace("deadline: {after: 1d,", "deadline: {after: 2s,"))
+    alerts = flowrun.flows / "alerts.log"
+
+    def late() -> list[str]:
+        lines = alerts.read_text().splitlines() if alerts.exists() else []
+        return [ln for ln in lines if "deadline_missed in quarantine" in ln]
+
+    with daemon_running(flowrun, "example"):
+        poll(lambda: len(late()) == len(DEFECTIVE), 120, what="alert lines")
+    quarantined = [i for i in flowrun.instances() if i["state"] == "quarantine"]
+    assert sorted(_name(i) for i in quarantined) == sorted(DEFECTIVE)
+    assert {f"instance {i['id']} (" in " ".join(late()) for i in quarantined} == {True}

@@ -166,3 +166,51 @@ def test_check_reports_every_independent_mistake_of_a_file_at_once(tmp_path: Pat
     # fixed one by one, each fix removes exactly its line
     (flows / "three.yaml").write_text(THREE_MISTAKES.replace("timout", "timeout"))
     assert len(flowrun(tmp_path, "check", code=2).stderr.strip().splitlines()) == 3
+
+
+BROKEN_AND_CROSS = """\
+flow: two
+initial: wait
+states:
+  wait:
+    external: true
+    on: {go: done}
+    timout: 5m
+  done: {terminal: true}
+sensors:
+  clk: {every: 1h}
+rules:
+  - {when: clk, start: nosuchflow}
+  - {when: clk, send: {flow: hr, event: nope}}
+"""
+
+
+@pytest.mark.parametrize("how", ["folder", "file"])
+def test_check_reports_cross_flow_mistakes_of_a_file_with_field_errors(
+    tmp_path: Path, how: str
+) -> None:
+    """A field error and two rules naming what the other flows do not have (a flow, an
+    event): one run of `check` names all three, each at its place (the cross-flow checks
+    run on what of the file validated)."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "hr.yaml").write_text(HR)
+    (flows / "two.yaml").write_text(BROKEN_AND_CROSS)
+    args = ["check"] if how == "folder" else ["check", "flows/two.yaml"]
+    err = flowrun(tmp_path, *args, code=2).stderr.strip().splitlines()
+    assert len(err) == 3, err
+    assert err[0].startswith("flows/two.yaml:7:5: unknown key 'timout'")
+    assert err[1].startswith("flows/two.yaml:12:24: unknown flow 'nosuchflow'")
+    assert err[2].startswith("flows/two.yaml:13:41: no state of flow 'hr' accepts event 'nope'")
+    # a flow name left out for its error (the stem 'two' stands in) invents no clash
+    # with another file's flow 'two'
+    (flows / "two.yaml").write_text(BROKEN_AND_CROSS.replace("flow: two", "flow: 2two"))
+    (flows / "other.yaml").write_text(HR.replace("flow: hr", "flow: two"))
+    err = flowrun(tmp_path, *args, code=2).stderr.strip().splitlines()
+    assert err[0].startswith("flows/two.yaml:1:7: ") and len(err) == 4, err
+    assert not any("already defined" in line for line in err), err
+    # no flow: at all: the stem is the name, and the clash is a mistake of its own
+    (flows / "two.yaml").write_text(BROKEN_AND_CROSS.replace("flow: two\n", ""))
+    err = flowrun(tmp_path, *args, code=2).stderr.strip().splitlines()
+    assert err[0] == "flows/two.yaml:1:1: flow 'two' is already defined in other.yaml", err
+    assert len(err) == 4, err

@@ -71,6 +71,28 @@ def test_env_templates_base_environment_and_env_inherit_none(tmp_path: Path) -> 
     }
 
 
+@pytest.mark.postgres
+def test_no_database_url_of_the_daemon_reaches_a_handler(tmp_path: Path, pg_url: str) -> None:
+    """On PostgreSQL, with the password in FLOWRUN_DB and FLOWRUN_LISTEN_DB (both used by
+    the daemon), the handler's environment has neither variable nor the password."""
+    fr = Flowrun(tmp_path)
+    url = pg_url.replace("://postgres@", f"://postgres:{SECRET}@")
+    assert SECRET in url
+    fr.db = url
+    fr.env["FLOWRUN_DB"] = url
+    fr.env["FLOWRUN_LISTEN_DB"] = url
+    write_flow(fr.flows, "envs", ENV_FLOW, {"envdump": ENVDUMP})
+    fr.env["H9_TOKEN_SOURCE"] = "tok"
+    iid = int(fr("start", "envs", "region=eu-west").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert fr.show(iid)["status"] == "completed"
+    for dump in ("daemon.json", "bare.json"):
+        env = json.loads((fr.flows / dump).read_text())
+        assert "FLOWRUN_DB" not in env and "FLOWRUN_LISTEN_DB" not in env, sorted(env)
+        assert SECRET not in json.dumps(env), dump
+
+
 SECRET_FLOW = """\
 initial: leak
 defaults:
@@ -107,9 +129,26 @@ states:
 """
 
 BOOM = """\
+import logging
+import sys
+
+
 def boom(ctx):
-    ctx.data["copied"] = ctx.secrets["API_KEY"]
-    raise RuntimeError("cannot log in with " + ctx.secrets["API_KEY"])
+    s = ctx.secrets["API_KEY"]
+    half = len(s) // 2
+    for stream in (sys.stdout, sys.stderr):  # two writes: its attempt log sees both
+        stream.write("call key: " + s[:half])
+        stream.write(s[half:] + " (printed)\\n")
+    ctx.log.warning("logged %s", s)
+    # records that also reach the daemon's log (the root logger's, flowrun's)
+    logging.getLogger("some.lib").warning("lib %s", s)
+    logging.getLogger("flowrun.boom").warning("flowrun-side %s", s)
+    try:
+        raise ValueError("bad key " + s)
+    except ValueError:
+        logging.getLogger("some.lib").exception("failed")
+    ctx.data["copied"] = s
+    raise RuntimeError("cannot log in with " + s)
 """
 
 
@@ -124,6 +163,8 @@ def _run_secret_flows(fr: Flowrun) -> tuple[int, int, list[str]]:
     res = fr("--daemon", "--exit-when-idle", "--log-attempts", timeout=120)
     assert res.returncode == 0, res.stderr
     shown = [res.stdout, res.stderr]
+    for line in ("WARNING some.lib: lib ***", "flowrun-side ***", "ValueError: bad key ***"):
+        assert line in res.stderr, res.stderr  # the daemon's log: its records, redacted
     for args in (
         ("ls", "--json"),
         ("ls",),
@@ -133,6 +174,9 @@ def _run_secret_flows(fr: Flowrun) -> tuple[int, int, list[str]]:
         ("explain", str(leak), "--json"),
         ("explain", str(boom)),
         ("events", "--json"),
+        ("logs", str(leak)),
+        ("logs", str(boom), "--json"),
+        ("logs", str(boom), "--raw"),
     ):
         out = fr(*args)
         assert out.returncode == 0, (args, out.stderr)
@@ -150,6 +194,11 @@ def _assert_hidden(fr: Flowrun, leak: int, boom: int, shown: list[str]) -> None:
     assert "cannot log in with ***" in json.dumps(fr.show(boom))
     assert fr.show(boom)["history"][0]["secrets"] == ["API_KEY"]  # the name, not the value
     assert "handler of leak gets env: -; secrets: API_KEY" in fr("show", str(leak)).stdout
+    # the captured logs: an exec handler's pipes and a call handler's prints and records
+    assert fr("logs", str(leak)).stdout.count("the key: *** (printed)") == 2
+    logged = fr("logs", str(boom), "--raw").stdout
+    assert logged.count("call key: *** (printed)\n") == 2, logged
+    assert "logged ***" in logged
 
 
 def test_a_secret_is_stored_nowhere_sqlite(tmp_path: Path) -> None:

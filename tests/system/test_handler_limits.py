@@ -17,8 +17,8 @@ defaults:
   error_budget: {max_errors: 1, on_exhausted: failed}
 states:
   measure:
-    exec: [sh, -c, 'echo "$(ulimit -v) $(ulimit -n) $(nice)" > limits.txt']
-    limits: {memory: 256MiB, files: 100, nice: 7}
+    exec: [sh, -c, 'echo "$(ulimit -v) $(ulimit -n) $(nice) $(ulimit -p)" > limits.txt']
+    limits: {memory: 256MiB, files: 100, nice: 7, processes: 64}
     next: hog
   hog:
     exec: [python, -c, "x = bytearray(1 << 30)"]
@@ -54,7 +54,7 @@ def test_limits_are_set_and_a_memory_hog_is_ended_by_its_limit(tmp_path: Path, p
     iid = int(fr("start", "lim").stdout)
     res = fr("--daemon", "--exit-when-idle", timeout=120)
     assert res.returncode == 0, res.stderr
-    assert (fr.flows / "limits.txt").read_text().split() == [str(256 * 1024), "100", "7"]
+    assert (fr.flows / "limits.txt").read_text().split() == [str(256 * 1024), "100", "7", "64"]
     shown = fr.show(iid)
     assert shown["status"] == "failed" and shown["state"] == "hog"
     error = shown["history"][-1]["error"]
@@ -139,6 +139,29 @@ def test_user_drops_a_handler_to_nobody(tmp_path: Path, path: str) -> None:
     assert (shared / "groups.txt").read_text().split() == [str(nobody.pw_gid)]
     assert int((shared / "size.txt").read_text()) > 100_000
     assert (shared / "uid.txt").stat().st_uid == nobody.pw_uid
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_group_overrides_the_users_own_group(tmp_path: Path, path: str) -> None:
+    import grp
+    import pwd
+    import tempfile
+
+    daemon = grp.getgrnam("daemon")
+    fr = _flowrun(tmp_path, path)
+    write_flow(
+        fr.flows, "drop", USER_FLOW.replace("user: nobody", "user: nobody\n    group: daemon")
+    )
+    shared = Path(tempfile.mkdtemp(prefix="flowrun-group-"))
+    shared.chmod(0o777)
+    big = "x" * 100_000  # the flow reads its data file (over 64 kB of data)
+    iid = int(fr("start", "drop", f"dir={shared}", f"big={big}").stdout)
+    res = fr("--daemon", "--exit-when-idle", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert fr.show(iid)["status"] == "completed", fr.show(iid)["last_error"]
+    assert (shared / "uid.txt").read_text().strip() == str(pwd.getpwnam("nobody").pw_uid)
+    assert (shared / "gid.txt").read_text().strip() == str(daemon.gr_gid)
+    assert (shared / "groups.txt").read_text().split() == [str(daemon.gr_gid)]
 
 
 def test_an_unknown_user_is_refused_when_the_daemon_loads_the_flow(tmp_path: Path) -> None:

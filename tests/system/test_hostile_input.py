@@ -185,6 +185,8 @@ def _check_text(out: str, cases, what: str) -> None:
         assert not missing(out, case), (what, case.name, missing(out, case))
 
 
+# ~150 `flowrun` processes one after the other: minutes on a loaded 2-core machine
+@pytest.mark.timeout(1800)
 def test_every_command_shows_hostile_text_literally(tmp_path: Path) -> None:
     fr = Flowrun(tmp_path)
     fr.env["COLUMNS"] = "250"

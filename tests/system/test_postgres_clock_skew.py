@@ -2,9 +2,11 @@
 
 Two real daemons share a fresh database; one runs under a launcher that shifts its
 ``time.time()`` by ±90 s before flowrun is imported (a host with a wrong clock; its
-handlers, separate processes, keep the true time). Each claims some of six instances whose
-handlers outlive the lease: every instance must run exactly once (one attempt, no
-``lost``), and the shifted daemon must log its clock's offset once.
+handlers, separate processes, keep the true time). The shifted one claims three of six
+instances, the other the other three; their handlers run until the test lets them go,
+after both daemons held their leases side by side for several leases: every instance must
+run exactly once (one attempt, no ``lost``), and the shifted daemon must log its clock's
+offset once.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import os, time
 
 fd = os.open(os.environ["SKEW_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 os.write(fd, f"start {os.environ['FLOWRUN_INSTANCE']} {os.environ['FLOWRUN_ATTEMPT']}\\n".encode())
-time.sleep(2 * float(os.environ["SKEW_LEASE"]))
+while not os.path.exists(os.environ["SKEW_GO"]):  # the test lets every handler go at once
+    time.sleep(0.05)
 """
 
 #: ``python -c`` this, then flowrun's arguments: flowrun on a host whose clock is off
@@ -67,6 +70,21 @@ def _count(engine, where: str) -> int:
         return conn.execute(text(f"SELECT count(*) FROM {where}")).scalar_one()
 
 
+def _db_now(engine) -> float:
+    """The database server's time (epoch seconds)."""
+    with engine.connect() as conn:
+        now = conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one()
+    return float(now)
+
+
+def _held_past(engine, at: float) -> bool:
+    """Whether every instance's lease was renewed to end after ``at`` (the database's
+    epoch seconds)."""
+    with engine.connect() as conn:
+        ends = conn.execute(text("SELECT locked_until FROM instances")).scalars().all()
+    return all(end is not None and end > at for end in ends)
+
+
 @pytest.mark.parametrize("skew", [90.0, -90.0])
 def test_a_skewed_host_neither_steals_nor_loses_leases(
     pg_url: str, tmp_path: Path, skew: float
@@ -77,7 +95,7 @@ def test_a_skewed_host_neither_steals_nor_loses_leases(
     (flows / "slow.py").write_text(HANDLER)
     starts = tmp_path / "starts.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWRUN_")}
-    env.update(SKEW_LOG=str(starts), SKEW_LEASE=f"{LEASE:g}")
+    env.update(SKEW_LOG=str(starts), SKEW_GO=str(tmp_path / "go"))
     engine = make_engine(pg_url)
     for _ in range(6):
         subprocess.run(
@@ -91,9 +109,15 @@ def test_a_skewed_host_neither_steals_nor_loses_leases(
     )
     procs = [shifted]
     try:
-        # the shifted daemon claims first (3), then the other the rest
-        poll(lambda: starts.exists() and len(starts.read_text().splitlines()) >= 3, 60)
+        # the shifted daemon claims first (3: its concurrency), then the other the rest
+        started = lambda: len(starts.read_text().splitlines()) if starts.exists() else 0  # noqa: E731
+        poll(lambda: started() >= 3, 60, what="the shifted daemon's 3 handlers")
         procs.append(_daemon(flowrun_cmd(), flows, pg_url, "true", true_log, env))
+        poll(lambda: started() >= 6, 60, what="the other daemon's 3 handlers")
+        # both hold their leases side by side, each looking for lost attempts meanwhile
+        since = _db_now(engine)
+        poll(lambda: _held_past(engine, since + 3 * LEASE), 60, what="leases renewed 3 leases on")
+        (tmp_path / "go").touch()
         poll(lambda: _count(engine, "instances WHERE status='completed'") == 6, 90, what="done")
         lines = starts.read_text().splitlines()
         assert sorted(lines) == sorted(f"start {i} 1" for i in range(1, 7)), lines

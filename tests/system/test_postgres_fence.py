@@ -182,12 +182,48 @@ def test_cut_off_daemon_ends_its_handlers_before_another_takes_over(
         engine.dispose()
 
 
+CALL_FLOW = """\
+flow: slow
+initial: work
+states:
+  work: {call: "slow_call:run", next: done}
+  done: {terminal: true}
+"""
+
+# an async ``call`` handler: 30 s on the first attempt; its cancellation is logged as its end
+CALL_HANDLER = """\
+import asyncio, os, time
+
+
+def line(what, ctx):
+    fd = os.open(os.environ["FENCE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    me = f"{ctx.instance_id} {ctx.attempt} {os.getpid()}"
+    os.write(fd, f"{what} {me} {time.time():.6f}\\n".encode())
+    os.close(fd)
+
+
+async def run(ctx):
+    line("start", ctx)
+    try:
+        await asyncio.sleep(30 if ctx.attempt == 1 else 0.2)
+    finally:
+        line("end", ctx)
+    return True
+"""
+
+
+@pytest.mark.parametrize("kind", ["exec", "async call"])
 def test_a_fenced_attempt_is_recorded_lost_when_the_database_is_back(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, kind: str
 ) -> None:
-    """Alone, the cut-off daemon ends its handler before its lease ends; once the network
-    thaws it records the attempt ``lost`` (one restart) and runs the instance again."""
+    """Alone, the cut-off daemon ends its handler before its lease ends (an ``exec``
+    handler's process group signalled, an ``async def`` ``call`` handler cancelled); once
+    the network thaws it records the attempt ``lost`` (one restart) and runs the instance
+    again."""
     flows, proxy, via_proxy, env = _world(pg_url, tmp_path)
+    if kind == "async call":
+        (flows / "slow.yaml").write_text(CALL_FLOW)
+        (flows / "slow_call.py").write_text(CALL_HANDLER)
     log = tmp_path / "handlers.log"
     engine = make_engine(pg_url)
     _start(flows, pg_url, 1)

@@ -40,6 +40,7 @@ GROUND = (
     "literal",
     "log_buffer",
     "labels",
+    "warn_line",
 )
 
 #: Layer order: a module may import its own layer and the layers ranked below it.

@@ -47,6 +47,7 @@ INTERNAL = {
     "exhaust_fail": {"runnable": "failed"},
     "exhaust_pause": {"runnable": "paused"},
     "complete": {"runnable": "completed"},
+    "expire": {"runnable": "failed", "sleeping": "failed", "paused": "failed"},  # deadline
     "fail": {"runnable": "failed"},
 }
 

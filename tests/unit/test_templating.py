@@ -106,3 +106,17 @@ def test_render_value_keeps_the_type_of_a_lone_placeholder() -> None:
     assert render_value("{{event.size}}", ctx) == "{event.size}"
     with pytest.raises(KeyError, match="event.nope"):
         render_value("{event.nope}", ctx)
+
+
+def test_a_label_shortens_paths_but_not_text_that_mentions_one():
+    from runner.templating import render_label
+
+    def label(value: object) -> str | None:
+        return render_label("{data.x}", {"data": {"x": value}})
+
+    assert label("/srv/in/2024/jan.csv") == "2024/jan.csv"
+    assert label("./in/a b/jan feb.csv") == "a b/jan feb.csv"
+    assert label("inbox/seattle/weather.csv") == "seattle/weather.csv"
+    line = "ERROR [cache] evicted [/var/lib/app]"
+    assert label(line) == line
+    assert label("a/b c") == "a/b c"

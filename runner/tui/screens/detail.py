@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Static
 
 from runner.error_line import error_line
+from runner.flowspec import deadlines
+from runner.store.deadlines import LIVE
 from runner.tui import fmt, literal
 from runner.tui.guard import FailureLine, GuardedScreen, background
 from runner.tui.model import Detail
@@ -45,6 +47,10 @@ def summary_text(d: Detail, now: float) -> Text:
         t.append(fmt.due_in(r["due_at"], now, r["status"], running=running) or "-")
     t.append("  lock ", style="dim")
     literal.append(t, fmt.lock(r["locked_by"], r["locked_until"], now) or "-")
+    countdown = deadline_text(d, now)
+    if countdown:
+        t.append("  deadline ", style="dim")
+        literal.append(t, countdown, "bold yellow")
     t.append("\n attempts ", style="dim")
     t.append(str(r["attempts"]))
     t.append("  errors ", style="dim")
@@ -57,6 +63,19 @@ def summary_text(d: Detail, now: float) -> Text:
         t.append("\n last error ", style="dim")
         t.append(literal.visible(error_line(r["last_error"]), 300), style="red")
     return t
+
+
+def deadline_text(d: Detail, now: float) -> str:
+    """The countdown to a live instance's next deadline and what it does then
+    (``"1h 12m → escalate"``, ``"passed 3s ago → escalate"``), ``""`` without one."""
+    r = d.row
+    at = r.get("deadline_at")
+    if at is None or r["status"] not in LIVE:
+        return ""
+    found = deadlines.describe(d.flow, r["state"], r["state_changed"], r["created_at"], at)
+    then = found[1].then if d.flow is not None and found and found[1] else "?"
+    left = at - now
+    return f"{fmt.span(left)} → {then}" if left > 0 else f"passed {fmt.span(-left)} ago → {then}"
 
 
 def state_events(d: Detail) -> list[str] | None:

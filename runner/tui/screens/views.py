@@ -96,6 +96,8 @@ VERDICT_STYLES = {
 
 #: Longest "what happened" (a tail sensor's line, a path) shown in the events view.
 WHAT_LIMIT = 200
+#: Longest text of an event's deliveries (its rules' exec and webhook) in the events view.
+DELIVERIES_LIMIT = 160
 
 
 class WorkersScreen(TableView):
@@ -153,7 +155,8 @@ def pool_cells(pool: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class EventsScreen(TableView):
-    """Sensor leases and cursors, the newest events with the rules' actions, commands."""
+    """Sensor leases and cursors, the newest events with the rules' actions and their
+    deliveries (exec, webhook: delivered, pending or FAILED), commands."""
 
     TITLE_TEXT = "sensors, events and commands"
     TABLES = (
@@ -161,7 +164,7 @@ class EventsScreen(TableView):
         (
             "events",
             "events (newest first)",
-            ("id", "sensor", "key", "at", "handled", "action", "what happened"),
+            ("id", "sensor", "key", "at", "handled", "action", "deliveries", "what happened"),
         ),
         (
             "commands",
@@ -199,6 +202,10 @@ class EventsScreen(TableView):
                     fmt.span(now - e["created_at"]) + " ago",
                     Text("yes", style="green") if e["handled_at"] else Text("pending", "yellow"),
                     literal.cell(e["action"], limit=80),
+                    literal.cell(
+                        "; ".join(fmt.delivery_text(d) for d in e.get("deliveries") or ()),
+                        limit=DELIVERIES_LIMIT,
+                    ),
                     literal.cell(fmt.event_what(e["payload"]), limit=WHAT_LIMIT),
                 )
                 for e in evs

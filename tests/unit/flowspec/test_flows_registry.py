@@ -116,7 +116,7 @@ def test_hot_reload_keeps_good_version(tmp_path: Path) -> None:
         "b.yaml:5:3: state 'done' is unreachable from initial state 'wait'",
         "b.yaml:6:1: unknown key 'bogus' (expected one of: flow, description, label, initial, "
         "data, defaults, states, sensors, rules, pools, on_failure, priority, max_running, "
-        "on_limit, retention)",
+        "on_limit, deadline, retention)",
     ]
     assert reg.get("b") is good  # the good version stays in force
     assert reg.errors[str(path)] == errs

@@ -11,6 +11,7 @@ import pytest
 
 from runner.errors import FlowErrors
 from runner.flowspec.compiler import compile_source
+from runner.flowspec.registry import FlowRegistry
 
 
 def errors(tmp_path: Path, text: str) -> list[str]:
@@ -76,3 +77,29 @@ def test_rules_after_a_rule_left_out_keep_their_positions(tmp_path: Path) -> Non
         # event is still checked
         "11:34: no state accepts event 'og' (events: go)",
     ]
+
+
+def test_a_left_out_pool_declaration_invents_no_unknown_pool(tmp_path: Path) -> None:
+    """The folder's cross-flow checks run on what of a broken file validated: a rule
+    naming no flow is reported with the field error, a state naming a pool whose
+    declaration was left out is not."""
+    (tmp_path / "f.yaml").write_text(
+        textwrap.dedent(
+            """\
+            pools: {db: lots}
+            initial: a
+            states:
+              a: {exec: [x], next: done, pool: db}
+              done: {terminal: true}
+            sensors:
+              clk: {every: 1h}
+            rules:
+              - {when: clk, start: nowhere}
+            """
+        )
+    )
+    prefix = f"{tmp_path / 'f.yaml'}:"
+    got = [str(e).removeprefix(prefix) for e in FlowRegistry(tmp_path).load_all()]
+    assert len(got) == 2, got
+    assert got[0].startswith("1:13: pools.db: ")
+    assert got[1].startswith("9:24: unknown flow 'nowhere'")

@@ -248,7 +248,7 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
         "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group, "
-        "pool, slots, rate, priority, runs_on, routing_timeout)",
+        "pool, slots, rate, priority, runs_on, routing_timeout, deadline)",
     ]
 
 
@@ -257,7 +257,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert out == [
         "4:1: unknown key 'sensor' (did you mean 'sensors'?) (expected one of: flow, "
         "description, label, initial, data, defaults, states, sensors, rules, pools, on_failure, "
-        "priority, max_running, on_limit, retention)"
+        "priority, max_running, on_limit, deadline, retention)"
     ]
 
 
@@ -348,10 +348,10 @@ def test_sensor_errors(tmp_path: Path) -> None:
           files: {files: {glob: "*.csv", settle: soon}}
         """
     assert errors(tmp_path, text) == [
-        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron, lifecycle "
-        "(got: files, every)",
-        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron, lifecycle "
-        "(got: none)",
+        "5:3: sensors.both: a sensor needs exactly one of files, tail, every, cron, lifecycle, "
+        "webhook (got: files, every)",
+        "6:3: sensors.none: a sensor needs exactly one of files, tail, every, cron, lifecycle, "
+        "webhook (got: none)",
         "7:16: sensors.cron.cron: invalid cron expression '61 * * * *' (expected e.g. '0 3 * * *')",
         "8:35: sensors.tail.tail.match: invalid regex 'ERROR (?P<code': missing >, "
         "unterminated name at position 10",

@@ -10,10 +10,11 @@ from sqlalchemy import update
 from runner.log_buffer import PENDING_MAX, AttemptLog
 from runner.ops.prune import Pacing, prune, rules_for
 from runner.store import prune as store_prune
+from runner.store.db import make_engine
 from runner.store.log_reader import Pieces, chunks
-from runner.store.log_writer import LogWriter
+from runner.store.log_writer import LogWriter, flush_all, writer_for
 from runner.store.tables import instances
-from tests.support.fault import flow_world, new_instance, sql
+from tests.support.fault import db_url, flow_world, new_instance, sql
 
 FLOW = """\
 initial: a
@@ -116,3 +117,29 @@ def test_a_silent_attempt_stores_its_end_row(tmp_path: Path) -> None:
     for c in stored:
         walk.next(c)
     assert walk.ended and [c.data for c in stored] == [b""]
+
+
+def test_a_writer_given_up_is_not_waited_for_at_exit(tmp_path: Path, caplog) -> None:
+    """A worker that stopped with its database unreachable gives its writer up: the flush
+    at exit stores nothing for it (one line says so) rather than holding the stop past its
+    grace; another database's writer is still flushed."""
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    other = make_engine(db_url(tmp_path))  # the same file, another writer
+    iid, jid = new_instance(engine, flow), new_instance(engine, flow)
+    given_up, kept = writer_for(engine), writer_for(other)
+    assert given_up is not None and kept is not None and given_up is not kept
+    given_up.every = kept.every = 3600.0  # the writers' own threads stay out of it
+    given_up.open(iid, 1).write(1, b"never stored\n")
+    kept.open(jid, 1).write(1, b"stored at exit\n")
+    given_up.give_up()
+    caplog.set_level("WARNING", logger="flowrun.logs")
+    flush_all()
+    assert _read(engine, iid)[0] == b""
+    assert _read(engine, jid)[0] == b"stored at exit\n"
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["attempt logs not stored at exit: the database does not answer"]
+    given_up.given_up = False  # still held: stored once the database answers
+    while given_up.flush():
+        pass
+    assert _read(engine, iid)[0] == b"never stored\n"
+    other.dispose()

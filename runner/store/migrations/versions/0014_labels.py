@@ -3,8 +3,8 @@ state's requirement, resolved) and ``instances.route_event`` (the starting event
 the flow's ``runs_on`` templates name), with a partial index on ``(runs_on, due_at)``
 (only the instances with a requirement: ``runner.store.routing`` reads them).
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-11-27 00:00:00
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0012"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | None = None
 depends_on: str | None = None
 
