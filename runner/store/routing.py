@@ -11,8 +11,9 @@ worker matches (its row in ``workers``: labels covering the requirement, not sto
 heartbeat fresher than ``STALE_BEATS`` of its intervals); if none does, the instances of
 states with a ``routing_timeout`` that have waited that long since both their due time
 and the last moment a matching worker was alive move to the timeout's ``then`` (a state,
-or ``failed``), fenced like a command and recorded as a ``route`` command row (source
-``routing``) that ``explain`` shows.
+or ``failed``; a state entered gets its ``runs_on`` and its ``deadline_at``), fenced like
+a command and recorded as a ``route`` command row (source ``routing``) that ``explain``
+shows.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from runner import lifecycle
 from runner.errors import UserError
+from runner.flowspec import deadlines
 from runner.labels import decode, match, resolve, show
 from runner.store import versions
 from runner.store.dialect import dialect_of
@@ -110,7 +112,7 @@ def _move(
     if since > cutoff:
         return 0
     cols = (i.id, i.fence, i.data, i.route_event, i.status, i.flow, i.attempts, i.errors)
-    q = select(*cols, i.restarts).where(
+    q = select(*cols, i.restarts, i.created_at, i.deadline_at).where(
         i.runs_on == required,
         i.version == version,
         i.state == state,
@@ -138,6 +140,10 @@ def _move(
                 json.loads(row["route_event"]) if row["route_event"] else None,
             )
             message = f"{why}: moved to {routing.then}"
+            if flow.has_deadlines:  # the state entered: its deadlines (store.deadlines)
+                values["deadline_at"] = deadlines.on_entry(
+                    flow, routing.then, at, row["created_at"], row["deadline_at"]
+                )
         values.update(fence=i.fence + 1, updated_at=at, last_error=message)
         done = conn.execute(
             update(instances)
