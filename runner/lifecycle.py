@@ -14,6 +14,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import IllegalMove
+from runner.labels import resolve
 
 if TYPE_CHECKING:
     from transitions import Machine
@@ -139,18 +140,29 @@ def budget(
     }
 
 
-def enter_state(flow: Any, target: str, at: float) -> dict[str, Any]:
+def enter_state(
+    flow: Any,
+    target: str,
+    at: float,
+    data: dict[str, Any] | None = None,
+    event: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Instance column values for entering state ``target`` of ``flow`` (a
-    ``runner.flowspec.compiled.CompiledFlow``) at ``at`` (epoch s).
+    ``runner.flowspec.compiled.CompiledFlow``) at ``at`` (epoch s), for an instance with
+    ``data`` started by an event with fields ``event`` (``instances.route_event``).
 
     The status follows the state's kind (terminal → ``completed``; external → runnable but
     unscheduled, waiting for an event) and the state's counters start afresh. Its
     ``priority`` is the state's (its own, else the flow's; the write keeps one
-    ``flowrun start --priority`` gave).
+    ``flowrun start --priority`` gave); ``runs_on`` the state's requirement resolved
+    (``runner.labels.resolve``; ``None``: any worker).
     """
     st = flow.states[target]
     kind = st.kind
+    routing = getattr(st, "routing", None)
+    templates = routing.runs_on if routing is not None else None
     return {
+        "runs_on": resolve(templates, data, event) if templates else None,
         "priority": getattr(st, "priority", 5),
         "state": target,
         "status": "completed" if kind == "terminal" else "runnable",

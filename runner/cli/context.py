@@ -96,6 +96,7 @@ class WorkerOptions:
         grace: seconds running attempts get at a stop (``--grace``).
         idle_poll: seconds between idle looks when woken by notifications (``--idle-poll``;
             ``None``: half the lease, ``0``: never).
+        labels: ``--labels`` as stored (``runner.labels.canonical``; ``None``: host only).
     """
 
     concurrency: int | None = None
@@ -105,6 +106,7 @@ class WorkerOptions:
     log_format: str = "text"
     grace: float = 30.0
     idle_poll: float | None = None
+    labels: str | None = None
 
 
 @dataclass(frozen=True)
@@ -335,4 +337,6 @@ def worker_config(c: Ctx) -> WorkerConfig:
         cfg.worker_id = o.worker_id
     if o.concurrency is not None:  # else the default, 16 per core
         cfg.concurrency = o.concurrency
+    if o.labels is not None:  # else host only
+        cfg.labels = o.labels
     return cfg

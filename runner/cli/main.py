@@ -103,6 +103,14 @@ FLOWRUN_RETENTION, ...).
 )
 @click.option("--worker-id", envvar="FLOWRUN_WORKER_ID", help="Worker id (default host:pid).")
 @click.option(
+    "--labels",
+    envvar="FLOWRUN_LABELS",
+    default=None,
+    callback=lambda _ctx, _param, value: _labels(value),
+    help="This worker's labels, NAME=VALUE,...: it runs only the states (and sensors) whose "
+    "runs_on they cover; host=<host name> is added unless given (e.g. gpu=1,site=paris).",
+)
+@click.option(
     "--exit-when-idle",
     is_flag=True,
     help="Exit 0 once nothing is runnable, due, running or pending.",
@@ -245,6 +253,7 @@ def main_group(
     log_store_max=None,
     db_pooler="auto",
     listen_db=None,
+    labels=None,
 ):
     """flowrun: declarative YAML flows, persisted instances, an operator console.
 
@@ -265,6 +274,7 @@ def main_group(
         log_format=log_format,
         grace=grace,
         idle_poll=idle_poll,
+        labels=labels,
     )
     ctx.obj.daemon_options = DaemonOptions(log_level, log_attempts, metrics, http)
     ctx.obj.retention = RetentionOptions(
@@ -274,6 +284,17 @@ def main_group(
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
         ctx.invoke(tui)
+
+
+def _labels(value: str | None) -> str:
+    """``--labels``' callback: the labels as stored (``runner.labels.canonical``, ``host``
+    added), or one usage error line."""
+    from runner.labels import canonical, parse
+
+    try:
+        return canonical(parse(value)) or "{}"
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--labels") from None
 
 
 def _retention(value: str | Retention) -> Retention:

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from runner.error_line import error_line
+from runner.labels import show
 from runner.literal import literal, one_line
 from runner.ops.views import INSTANCE_KEYS
 from runner.tui import fmt
@@ -404,6 +405,7 @@ def delivery_line(d: dict[str, Any]) -> str:
 WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("id", "id", 16, None),
     ("host", "host", 8, 4),
+    ("labels", "labels", 10, 5),
     ("pid", "pid", None, 3),
     ("started", "started", None, 0),
     ("heartbeat", "heartbeat", None, None),
@@ -415,7 +417,8 @@ WORKER_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
 
 def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> None:
     """Print workers (``runner.ops.liveness.list_workers``) with heartbeat age, running
-    attempts, valid leases and the liveness verdict (alive/late/dead/stopped), fitted to
+    attempts, valid leases, the liveness verdict (alive/late/dead/stopped) and the labels
+    (``gpu=1,host=a``), fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped); ids and
     hosts shown literally."""
     width = terminal_width(width)
@@ -429,10 +432,11 @@ def workers_table(rows: list[dict[str, Any]], *, width: int | None = None) -> No
             "running": str(r["running"]),
             "leases": str(r["leases"]),
             "state": r["verdict"],
+            "labels": literal(show(r.get("labels") or {})) or "-",
         }
         for r in rows
     ]
-    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id"))))
+    click.echo("\n".join(plain_table(WORKER_COLUMNS, cells, width, ("host", "id", "labels"))))
 
 
 POOL_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (

@@ -7,6 +7,8 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runner.labels import canonical, parse
+
 #: ``--concurrency`` by default: this many attempts at once per core ...
 PER_CORE = 16
 #: ... but never more than this.
@@ -52,6 +54,8 @@ class WorkerConfig:
     ``overlap`` lets a second database cycle start while one is in flight, on PostgreSQL
     when the engine's pool holds two connections or more (``--pool-size``, default 2;
     ``runner.engine.cycle_runner``).
+    ``labels`` are this worker's labels (``runner.labels.canonical`` JSON text; default:
+    ``host`` only, its host name): it claims only instances whose ``runs_on`` they cover.
     ``on_tick``, if given, is called once per turn of the loop, on the loop's thread,
     while the loop is healthy (a liveness hook, e.g. a service watchdog); it must be quick
     and must not raise.
@@ -71,3 +75,4 @@ class WorkerConfig:
     listen: bool = False
     idle_poll: float | None = None
     overlap: bool = True
+    labels: str = field(default_factory=lambda: canonical(parse(None)) or "{}")

@@ -36,7 +36,7 @@ from runner.error_line import error_line
 from runner.errors import UserError
 from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, leases, pools, versions
+from runner.store import commit, leases, pools, routing, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.lifecycle_events import outcome_kind
@@ -69,7 +69,9 @@ class CycleRequest:
     looks for due work, so an idle cycle first checks cheaply whether anything is due;
     ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``);
     ``plan`` asks, when the claim leaves slots free, when work next appears by itself
-    (``leases.next_times``: a worker woken by notifications sleeps until then).
+    (``leases.next_times``: a worker woken by notifications sleeps until then);
+    ``labels`` are the worker's (``runner.labels.canonical``): it claims only what they
+    cover.
     """
 
     worker_id: str
@@ -82,6 +84,7 @@ class CycleRequest:
     cancels: list[tuple[Claim, str]] = field(default_factory=list)
     chain: list[Outcome] = field(default_factory=list)
     release: list[Claim] = field(default_factory=list)
+    labels: str | None = None
 
 
 @dataclass(slots=True)
@@ -199,6 +202,8 @@ def decide_finished(
             and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
             # a chained commit writes no priority: only where the row's stays
             and run.claim.keeps_priority(v.get("priority"))
+            # nor its requirement: the next state's runs_on may need another worker
+            and run.claim.keeps_route(v)
         ):  # due again at once (a move, or a retry with no backoff): keep the lease
             if v["status"] == "sleeping":
                 v["status"] = lifecycle.check("sleeping", "wake")
@@ -233,7 +238,7 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     if (request.probe or request.recover) and not (outcomes or cancels or request.release):
         # an idle look, or a look for lost attempts with nothing locked, held or waiting
         # (``leases.may_recover``): a read; the write transaction only to claim what is due
-        idle = _idle_probe(engine, request.plan, request.recover, request.probe)
+        idle = _idle_probe(engine, request.plan, request.labels, request.recover, request.probe)
         if idle is not None:
             return idle
     try:
@@ -347,9 +352,10 @@ def _transaction(
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
             pools.sweep(conn, db_now(conn))
+            routing.sweep(conn, db_now(conn))
         claims = []
         if limit > 0:
-            claims = leases.claim_batch(conn, worker_id, lease, limit)
+            claims = leases.claim_batch(conn, worker_id, lease, limit, labels=request.labels)
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
         if request.plan and (request.recover or not (claims or chained)):
             result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
@@ -357,11 +363,15 @@ def _transaction(
 
 
 def _idle_probe(
-    engine: Engine, plan: bool, recover: bool = False, probe: bool = True
+    engine: Engine,
+    plan: bool,
+    labels: str | None = None,
+    recover: bool = False,
+    probe: bool = True,
 ) -> CycleResult | None:
     """A cheap read before an idle look's write transaction: ``None`` when, with
-    ``probe``, something is due now (claim it) or, with ``recover``, lost attempts may be
-    found (``leases.may_recover``), else an empty :class:`CycleResult`, which with
+    ``probe``, something a worker with ``labels`` may claim is due now (claim it) or,
+    with ``recover``, lost attempts may be found (``leases.may_recover``), else an empty :class:`CycleResult`, which with
     ``plan`` says when work next appears by itself (``leases.next_times``), read in the
     same snapshot. A look for lost attempts alone (no ``probe``) does not look for due
     work: the worker's idle probe does, when it may find some."""
@@ -369,7 +379,7 @@ def _idle_probe(
         if recover and leases.may_recover(conn):
             return None
         at = db_now(conn)
-        if probe and leases.has_due(conn, at):
+        if probe and leases.has_due(conn, at, labels):
             return None
         result = CycleResult()
         if plan:

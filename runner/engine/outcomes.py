@@ -84,7 +84,7 @@ def decide(
         except IllegalMove as exc:
             outcome, error, to_state = "error", str(exc), None
         else:
-            values.update(lifecycle.enter_state(flow, to_state, at))
+            values.update(lifecycle.enter_state(flow, to_state, at, result.data, claim.route_event))
             values["data"] = result.data
             if values["status"] == "completed":
                 lifecycle.check("runnable", "complete")
@@ -104,7 +104,9 @@ def decide(
     if verdict is not None:
         values.update(verdict.columns())
         if verdict.enter is not None:
-            values.update(lifecycle.enter_state(flow, verdict.enter, at))
+            values.update(
+                lifecycle.enter_state(flow, verdict.enter, at, values["data"], claim.route_event)
+            )
     if values["state_changed"] is not None and flow.has_deadlines:
         values["deadline_flow"] = flow  # the commit sets its deadline (store.deadlines)
     unchanged: tuple[str, ...] = ()

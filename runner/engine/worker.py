@@ -256,6 +256,7 @@ class Worker:
                 self.engine,
                 cfg.worker_id,
                 self._chores.heartbeat,
+                cfg.labels,
                 give_up=lambda: self._stop.abort or self._stop.stopping,
             )
         except DBAPIError:
@@ -398,6 +399,7 @@ class Worker:
         cfg = self.config
         plan = self._notified or (probe and self._looks.active)
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
+        request.labels = cfg.labels
         return self.cycles.request(request, stopping=self._stop.stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:

@@ -22,6 +22,7 @@ from runner.flowspec.deadlines import THEN_OUTCOMES
 from runner.flowspec.loader import did_you_mean
 from runner.flowspec.partial import Gaps
 from runner.flowspec.policy import STATUS_OUTCOMES
+from runner.flowspec.routing import check_routing, routing_targets
 from runner.flowspec.spec import DeadlineSpec, FlowSpec, StateSpec
 from runner.flowspec.spec_rules import DELIVERED, delivery_templates
 from runner.flowspec.spec_sensors import event_fields
@@ -58,6 +59,7 @@ def check_flow(spec: FlowSpec, err: Report, gaps: Gaps = NO_GAPS) -> None:
     _check_rules(spec, err, gaps)
     _check_event_fields(spec, err)
     _check_pools(spec, err)
+    check_routing(spec, err, gaps)
 
 
 def _check_pools(spec: FlowSpec, err: Report) -> None:
@@ -202,7 +204,8 @@ def _check_reachable(spec: FlowSpec, err: Report) -> None:
     while queue:
         st = states[queue.popleft()]
         deadline = st.deadline.then if st.deadline is not None else None
-        for t in [st.next_, *st.to, *st.on_.values(), exhausted_target(st), deadline]:
+        moves = [st.next_, *st.to, *st.on_.values(), exhausted_target(st), deadline]
+        for t in [*moves, *routing_targets(spec, st)]:
             if t in states and t not in seen:
                 seen.add(t)
                 queue.append(t)

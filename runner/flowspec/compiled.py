@@ -25,6 +25,7 @@ from runner.flowspec.setup import NO_SETUP, HandlerSetup
 from runner.flowspec.spec import FlowSpec
 from runner.flowspec.spec_rules import RuleSpec
 from runner.flowspec.spec_sensors import SensorSpec
+from runner.labels import NO_ROUTING, Routing
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class CompiledState:
         slots: how many of the pool's slots one attempt holds.
         rate: the state's own rate (``"10/1m"``), or ``None``.
         priority: 1..9, the state's own priority, else the flow's (default 5).
+        routing: its ``runs_on`` and ``routing_timeout`` (``runner.flowspec.routing``).
         deadline: the state's deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
@@ -65,6 +67,7 @@ class CompiledState:
     slots: int = 1
     rate: str | None = None
     priority: int = 5
+    routing: Routing = NO_ROUTING
     deadline: Deadline | None = None
 
     @property
@@ -104,6 +107,7 @@ class CompiledFlow:
         machine: the ``transitions.Machine`` of the moves (see the module docstring).
         spec: the validated ``FlowSpec`` (``None`` when built by hand).
         label: the ``label`` template naming each instance (``"{data.path}"``), or ``None``.
+        route_fields: the event fields its states' ``runs_on`` name (``{event.host}``).
         deadline: the flow's own deadline (since the instance was made), or ``None``.
     """
 
@@ -120,6 +124,7 @@ class CompiledFlow:
     machine: Machine
     spec: FlowSpec | None = field(default=None, repr=False)
     label: str | None = None
+    route_fields: tuple[str, ...] = ()
     deadline: Deadline | None = None
 
     @functools.cached_property

@@ -29,6 +29,7 @@ from runner.flowspec.limits import read_flow_file
 from runner.flowspec.loader import did_you_mean, load_flow_partial
 from runner.flowspec.partial import LeftOut
 from runner.flowspec.policy import state_policy
+from runner.flowspec.routing import event_fields_named, state_routing
 from runner.flowspec.setup import state_setup
 from runner.flowspec.spec import FlowSpec, StateSpec
 from runner.flowspec.spec_rules import ON_FAILURE, ON_FAILURE_KINDS
@@ -129,6 +130,7 @@ def compile_source(source: str, path: str | Path, *, imports: bool = True) -> Co
             slots=st.slots or 1,
             rate=st.rate,
             priority=st.priority or spec.priority,
+            routing=state_routing(spec.defaults, st),
             deadline=deadlines.from_spec(st.deadline, "state"),
         )
     if errors:
@@ -172,6 +174,7 @@ def _compiled(
         machine=_machine(spec),
         spec=spec,
         label=spec.label,
+        route_fields=tuple(event_fields_named(spec)),
         deadline=deadlines.from_spec(spec.deadline, "flow"),
     )
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from runner.errors import IllegalMove
 from runner.flowspec.deadlines import Deadline
 from runner.flowspec.policy import Backoff, Policy
+from runner.labels import NO_ROUTING, Routing
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
@@ -50,6 +51,7 @@ class StateFacts:
         on: ``{event: target state}``.
         policy: the effective policy (durations in seconds).
         setup: the env and secret names its handler gets.
+        routing: its ``runs_on`` and ``routing_timeout`` (``runner.labels.Routing``).
         deadline: its deadline (``runner.flowspec.deadlines``), or ``None``.
     """
 
@@ -60,6 +62,7 @@ class StateFacts:
     on: dict[str, str]
     policy: Policy
     setup: SetupNames
+    routing: Routing = NO_ROUTING
     deadline: Deadline | None = None
 
 
@@ -103,6 +106,7 @@ def facts_json(flow: CompiledFlow) -> dict[str, Any]:
                 "policy": asdict(st.policy),
                 "env": list(st.setup.env_names),
                 "secrets": list(st.setup.secret_names),
+                "routing": asdict(st.routing),
                 "deadline": _deadline_json(st.deadline),
             }
             for st in flow.states.values()
@@ -139,6 +143,7 @@ def facts_from_json(data: dict[str, Any]) -> FlowFacts:
             on=dict(s["on"]),
             policy=Policy(**pol),
             setup=SetupNames(tuple(s["env"]), tuple(s["secrets"])),
+            routing=Routing(**s["routing"]),
             deadline=_deadline(s["deadline"]),
         )
     return FlowFacts(

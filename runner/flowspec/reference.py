@@ -37,6 +37,11 @@ MODELS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("state", spec.StateSpec, "states.S"),
     ("pools", spec.PoolSpec, "pools.P"),
     ("max_running", spec.MaxRunningSpec, "max_running"),
+    (
+        "routing_timeout",
+        spec.RoutingTimeoutSpec,
+        "defaults.routing_timeout, states.S.routing_timeout",
+    ),
     ("secret", spec_handler.SecretSpec, "defaults.secrets.NAME, states.S.secrets.NAME"),
     ("working_dir", spec_handler.WorkingDirSpec, "states.S.working_dir"),
     ("limits", spec_handler.LimitsSpec, "states.S.limits"),

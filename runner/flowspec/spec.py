@@ -35,6 +35,7 @@ from runner.flowspec.spec_types import (
     Name,
     OptDuration,
     Rate,
+    RunsOn,
     StateName,
     Strict,
     Window,
@@ -60,6 +61,20 @@ class BackoffSpec(Strict):
     jitter: Literal["full", "equal", "none"] = Field(
         "full", description="randomise each delay: full (0..delay), equal (delay/2..delay), none"
     )
+
+
+class RoutingTimeoutSpec(Strict):
+    """``routing_timeout: {after: 10m, then: cleanup}``: what happens to an instance whose
+    ``runs_on`` no live worker matches."""
+
+    after: Duration = Field(
+        description="how long no live worker has matched the instance's runs_on (seconds)"
+    )
+    then: str = Field("failed", description="a state of the flow, or failed")
+
+
+def _routing(value: Any) -> Any:
+    return value if isinstance(value, dict) or value is None else {"after": value}
 
 
 class DeadlineSpec(Strict):
@@ -102,9 +117,23 @@ class Defaults(Strict):
         description="base environment: daemon (the daemon's, less its credentials; the "
         "default) or none (PATH, HOME, LANG, TZ only)",
     )
+    runs_on: RunsOn | None = Field(
+        None,
+        description="worker labels every handler state needs: label -> value, a '{data.…}' "
+        "or '{event.…}' template (a daemon's labels: flowrun --daemon --labels)",
+    )
+    routing_timeout: Annotated[RoutingTimeoutSpec, BeforeValidator(_routing)] | None = Field(
+        None,
+        description="DURATION, or {after: DURATION, then: STATE|failed}: an instance whose "
+        "runs_on no live worker has matched for that long moves to 'then' (default failed)",
+    )
 
 
-POLICY_KEYS = tuple(k for k in Defaults.model_fields if k not in ("env", "secrets", "env_inherit"))
+POLICY_KEYS = tuple(
+    k
+    for k in Defaults.model_fields
+    if k not in ("env", "secrets", "env_inherit", "runs_on", "routing_timeout")
+)
 """Keys of ``Defaults`` that a state may override."""
 
 
@@ -205,6 +234,14 @@ class StateSpec(Strict):
         le=9,
         description="1..9, overrides the flow's priority while an instance is in this state "
         "(flowrun start --priority overrides both)",
+    )
+    runs_on: RunsOn | None = Field(
+        None,
+        description="worker labels this state's attempts need, merged over defaults.runs_on: "
+        "label -> value, a '{data.…}' or '{event.…}' template ('' removes a default's)",
+    )
+    routing_timeout: Annotated[RoutingTimeoutSpec, BeforeValidator(_routing)] | None = Field(
+        None, description="overrides defaults.routing_timeout"
     )
     deadline: DeadlineSpec | None = Field(
         None,

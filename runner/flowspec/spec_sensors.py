@@ -13,7 +13,7 @@ from typing import Any, Literal, Self, get_args
 from pydantic import Field, field_validator, model_validator
 
 from runner.flowspec.spec_handler import EnvName
-from runner.flowspec.spec_types import Duration, Name, OptDuration, Regex, Strict
+from runner.flowspec.spec_types import Duration, Name, OptDuration, Regex, SensorRunsOn, Strict
 
 
 class FilesSpec(Strict):
@@ -181,6 +181,11 @@ class SensorSpec(Strict):
         None, description="JSON POSTed by other systems to a path of the daemon's listener"
     )
     description: str | None = Field(None, description="free text")
+    runs_on: SensorRunsOn | None = Field(
+        None,
+        description="only daemons with these labels run this sensor: label -> value "
+        "(every daemon has host: its host name)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -214,8 +219,8 @@ class SensorSpec(Strict):
 #: ``runner.sensors`` write; a test runs every sensor and compares). A ``tail`` event also
 #: has one field per named group of its ``match`` regex (:func:`event_fields`).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "files": ("path", "name", "size"),
-    "tail": ("line", "file"),
+    "files": ("path", "name", "size", "host"),
+    "tail": ("line", "file", "host"),
     "every": ("tick", "scheduled", "missed"),
     "cron": ("tick", "scheduled", "missed"),
     "lifecycle": (

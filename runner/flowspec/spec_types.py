@@ -13,11 +13,13 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from runner.durations import parse_duration
+from runner.labels import KEY_RE
 from runner.retention import parse_window
 from runner.templating import placeholders
 
 NAME_RE = r"^[a-z_][a-z0-9_]*$"
 IDENT_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+LABEL_RE = KEY_RE  # a worker label's name
 CALL_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 _DURATION_SCHEMA: dict[str, Any] = {
@@ -140,6 +142,30 @@ def _check_label(value: str) -> str:
                 f"placeholder {{{path}}} is not allowed in a label (expected {{data.…}})"
             )
     return value
+
+
+def _check_runs_on(value: str) -> str:
+    for path in placeholders(value):
+        if path.split(".")[0] not in ("data", "event"):
+            raise ValueError(
+                f"placeholder {{{path}}} is not allowed in runs_on (expected {{data.…}} or "
+                "{event.…})"
+            )
+    return value
+
+
+def _check_sensor_label(value: str) -> str:
+    if placeholders(value):
+        raise ValueError("a sensor's runs_on takes plain values (no placeholders)")
+    return value
+
+
+LabelName = Annotated[str, Field(pattern=LABEL_RE, max_length=63)]
+"""A worker label's name (``runner.labels.KEY_RE``)."""
+RunsOn = dict[LabelName, Annotated[str, AfterValidator(_check_runs_on)]]
+"""A state's ``runs_on``: label name -> value, a ``{data.…}``/``{event.…}`` template."""
+SensorRunsOn = dict[LabelName, Annotated[str, AfterValidator(_check_sensor_label)]]
+"""A sensor's ``runs_on``: label name -> plain value."""
 
 
 Regex = Annotated[str, AfterValidator(check_regex)]

@@ -29,6 +29,7 @@ from runner.errors import IllegalMove, UserError
 from runner.store.clock import db_now
 from runner.store.db import reading
 from runner.store.deadlines import entered
+from runner.store.leases import decode_event
 from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
 from runner.store.rows import hot_for, running_attempt_row
@@ -167,7 +168,9 @@ def _plan(
         lifecycle.check(status, "send", iid)
         flow = compiled(conn, row["version"])
         target = flow.event_target(row["state"], cast(str, event))  # send names its event
-        values = lifecycle.enter_state(flow, target, at)
+        values = lifecycle.enter_state(
+            flow, target, at, row["data"], decode_event(row["route_event"])
+        )
         if status == "paused" and values["status"] == "runnable":
             values["status"] = "paused"  # a paused instance moves but stays paused
         return values, f"instance {iid}: {row['state']} --{event}--> {target}"

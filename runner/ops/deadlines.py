@@ -29,6 +29,7 @@ from runner.flowspec import deadlines
 from runner.ops.commands import _close_orphan_attempt
 from runner.store.clock import db_now
 from runner.store.deadlines import LIVE, due_ids
+from runner.store.leases import decode_event
 from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
 from runner.store.tables import commands, instances
@@ -137,7 +138,8 @@ def _plan(conn: Any, row: Any, at: float) -> tuple[dict[str, Any], list[deadline
     values: dict[str, Any] = {"deadline_at": f.next_at}
     status = row["status"]
     if f.state is not None:
-        values.update(lifecycle.enter_state(flow, f.state, at))
+        event = decode_event(row["route_event"])  # its runs_on over the starting event
+        values.update(lifecycle.enter_state(flow, f.state, at, row["data"], event))
         if status == "paused" and values["status"] == "runnable":
             values["status"] = "paused"  # a paused instance moves but stays paused (send)
         status = values["status"]

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runner.labels import decode, match
 from runner.ops.pools import pool_of
 from runner.ops.views import attempt_json, instance_json, iso, waits_for
 from runner.store.reader import (
@@ -112,11 +113,19 @@ def read_instance(
             return None
         att = run(att_sql, params)
         cmds = run(cmd_sql, params)
+        found_workers = run(WORKERS_SQL, {}) if found[0][INSTANCE_COLUMNS.index("runs_on")] else []
     row = as_dicts(reader, INSTANCE_COLUMNS, found)[0]
+    if row["runs_on"]:  # the workers its requirement matches, as they are now
+        m = match(found_workers, decode(row["runs_on"]), time.time())
+        row["route_now"] = {"alive": m.alive, "last": m.last}
     if row["waiting_for"] and row["due_at"] is None:  # the pool it waits for, as it is now
         row["pool_now"] = pool_of(reader, row["waiting_for"])
     history_rows = with_running(row, as_dicts(reader, ATTEMPT_COLUMNS, att))
     return InstanceRecord(row, history_rows[:history], as_dicts(reader, COMMAND_COLUMNS, cmds))
+
+
+#: The workers' rows :func:`runner.store.routing.match` reads.
+WORKERS_SQL = "SELECT labels, heartbeat_at, heartbeat_every, stopped_at FROM workers"
 
 
 def get_instance(

@@ -382,6 +382,12 @@ def _command(out: list[Entry], t: Track, c: dict[str, Any], flow_of) -> None:
             _enter(t, target, flow)
             if was == "paused" and t.status == "runnable":
                 t.status = "paused"  # a paused instance moves but stays paused
+    elif name == "route":  # routing_timeout (``runner.store.routing``)
+        kind = "routing"
+        if args.get("state") == "failed":
+            t.status = "failed"
+        elif args.get("state"):
+            _enter(t, args["state"], _safe_flow(flow_of, t.version))
     elif name == "retry":
         t.errors, t.restarts = [], 0
         text += " (error budget and restarts of the state start afresh)"

@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.error_line import error_line
 from runner.flowspec import faults
+from runner.labels import show
 from runner.ops.explanation import (
     Entry,
     Track,
@@ -120,6 +121,27 @@ def pool_wait(name: str, pool: dict[str, Any] | None) -> tuple[str, dict[str, An
     )
 
 
+def route_wait(inst: dict[str, Any], st: Any, now: float) -> str:
+    """``waiting for a worker with gpu=1: none alive since 03:12`` (and when its
+    ``routing_timeout`` moves it), or ``…: 2 alive`` when it is only queued; ``inst`` has
+    ``runs_on`` and ``route_now`` (``runner.ops.detail``: ``alive``, ``last``)."""
+    route = inst["route_now"]
+    who = f"a worker with {show(inst['runs_on'])}"
+    if route["alive"]:
+        return f"waiting for {who}: {route['alive']} alive (queued; the next free one claims it)"
+    last = route["last"]
+    since = f"none alive since {clock(last)}" if last is not None else "none ever seen"
+    text = f"waiting for {who}: {since}"
+    routing = getattr(st, "routing", None)
+    if routing is not None and routing.after is not None:
+        at = max(inst["due_at"] or now, last or 0.0) + routing.after
+        then = routing.then
+        text += (
+            f"; routing_timeout moves it to {then} at {clock(at)} (in {secs(max(0.0, at - now))})"
+        )
+    return text
+
+
 def _rank(inst: dict[str, Any]) -> str:
     """``"; priority 9 (flowrun start): ..."`` for an instance whose priority is not the
     default 5, else ``""`` (in a queue the higher priority goes first, then the earliest
@@ -166,6 +188,9 @@ def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
         text += _rank(inst)
     elif due is None:
         text = "not scheduled"
+    elif due <= now and inst.get("route_now") is not None:
+        text = route_wait(inst, st, now)
+        text += _rank(inst)
     elif due <= now:
         text = f"due now (since {secs(now - due)}): the next free worker claims it"
         if why:

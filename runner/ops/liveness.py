@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from runner.labels import decode
 from runner.ops.views import iso
 from runner.store.host import provably_dead
 from runner.store.reader import WORKER_COLUMNS, EngineOrReader, as_dicts, columns, reader_of
@@ -110,8 +111,9 @@ def read_workers(db: EngineOrReader, *, now: float) -> list[dict[str, Any]]:
 
     Each row adds ``verdict`` (alive/late/dead/stopped), ``alive`` (bool),
     ``heartbeat_age`` (seconds), ``leases`` (valid instance and sensor leases it holds),
-    ``lease_until`` (when the last expires, or ``None``) and ``holding`` (the attempts it
-    runs now). A worker is dead only when its heartbeat is stale AND it holds no valid
+    ``lease_until`` (when the last expires, or ``None``), ``holding`` (the attempts it
+    runs now) and ``labels`` (``{name: value}``; ``{}`` for a row written before labels).
+    A worker is dead only when its heartbeat is stale AND it holds no valid
     lease, or when its process is provably gone (this host and boot). ``flowrun
     workers`` (text and ``--json``) and the console's workers view all read this.
 
@@ -159,6 +161,7 @@ def read_workers(db: EngineOrReader, *, now: float) -> list[dict[str, Any]]:
             leases=verdict.leases,
             lease_until=verdict.lease_until,
             holding=int(running.get(r["id"], 0)),
+            labels=decode(r["labels"]),
         )
     return rows
 

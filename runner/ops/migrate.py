@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from runner import lifecycle
 from runner.errors import UserError
 from runner.flowspec import deadlines
+from runner.store.routing import route_of
 from runner.store.tables import commands, flow_versions, instances
 from runner.store.versions import compiled
 
@@ -187,6 +188,8 @@ def _plan(
         values.update(entered)
         if row["start_priority"] is not None:
             values["priority"] = row["start_priority"]  # the start's wins over a state's
+    # the new version's requirement of the state (``runner.labels``), moved or not
+    values["runs_on"] = route_of(goal, m.to_state, row)
     if goal.has_deadlines or row["deadline_at"] is not None:  # the new version's deadlines
         since = values.get("state_changed", row["state_changed"])
         values["deadline_at"] = deadlines.on_entry(goal, m.to_state, since, row["created_at"])

@@ -11,6 +11,8 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from runner.labels import decode
+
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
     from runner.flowspec.facts import FlowFacts
@@ -43,6 +45,7 @@ JSON_KEYS = (
     "last_error",
     "state_changed",
     "running_attempt",
+    "runs_on",
 )
 #: The columns ``flowrun ls`` shows (its table needs no data and no error times; the
 #: version names the events an instance in an external state waits for).
@@ -71,6 +74,8 @@ def instance_json(row: Any) -> dict[str, Any]:
         last_error=row["last_error"],
         state_changed=row["state_changed"],
         running_attempt=row["running_attempt"],
+        # its state's requirement (``runner.labels``): {} for none
+        runs_on=decode(row["runs_on"]) if "runs_on" in row else {},
     )
     for k in _TIME_KEYS:
         out[k] = iso(out[k])

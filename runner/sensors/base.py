@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -50,6 +51,8 @@ class Sensor(ABC):
         self.spec = spec
         self.worker_id = worker_id
         self.on_events = on_events
+        #: the daemon's ``host`` label (``runner.labels``), put in files and tail events
+        self.host = socket.gethostname()
         #: Set once start-up reconciliation is stored (existing files, tail backlog,
         #: a missed clock tick).
         self.started = asyncio.Event()

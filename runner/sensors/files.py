@@ -215,7 +215,8 @@ class FilesSensor(Sensor):
             key += f":{st.st_size}:{st.st_mtime_ns}"
         if self._stored.get(path) == key:
             return None
-        return key, {"path": path, "name": os.path.basename(path), "size": st.st_size}
+        name = os.path.basename(path)
+        return key, {"path": path, "name": name, "size": st.st_size, "host": self.host}
 
     def _check(self) -> list[tuple[str, dict[str, Any]]]:
         """Settle candidates: those unchanged for ``settle`` seconds (or renamed in) count."""

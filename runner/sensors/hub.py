@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from runner.labels import HOST, covers
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
 from runner.sensors.deadlines import DeadlineWatch
@@ -121,6 +123,9 @@ class SensorHub:
         self.watch = FlowWatch(self)
         self._keep: Keep = keep_retrying
         self.events_stored: Counter[str] = Counter()
+        #: this daemon's labels (``runner.labels``): a sensor whose ``runs_on`` they do
+        #: not cover is never leased here; ``host`` is put in files and tail events
+        self.labels: dict[str, str] = {HOST: socket.gethostname()}
 
     # -- public -----------------------------------------------------------------------
 
@@ -217,16 +222,19 @@ class SensorHub:
     # -- sensors and leases -------------------------------------------------------------
 
     def desired(self) -> dict[str, tuple[Any, Any]]:
-        """``"<flow>.<sensor>"`` -> (flow, SensorSpec) for every loaded flow."""
+        """``"<flow>.<sensor>"`` -> (flow, SensorSpec) for every loaded flow, but the
+        sensors whose ``runs_on`` this daemon's labels do not cover."""
         return {
             f"{flow.name}.{sname}": (flow, spec)
             for flow in self.registry.flows.values()
             for sname, spec in (flow.sensors or {}).items()
+            if covers(self.labels, getattr(spec, "runs_on", None))
         }
 
     def make_sensor(self, name: str, flow: CompiledFlow, spec: Any) -> Sensor:
         cls = SENSOR_TYPES[spec.kind]
         sensor = cls(self.engine, name, flow, spec, self.worker_id, self._rules_kick.set)
+        sensor.host = self.labels.get(HOST, "")
         sensor.tally = self.events_stored
         return sensor
 

@@ -231,6 +231,7 @@ class Planned:
         ids: for a command: the instances it selects now (those it can act on).
         event: for ``send``: the event sent.
         target: for ``start``: the ``CompiledFlow`` started.
+        payload: for ``start``: the event's fields (``runs_on`` templates may name them).
     """
 
     action: str
@@ -243,6 +244,7 @@ class Planned:
     once_key: str | None = None
     window: float | None = None
     retry_for: float = 3600.0
+    payload: dict[str, Any] | None = None
 
     def describe(self) -> str:
         """One line: ``start csv_ingest with data {...}`` / ``pause 2 csv_ingest instances
@@ -275,7 +277,7 @@ def plan(
         target = registry.get(rule.start)
         context = {"event": payload, "data": dict(target.data or {})}
         data = {k: render_value(v, context) for k, v in (rule.data or {}).items()}
-        return Planned("start", target.name, data=data, target=target)
+        return Planned("start", target.name, data=data, target=target, payload=payload)
     for command in ("send", "pause", "resume", "kill"):
         selector = getattr(rule, command)
         if selector is None:
@@ -342,7 +344,9 @@ def act(conn: Connection, planned: Planned, event_id: int, source: str) -> tuple
         skipped = refusal(conn, target, planned.data or {}, db_now(conn))  # on_limit: skip
         if skipped is not None:
             return f"skipped start of {planned.flow}: {skipped}", 0
-        iid = create.create_instance(conn, target, planned.data, event_id=event_id)
+        iid = create.create_instance(
+            conn, target, planned.data, event_id=event_id, event=planned.payload
+        )
         return f"started {planned.flow} instance {iid}", 1
     if planned.delivery is not None:
         did, queued = queue(

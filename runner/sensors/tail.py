@@ -5,7 +5,8 @@ starts at the end of an existing file with ``from: end`` (the default, like ``ta
 or at its start with ``from: start``; a file that appears later, and every rotated
 successor, is read from its start. Each line matching ``match``
 (``re.search``; every line when there is no ``match``) is one event whose payload is the
-named groups plus ``line`` (without the newline) and ``file`` (the configured path).
+named groups plus ``line`` (without the newline), ``file`` (the configured path) and
+``host`` (the reading daemon's ``host`` label).
 
 The cursor (``sensors.cursor``) is ``{"dev", "ino", "gen", "offset", "last"}``: the file's
 identity, a generation bumped at every rotation or truncation, the offset just after the
@@ -305,7 +306,7 @@ class TailSensor(Sensor):
             m = self.regex.search(text) if self.regex else None
             if m is not None or self.regex is None:
                 payload = dict(m.groupdict()) if m else {}
-                payload.update(line=text, file=str(self.path))
+                payload.update(line=text, file=str(self.path), host=self.host)
                 key = f"{self._dev}:{self._ino}:{self._gen}:{self._offset + start}"
                 rows.append((key, payload))
             start = stop

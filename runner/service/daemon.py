@@ -33,6 +33,7 @@ from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
 from runner.errors import ConfigError
 from runner.flowspec.registry import FlowRegistry
+from runner.labels import decode
 from runner.service.first_cycle import FirstCycle
 from runner.service.logs import attempt_logger
 from runner.service.options import Served, ServiceOptions
@@ -316,6 +317,7 @@ class Daemon:
 
         assert self.registry is not None  # with_hub() said so
         hub = SensorHub(self.engine, self.registry, self.config.worker_id, self.config.lease)
+        hub.labels = decode(self.config.labels)  # sensors with runs_on: only where covered
         hub.on_work = self.worker.wake
         if self.listener is not None:  # other daemons' events: notifications
             hub.poll = min(self.worker.idle_poll, 3600.0)

@@ -68,6 +68,7 @@ _RELEASED = {
     "st": ("status", String()),
     "d": ("due_at", Float()),
     "p": ("priority", Integer()),  # a move's; NULL keeps the row's (or the start's)
+    "ro": ("runs_on", String()),  # a move's requirement ('': none); NULL keeps the row's
 }
 #: the per-row columns of an attempt row (worker and end time are the batch's)
 _ATTEMPT = {
@@ -114,6 +115,8 @@ def _fenced_update(
     }
     if "p" in extra:  # the start's priority wins over a state's
         values["priority"] = func.coalesce(i.start_priority, v.c.p, i.priority)
+    if "ro" in extra:
+        values["runs_on"] = func.nullif(func.coalesce(v.c.ro, i.runs_on), "")
     values.update(updated_at=bindparam("b_at", type_=Float()), **scalar)
     values.update({col: v.c[k] for col, k in (copies or {}).items()})
     # each row is looked up by primary key from the recordset (a nested loop over an
@@ -214,6 +217,8 @@ def batch_rows(
             kept.append(row)
         else:
             row.update(st=v["status"], d=v["due_at"], n=c.attempt, p=v.get("priority"))
+            if "runs_on" in v and v["runs_on"] != c.runs_on:  # another requirement ('': none)
+                row["ro"] = v["runs_on"] or ""
             released.append(row)
         finished.append(
             {

@@ -114,6 +114,7 @@ def _commit_rows(
     claims and the attempt rows still to write (``rows.attempt_row``)."""
     js = hot.json
     released, kept, chained, finished = [], [], [], []
+    routed: list[dict[str, Any]] = []  # released into another requirement
     for o in good:  # the hot loop: plain item assignments, no helper calls per field
         v, c, av = o.values, o.claim, o.attempt_values
         row = {
@@ -141,7 +142,11 @@ def _commit_rows(
             row["due_at"] = v["due_at"]
             row["priority"] = v.get("priority")  # a move's; None keeps the row's
             row["b_attempts"] = c.attempt
-            released.append(row)
+            if "runs_on" in v and v["runs_on"] != c.runs_on:  # to another requirement
+                row["runs_on"] = v["runs_on"] or ""
+                routed.append(row)
+            else:
+                released.append(row)
         checkpoint = av["checkpoint"]
         finished.append(
             attempt_row(
@@ -155,6 +160,9 @@ def _commit_rows(
             )
         )
     changed = hot.commit_instances.executemany(conn, released)
+    if routed:
+        changed += hot.commit_routed.executemany(conn, routed)
+        released += routed
     changed += hot.commit_chained.executemany(conn, kept)
     if released and hot.dialect.notify:
         _notify_released(conn, released)

@@ -6,12 +6,14 @@ the flow version it refers to commit, or roll back, together.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
 
 from runner.flowspec import deadlines
+from runner.labels import resolve
 from runner.store.clock import db_now
 from runner.store.db import insert_ignore
 from runner.store.flow_limits import key_of
@@ -57,11 +59,15 @@ def initial_row(
     event_id: int | None,
     at: float,
     priority: int | None = None,
+    event: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The column values of a new instance of ``flow`` (not yet inserted); its ``label`` is
     the flow's label template rendered over the merged data (``None`` without one); its
     ``priority`` (1..9) the one given (``flowrun start --priority``, kept in every state),
-    else its initial state's (its own, else the flow's)."""
+    else its initial state's (its own, else the flow's); its ``runs_on`` the initial
+    state's requirement over the data and ``event`` (the fields of the event that started
+    it, ``None``: none), of which ``route_event`` keeps those the flow's ``runs_on`` name
+    (``CompiledFlow.route_fields``) for the states entered later."""
     state = flow.states[flow.initial]
     merged = {**flow.data, **(data or {})}
     extra = {}
@@ -74,6 +80,10 @@ def initial_row(
         status, due = "completed", None
     elif state.kind == "external":
         due = None
+    fields = getattr(flow, "route_fields", ())
+    kept = {k: event[k] for k in fields if k in event} if event and fields else None
+    routing = getattr(state, "routing", None)
+    templates = routing.runs_on if routing is not None else None
     return {
         "flow": flow.name,
         "version": flow.version,
@@ -95,6 +105,8 @@ def initial_row(
         "priority": priority if priority is not None else getattr(state, "priority", 5),
         "start_priority": priority,
         "limit_key": key_of(flow, merged) if state.kind != "terminal" else None,
+        "runs_on": resolve(templates, merged, event) if templates else None,
+        "route_event": json.dumps(kept, sort_keys=True) if kept else None,
         **extra,
     }
 
@@ -107,17 +119,20 @@ def create_instance(
     event_id: int | None = None,
     at: float | None = None,
     priority: int | None = None,
+    event: dict[str, Any] | None = None,
 ) -> int:
     """Insert one instance of ``flow`` (a ``CompiledFlow``) and return its id.
 
     ``data`` is merged over the flow's default ``data``; ``priority`` (1..9, ``None``: the
-    flow's and its states') overrides the flow's and every state's for this instance.
+    flow's and its states') overrides the flow's and every state's for this instance;
+    ``event`` is the payload of the event that started it (``runs_on`` templates may name
+    its fields).
     Runs inside the caller's transaction, so a rule can create the instance and mark its
     event handled atomically.
     """
     record_version(conn, flow)
     at = at if at is not None else db_now(conn)
-    row = initial_row(flow, data, event_id=event_id, at=at, priority=priority)
+    row = initial_row(flow, data, event_id=event_id, at=at, priority=priority, event=event)
     if row["due_at"] is not None:
         notify_due(conn, row["due_at"])
     return conn.execute(insert(instances).returning(instances.c.id), row).scalar_one()

@@ -6,9 +6,10 @@ the daemon that acts on them.
 which never pay for any of this (a partial index, ``ix_instances_deadline``, holds only
 the others). Whoever moves an instance into a state of a flow with deadlines sets it in
 the same transaction: a new instance (``runner.store.create``), the worker's commit of a
-move (:func:`entered`), an operator's ``send`` or ``migrate`` and the deadline's own move
-(``runner.ops.deadlines``). A daemon reads the smallest value (:func:`next_due`) and
-sleeps until then; :func:`due_ids` are the instances whose time has come.
+move (:func:`entered`), an operator's ``send`` or ``migrate``, a ``routing_timeout``'s
+move (``runner.store.routing``) and the deadline's own move (``runner.ops.deadlines``).
+A daemon reads the smallest value (:func:`next_due`) and sleeps until then;
+:func:`due_ids` are the instances whose time has come.
 """
 
 from __future__ import annotations

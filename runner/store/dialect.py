@@ -21,7 +21,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, ColumnElement, Integer, any_, bindparam, func, select
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    Integer,
+    String,
+    any_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+)
 
 from runner.errors import ConfigError
 from runner.store.json_codec import sqlite_json_adapter, sqlite_json_loader
@@ -100,6 +113,33 @@ class Dialect:
             return column == any_(bindparam(name, type_=ARRAY(Integer)))
         each = func.json_each(bindparam(name)).table_valued("value")
         return column.in_(select(each.c.value).scalar_subquery())
+
+    def covered(self, required: ColumnElement[Any], name: str = "labels") -> ColumnElement[bool]:
+        """``required`` (JSON text of an object of strings, ``runner.labels.canonical``;
+        NULL: none) is a subset of the labels bound to parameter ``name`` (the same
+        text): every pair of ``required`` is in them, values compared as text.
+
+        PostgreSQL: ``CAST(required AS jsonb) <@ CAST(:labels AS jsonb)``. SQLite: no
+        pair of ``required`` (``json_each``) differs from the label of its name
+        (``json_extract`` of ``$."name"``: label names hold no ``"``,
+        ``runner.labels.KEY_RE``). Either is evaluated only for rows with a requirement
+        (``required IS NULL OR ...``), so work without one pays nothing more.
+        """
+        labels = bindparam(name, type_=String())
+        covers: ColumnElement[bool]
+        if self.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            covers = cast(required, JSONB).op("<@")(cast(labels, JSONB))
+        else:
+            pair = func.json_each(required).table_valued("key", "value").alias("req")
+            path = (
+                literal_column("'$.\"'", String()) + pair.c.key + literal_column("'\"'", String())
+            )
+            label = func.json_extract(labels, path)
+            one = literal_column("1", Integer())
+            covers = ~exists(select(one).select_from(pair).where(pair.c.value.is_not(label)))
+        return or_(required.is_(None), covers)
 
 
 def _sqlite_insert(table: Any) -> Any:

@@ -31,11 +31,14 @@ def heartbeat_interval(lease: float) -> float:
     return min(lease / LEASE_BEATS, HEARTBEAT_MAX)
 
 
-def register(engine: Engine, worker_id: str, every: float | None = None) -> None:
+def register(
+    engine: Engine, worker_id: str, every: float | None = None, labels: str | None = None
+) -> None:
     """Create or refresh the row of ``worker_id`` (host, boot id, pid and the process's
     start time: ``runner.store.host.Identity``; started now, not stopped), recording
     ``every``, its heartbeat interval in seconds (``runner.ops.liveness`` judges the row by
-    it; ``None`` leaves it unset)."""
+    it; ``None`` leaves it unset), and its ``labels`` (``runner.labels.canonical``;
+    ``runner.store.routing`` matches instances' requirements with them)."""
     at = db_now(engine)
     me = host.current()
     row = {
@@ -47,6 +50,7 @@ def register(engine: Engine, worker_id: str, every: float | None = None) -> None
         "heartbeat_at": at,
         "running": 0,
         "heartbeat_every": every,
+        "labels": labels,
     }
     with engine.begin() as conn:
         insert_ignore(conn, workers, {"id": worker_id, **row})

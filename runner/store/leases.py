@@ -20,6 +20,7 @@ The protocol (after Takahē's Stator, made sharper by a fence):
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from runner.flowspec import faults
 from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
-from runner.store.dialect import dialect_of
+from runner.store.dialect import Dialect, dialect_of
 from runner.store.lifecycle_events import emit_lost
 from runner.store.pools import Seat, seat_of, settle
 from runner.store.rows import (
@@ -89,14 +90,18 @@ def by_index(conn: Connection) -> None:
 
 
 @cache
-def _has_due() -> Select[Any]:
-    """:func:`has_due`'s statement, built once (an idle worker asks every second)."""
-    return select(instances.c.id).where(due_clause(bindparam("at"))).limit(1)
+def _has_due(dialect: Dialect) -> Select[Any]:
+    """:func:`has_due`'s statement for ``dialect``, built once (an idle worker asks every
+    second)."""
+    routed = dialect.covered(instances.c.runs_on)
+    return select(instances.c.id).where(due_clause(bindparam("at")), routed).limit(1)
 
 
-def has_due(conn: Connection, at: float) -> bool:
-    """Cheap read (no write lock): is any instance due and unlocked at ``at``?"""
-    return conn.execute(_has_due(), {"at": at}).first() is not None
+def has_due(conn: Connection, at: float, labels: str | None = None) -> bool:
+    """Cheap read (no write lock): is any instance due and unlocked at ``at`` that a
+    worker with ``labels`` (``runner.labels.canonical``; ``None``: none) may claim?"""
+    params = {"at": at, "labels": labels or "{}"}
+    return conn.execute(_has_due(dialect_of(conn)), params).first() is not None
 
 
 def claim_batch(
@@ -105,6 +110,7 @@ def claim_batch(
     lease: float,
     limit: int,
     at: float | None = None,
+    labels: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due instances and start an attempt on each.
 
@@ -114,6 +120,8 @@ def claim_batch(
         lease: seconds the claim lasts without renewal.
         limit: the most instances to claim.
         at: the current time (epoch seconds); defaults to now on the database's clock.
+        labels: the worker's labels (``runner.labels.canonical``; ``None``: none): only
+            instances whose ``runs_on`` they cover are claimed, inside the statement.
 
     Returns the claims to run, highest priority first, then oldest due. No attempt row is
     written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
@@ -124,7 +132,8 @@ def claim_batch(
     """
     hot = hot_for(conn)
     at = hot.clock.now() if at is None else at
-    rows = hot.claim.fetch(conn, {"at": at, "n": limit, "w": worker_id, "until": at + lease})
+    params = {"at": at, "n": limit, "w": worker_id, "until": at + lease, "labels": labels or "{}"}
+    rows = hot.claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
     if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
         rows, seats = settle(conn, rows, at)  # the pool limits, in this transaction
@@ -153,9 +162,16 @@ def claim_batch(
             priority=r[15],
             pinned=r[16] is not None,
             limit=seats[r[0]].holds if r[0] in seats else None,
+            runs_on=r[18],
+            route_event=decode_event(r[19]),
         )
         for r in sorted(rows, key=_claim_order)
     ]
+
+
+def decode_event(text: str | bytes | None) -> dict[str, Any] | None:
+    """A stored ``route_event`` (JSON text) as a dict; ``None`` for none."""
+    return json.loads(text) if text else None
 
 
 def _claim_order(r: Any) -> tuple[int, float]:
@@ -177,10 +193,11 @@ class Lost:
 
 
 def may_recover(conn: Connection) -> bool:
-    """Whether :func:`recover_lost` and ``pools.sweep`` could find anything: some instance
-    is locked (a lease that may have lapsed, a holder that may be dead), holds a pool's
-    seat or waits for a pool. Index reads only (``ix_instances_locked_by`` and the pools'
-    partial indexes); False on an idle database."""
+    """Whether :func:`recover_lost`, ``pools.sweep`` or ``routing.sweep`` could find
+    anything: some instance is locked (a lease that may have lapsed, a holder that may
+    be dead), holds a pool's seat, waits for a pool or waits for a worker with labels.
+    Index reads only (``ix_instances_locked_by``, the pools' and ``runs_on``'s partial
+    indexes); False on an idle database."""
     return any(conn.execute(q).first() is not None for q in _may_recover())
 
 
@@ -188,7 +205,12 @@ def may_recover(conn: Connection) -> bool:
 def _may_recover() -> tuple[Select[Any], ...]:
     """:func:`may_recover`'s statements, built once."""
     i = instances.c
-    wheres = (i.locked_by > "", i.pool.is_not(None), i.waiting_for.is_not(None))
+    wheres = (
+        i.locked_by > "",
+        i.pool.is_not(None),
+        i.waiting_for.is_not(None),
+        and_(i.runs_on.is_not(None), i.status.in_(CLAIMABLE)),  # ``routing.sweep``'s
+    )
     return tuple(select(i.id).where(where).limit(1) for where in wheres)
 
 

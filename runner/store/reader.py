@@ -71,6 +71,8 @@ INSTANCE_COLUMNS = (
     "priority",
     "start_priority",
     "limit_key",
+    "runs_on",
+    "route_event",
     "deadline_at",
 )
 ATTEMPT_COLUMNS = (
@@ -123,6 +125,7 @@ WORKER_COLUMNS = (
     "heartbeat_every",
     "boot_id",
     "pid_started",
+    "labels",
 )
 #: Columns (of any table) holding JSON; no other column shares their names.
 JSON_COLUMNS = frozenset(

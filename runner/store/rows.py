@@ -72,6 +72,8 @@ CLAIM_COLS = (
     instances.c.priority,
     instances.c.start_priority,
     instances.c.limit_key,  # its flow limit (``runner.store.flow_limits``)
+    instances.c.runs_on,  # its state's requirement (``runner.labels``)
+    instances.c.route_event,  # the starting event's fields its runs_on may name
 )
 
 #: Where ``limit_key`` is in a claim row (:data:`CLAIM_COLS`).
@@ -129,6 +131,14 @@ class Claim:
     limit: str | None = None  # the flow limit it holds (``store.flow_limits``)
     priority: int = 5  # the row's (1..9)
     pinned: bool = False  # ``flowrun start --priority`` gave it: no state changes it
+    runs_on: str | None = None  # its state's requirement (``runner.labels.canonical``)
+    route_event: dict[str, Any] | None = None  # the event fields its runs_on may name
+
+    def keeps_route(self, values: dict[str, Any]) -> bool:
+        """An outcome's ``values`` leave the row's ``runs_on`` as it is (no move, or a
+        move to the same requirement): a chained attempt need not write it, and this
+        worker, which matched it, may run it."""
+        return "runs_on" not in values or values["runs_on"] == self.runs_on
 
     def keeps_priority(self, priority: int | None) -> bool:
         """Entering a state of ``priority`` (``None``: no move) leaves the row's as it is
@@ -194,6 +204,8 @@ def next_claim(o: Outcome, at: float) -> Claim:
         priority=prev.priority,  # chained only where it stays (``Claim.keeps_priority``)
         pinned=prev.pinned,
         limit=prev.limit,  # the same flow: its limit is kept
+        runs_on=prev.runs_on,  # chained only where it stays (``Claim.keeps_route``)
+        route_event=prev.route_event,
     )
 
 
@@ -224,7 +236,7 @@ class Hot:
         self.json = d.json_adapter()
         self.load_json = d.json_loader()
         at = bindparam("at", type_=Float())
-        #: claim up to ``n`` due instances (params: at, n, w, until)
+        #: claim up to ``n`` due instances (params: at, n, w, until, labels)
         self.claim = Prepared(engine, claim_statement(engine, at))
         #: a claimed ``sleeping`` instance runs: it is ``runnable`` again (param: ids)
         self.wake = Prepared(
@@ -258,27 +270,31 @@ class Hot:
             "attempts": bindparam("b_attempts"),
             "updated_at": bindparam("b_at"),
         }
-        #: an outcome that releases its instance (params: COMMIT_KEYS and b_*)
-        self.commit_instances = Prepared(
+        released = {
+            **outcome_cols,
+            "status": bindparam("status"),
+            "due_at": bindparam("due_at", type_=Float()),
+            # a move's state priority, unless the start gave one; None keeps it
+            "priority": func.coalesce(
+                instances.c.start_priority,
+                bindparam("priority", type_=Integer()),
+                instances.c.priority,
+            ),
+            "locked_by": null(),
+            "locked_until": null(),
+            "running_attempt": null(),
+        }
+        #: an outcome that releases its instance (params: COMMIT_KEYS and b_*); its
+        #: ``runs_on`` is not named (indexed: ``ix_instances_runs_on``), so work without
+        #: routing writes what it wrote before labels existed
+        self.commit_instances = Prepared(engine, update(instances).where(*fenced).values(released))
+        #: the same for a move to another requirement (``runner.labels``; params: also
+        #: runs_on, the stored text, '' for none)
+        self.commit_routed = Prepared(
             engine,
             update(instances)
             .where(*fenced)
-            .values(
-                {
-                    **outcome_cols,
-                    "status": bindparam("status"),
-                    "due_at": bindparam("due_at", type_=Float()),
-                    # a move's state priority, unless the start gave one; None keeps it
-                    "priority": func.coalesce(
-                        instances.c.start_priority,
-                        bindparam("priority", type_=Integer()),
-                        instances.c.priority,
-                    ),
-                    "locked_by": null(),
-                    "locked_until": null(),
-                    "running_attempt": null(),
-                }
-            ),
+            .values({**released, "runs_on": func.nullif(bindparam("runs_on", type_=String()), "")}),
         )
         #: an outcome whose instance this worker keeps for its next attempt (chained): it
         #: stays runnable and locked, so no indexed column is written (measured on SQLite:
@@ -322,7 +338,9 @@ class Hot:
 def claim_statement(engine: Engine, at):
     """The claim: ``UPDATE`` up to ``n`` due instances, highest priority first, then
     oldest due, naming the attempt each starts (``at``: the bind parameter of the current
-    time; params at, n, w, until), ``RETURNING`` :data:`CLAIM_COLS`.
+    time; params at, n, w, until, labels: the worker's labels, ``runner.labels.canonical``),
+    only rows whose ``runs_on`` those labels cover (``Dialect.covered``), ``RETURNING``
+    :data:`CLAIM_COLS`.
 
     Each claimable status is read on its own: ``ix_instances_claim (status, priority
     DESC, due_at)`` gives one status's due rows in ``priority DESC, due_at`` order, one
@@ -348,13 +366,16 @@ def claim_statement(engine: Engine, at):
     """
     n = bindparam("n", type_=Integer())
     c = instances.c
-    if dialect_of(engine).skip_locked:
+    d = dialect_of(engine)
+    # a state's runs_on (``runner.labels``): only rows the worker's labels cover
+    routed = d.covered(c.runs_on)
+    if d.skip_locked:
         ctid: ColumnClause[Any] = literal_column("instances.ctid")
         keys = values(column("s", String()), column("p", Integer()), name="k", literal_binds=True)
         keys = keys.data([(status, p) for status in CLAIMABLE for p in PRIORITIES])
         due = (
             select(ctid.label("t"), c.due_at)
-            .where(due_clause(at, keys=(keys.c.s, keys.c.p)))
+            .where(due_clause(at, keys=(keys.c.s, keys.c.p)), routed)
             .order_by(c.due_at)
             .limit(n)
             .with_for_update(skip_locked=True)
@@ -372,7 +393,7 @@ def claim_statement(engine: Engine, at):
     else:
         each = [
             select(c.id, c.priority, c.due_at)
-            .where(due_clause(at, (status,)))
+            .where(due_clause(at, (status,)), routed)
             .order_by(c.priority.desc(), c.due_at)
             .limit(n)
             .subquery(f"due_{status}")

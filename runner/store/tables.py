@@ -100,7 +100,11 @@ class Instance(SQLModel, table=True):
             "locked_by",
             sqlite_where=text("limit_key IS NOT NULL"),
         ),
-        # partial (0013 makes it partial on PostgreSQL too): the instances with a
+        # partial (0014 makes it partial on PostgreSQL too): the instances with a
+        # ``runs_on`` requirement (``runner.store.routing`` looks for those unmatched)
+        Index(
+            "ix_instances_runs_on", "runs_on", "due_at", sqlite_where=text("runs_on IS NOT NULL")
+        ),
         # deadline not yet acted on (``runner.store.deadlines``: the earliest is read)
         Index("ix_instances_deadline", "deadline_at", sqlite_where=text("deadline_at IS NOT NULL")),
     )
@@ -155,6 +159,16 @@ class Instance(SQLModel, table=True):
     )
     limit_key: str | None = Field(
         default=None, max_length=200, description="its flow's max_running limit (and key)"
+    )
+    runs_on: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="its state's runs_on, resolved (runner.labels.canonical; NULL: any worker)",
+    )
+    route_event: str | None = Field(
+        default=None,
+        sa_column=Column(Text, nullable=True),
+        description="the starting event's fields its flow's runs_on name (JSON; NULL: none)",
     )
     deadline_at: float | None = Field(
         default=None,
@@ -348,6 +362,11 @@ class WorkerRow(SQLModel, table=True):
         default=None,
         sa_type=BigInteger,
         description="its process's start time, clock ticks since boot (NULL: unknown)",
+    )
+    labels: str | None = Field(
+        default=None,
+        sa_column=Column(Text, nullable=True),
+        description="its labels (runner.labels.canonical JSON; NULL: written before 0014)",
     )
 
 

@@ -39,6 +39,7 @@ GROUND = (
     "retention",
     "literal",
     "log_buffer",
+    "labels",
     "warn_line",
 )
 

@@ -55,7 +55,7 @@ def test_tail_groups_are_fields_and_match_keys_are_checked() -> None:
     )
     got = errors(body)
     assert len(got) == 1 and got[0].startswith("f.yaml:9:25: match key 'cod'")
-    assert "(did you mean 'code'?) (fields: code, line, file)" in got[0]
+    assert "(did you mean 'code'?) (fields: code, line, file, host)" in got[0]
     assert errors(body.replace("cod:", "code:")) == []
 
 
@@ -66,7 +66,7 @@ def test_files_fields_and_selector_regex_refs() -> None:
     )
     got = errors(body)
     assert len(got) == 1 and "{event.pth} is not a field of files sensor 'inbox'" in got[0]
-    assert "(fields: path, name, size)" in got[0]
+    assert "(fields: path, name, size, host)" in got[0]
     assert errors(body.replace("pth", "path")) == []
 
 

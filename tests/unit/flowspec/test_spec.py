@@ -244,11 +244,11 @@ def test_unknown_key_says_what_was_expected(tmp_path: Path) -> None:
     assert errors(tmp_path, text) == [
         "3:3: unknown key 'tmeout' (did you mean 'timeout'?) (expected one of: try_interval, "
         "timeout, keepalive, error_budget, backoff, max_restarts, log_max, env, secrets, "
-        "env_inherit)",
+        "env_inherit, runs_on, routing_timeout)",
         "5:23: unknown key 'colour' (expected one of: exec, call, next, to, external, on, "
         "terminal, description, try_interval, timeout, keepalive, error_budget, backoff, "
         "max_restarts, log_max, env, secrets, env_inherit, working_dir, limits, user, group, "
-        "pool, slots, rate, priority, deadline)",
+        "pool, slots, rate, priority, runs_on, routing_timeout, deadline)",
     ]
 
 

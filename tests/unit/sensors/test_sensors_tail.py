@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from tests.support.sensor_hub import (
@@ -75,7 +76,8 @@ async def test_lines_fields_and_partial_line(tmp_path: Path) -> None:
     assert ns(engine) == list(range(11))
     assert started(engine) == [0, 2, 4, 6, 8, 10]  # only 5xx codes start an instance
     payload = json.loads(rows(engine, "SELECT payload FROM events ORDER BY id")[0][0])
-    assert payload == {"code": "500", "n": "0", "line": "ERROR 500 n=0", "file": str(log)}
+    line = {"code": "500", "n": "0", "line": "ERROR 500 n=0", "file": str(log)}
+    assert payload == {**line, "host": socket.gethostname()}  # the reading daemon's host
 
 
 async def test_resumes_at_offset_after_restart(tmp_path: Path) -> None:

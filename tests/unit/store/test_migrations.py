@@ -62,7 +62,8 @@ def legacy_083da5a_metadata() -> MetaData:
     ``deliveries`` table (0009), ``ix_instances_flow_status`` on ``(flow, status)`` only
     (0010), no ``priority`` nor ``start_priority`` and ``ix_instances_claim`` on
     ``(status, due_at)`` (0011), no ``limit_key`` nor ``ix_instances_limit`` (0012), no
-    ``deadline_at`` nor ``ix_instances_deadline`` (0013).
+    ``deadline_at`` nor ``ix_instances_deadline`` (0013), no ``runs_on``, ``route_event`` nor
+    ``ix_instances_runs_on``, workers no ``labels`` (0014).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -71,7 +72,9 @@ def legacy_083da5a_metadata() -> MetaData:
     inst = md.tables["instances"]
     inst._columns.remove(inst.c.label)  # no public API drops a column from a Table
     inst._columns.remove(inst.c.history_from)  # 0006, with ix_instances_event
-    for column in ("pool", "pool_slots", "waiting_for", "wait_due", "limit_key", "deadline_at"):
+    for column in ("runs_on", "route_event", "deadline_at"):  # 0014, 0013
+        inst._columns.remove(inst.c[column])
+    for column in ("pool", "pool_slots", "waiting_for", "wait_due", "limit_key"):  # 0007, 0012
         inst._columns.remove(inst.c[column])
     for column in ("priority", "start_priority"):  # 0011
         inst._columns.remove(inst.c[column])
@@ -84,11 +87,12 @@ def legacy_083da5a_metadata() -> MetaData:
         "ix_instances_waiting",  # 0007
         "ix_instances_limit",  # 0012
         "ix_instances_deadline",  # 0013
+        "ix_instances_runs_on",  # 0014
     )
     inst.indexes = {i for i in inst.indexes if i.name not in gone}
     Index("ix_instances_flow_status", inst.c.flow, inst.c.status)  # (flow, status, id): 0010
     Index("ix_instances_claim", inst.c.status, inst.c.due_at)  # priority in it: 0011
-    for column in ("heartbeat_every", "boot_id", "pid_started"):
+    for column in ("heartbeat_every", "boot_id", "pid_started", "labels"):  # labels: 0014
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])
     att = md.tables["attempts"]
     for constraint in list(att.constraints):

@@ -220,7 +220,14 @@ def test_the_claim_plans_an_ordered_index_scan_per_priority_on_postgresql(
         with engine.begin() as conn:
             leases.by_index(conn)
             prepared = hot_for(conn).claim
-            params = {**prepared.defaults, "at": T0 + 500, "n": 64, "w": "w", "until": 1.0}
+            params = {
+                **prepared.defaults,
+                "at": T0 + 500,
+                "n": 64,
+                "w": "w",
+                "until": 1.0,
+                "labels": "{}",
+            }
             plan = "\n".join(
                 conn.exec_driver_sql("EXPLAIN " + prepared.sql, params).scalars().all()
             )

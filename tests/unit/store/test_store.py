@@ -598,7 +598,7 @@ def test_the_cycle_plans_by_index_without_statistics(pg_url: str, tmp_path) -> N
                 for p, r in zip("rka", (released, kept, finished), strict=True)
             },
         }
-        claim_params = {"at": at, "n": 256, "w": "w", "until": at + LEASE}
+        claim_params = {"at": at, "n": 256, "w": "w", "until": at + LEASE, "labels": "{}"}
         with engine.begin() as conn:
             leases.by_index(conn)
             claim = _plan(conn, hot_for(conn).claim, claim_params)
