@@ -372,9 +372,10 @@ def _idle_probe(
     """A cheap read before an idle look's write transaction: ``None`` when, with
     ``probe``, something a worker with ``labels`` may claim is due now (claim it) or,
     with ``recover``, lost attempts may be found (``leases.may_recover``), else an
-    empty :class:`CycleResult`, which with ``plan`` says when work next appears by itself (``leases.next_times``), read in the
-    same snapshot. A look for lost attempts alone (no ``probe``) does not look for due
-    work: the worker's idle probe does, when it may find some."""
+    empty :class:`CycleResult`, which with ``plan`` says when work next appears by
+    itself (``leases.next_times``), read in the same snapshot. A look for lost attempts
+    alone (no ``probe``) does not look for due work: the worker's idle probe does, when
+    it may find some."""
     with reading(engine) as conn:
         if recover and leases.may_recover(conn):
             return None
