@@ -57,6 +57,9 @@ SENSOR_TYPES: dict[str, type[Sensor]] = {
 #: there is no bell (no inotify). A transition reaches its alert about this soon
 #: (``bench/alerts.py``); an idle daemon, which commits nothing, is not woken at all.
 LIFECYCLE_POLL = 0.02
+#: Seconds between the rules' looks on an idle SQLite file read through the commit bell
+#: (a safety net: any commit, another daemon's too, rings the bell at once).
+RULES_FALLBACK = 2.0
 
 
 @dataclass
@@ -299,13 +302,14 @@ class SensorHub:
         restarts it).
 
         Between looks it waits for a kick (a sensor of this daemon stored an event) or
-        ``poll`` seconds (events stored by other daemons). On SQLite a look after a
-        ``poll`` is skipped while nobody committed anything since the last look
-        (``runner.store.data_version``): it would find what that one found."""
+        ``poll`` seconds (events stored by other daemons). On SQLite the commit bell
+        (any commit, another daemon's too) wakes it instead, at most one look a ``poll``
+        (a ``LIFECYCLE_POLL`` with a lifecycle sensor: transitions are events stored by
+        any commit, of this daemon's worker too), and an idle file rings nothing (a look
+        every ``RULES_FALLBACK`` s at most); a look is skipped while nobody committed
+        anything since the last one (``runner.store.data_version``): it would find what
+        that one found. PostgreSQL's notifications wake the rules instead."""
         changes = data_version(self.engine)
-        # SQLite with a lifecycle sensor: transitions are events stored by any commit, of
-        # this daemon's worker too; the commit bell wakes the rules for them (an idle
-        # database rings nothing). PostgreSQL's notifications wake the rules instead.
         bell = commit_bell(self.engine) if changes is not None else None
         rung = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -325,12 +329,17 @@ class SensorHub:
                     continue
                 lifecycle = changes is not None and self._lifecycle()
                 while not (self._rules_kick.is_set() or stop.is_set()):
-                    if lifecycle and bell is not None:
+                    if bell is not None:
+                        # a commit (anyone's) rings; an idle file rings nothing, so the
+                        # loop sleeps RULES_FALLBACK; at most one look a LIFECYCLE_POLL
+                        # (a lifecycle sensor's events come with transitions) or a poll
+                        spacing = LIFECYCLE_POLL if lifecycle else self.poll
+                        fallback = self.poll if lifecycle else max(self.poll, RULES_FALLBACK)
                         await first_of(
-                            self._rules_kick.wait(), stop.wait(), rung.wait(), timeout=self.poll
+                            self._rules_kick.wait(), stop.wait(), rung.wait(), timeout=fallback
                         )
-                        if rung.is_set():  # at most one look a LIFECYCLE_POLL
-                            await asyncio.sleep(max(0.0, looked + LIFECYCLE_POLL - loop.time()))
+                        if rung.is_set():
+                            await asyncio.sleep(max(0.0, looked + spacing - loop.time()))
                     else:
                         wait = min(self.poll, LIFECYCLE_POLL) if lifecycle else self.poll
                         await first_of(self._rules_kick.wait(), stop.wait(), timeout=wait)

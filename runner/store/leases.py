@@ -32,6 +32,7 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    exists,
     func,
     literal_column,
     or_,
@@ -198,20 +199,20 @@ def may_recover(conn: Connection) -> bool:
     be dead), holds a pool's seat, waits for a pool or waits for a worker with labels.
     Index reads only (``ix_instances_locked_by``, the pools' and ``runs_on``'s partial
     indexes); False on an idle database."""
-    return any(conn.execute(q).first() is not None for q in _may_recover())
+    return bool(conn.execute(_may_recover()).scalar())
 
 
 @cache
-def _may_recover() -> tuple[Select[Any], ...]:
-    """:func:`may_recover`'s statements, built once."""
+def _may_recover() -> Select[Any]:
+    """:func:`may_recover`'s statement (one ``EXISTS`` an index each), built once."""
     i = instances.c
     wheres = (
         i.locked_by > "",
         i.pool.is_not(None),
         i.waiting_for.is_not(None),
-        and_(i.runs_on.is_not(None), i.status.in_(CLAIMABLE)),  # ``routing.sweep``'s
+        i.runs_on > "",  # ``routing.sweep``'s (terminal rows keep none, or "")
     )
-    return tuple(select(i.id).where(where).limit(1) for where in wheres)
+    return select(or_(*(exists().where(where) for where in wheres)))
 
 
 def recover_lost(
