@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 
 from runner.sensors.base import first_of, log
 from runner.sensors.rules import describe_target
-from runner.store.deliveries import Claimed, claim_due, finish, next_due
+from runner.store.deliveries import Claimed, Try, claim_due, finish, next_due
 from runner.templating import render
 from runner.warn_line import warn
 
@@ -98,13 +98,22 @@ class Deliverer:
                 claim_due, self.engine, self.worker_id, EXEC_TIMEOUT + 30.0
             )
             if claimed:
-                await asyncio.gather(*(self._deliver(c) for c in claimed))
+                tries = await asyncio.gather(*(self._deliver(c) for c in claimed))
+                statuses = await asyncio.to_thread(finish, self.engine, self.worker_id, tries)
+                for c, x, status in zip(claimed, tries, statuses, strict=True):
+                    if status == "delivered":
+                        self.delivered += 1
+                    elif status == "failed":
+                        self.failed += 1
+                        self._warn(c, x.result)
                 continue
             due = await asyncio.to_thread(next_due, self.engine)
             wait = LOOK_EVERY if due is None else min(LOOK_EVERY, max(due - time.time(), 0.01))
             await first_of(self._kick.wait(), stop.wait(), timeout=wait)
 
-    async def _deliver(self, c: Claimed) -> None:
+    async def _deliver(self, c: Claimed) -> Try:
+        """One try of ``c`` (its exec or webhook), as a :class:`Try` to record (the
+        batch's tries are recorded together by ``run``)."""
         try:
             if "exec" in c.target:
                 out = await self._exec(c)
@@ -116,20 +125,7 @@ class Deliverer:
         if out.after is not None:
             delay = max(out.after, 0.0)
         retry_at = time.time() + delay if out.retry else None
-        status = await asyncio.to_thread(
-            finish,
-            self.engine,
-            self.worker_id,
-            c.id,
-            out.text,
-            delivered=out.delivered,
-            retry_at=retry_at,
-        )
-        if status == "delivered":
-            self.delivered += 1
-        elif status == "failed":
-            self.failed += 1
-            self._warn(c, out.text)
+        return Try(c.id, out.text, out.delivered, retry_at)
 
     def _warn(self, c: Claimed, text: str) -> None:
         p = c.payload

@@ -155,41 +155,55 @@ def claim_due(engine: Engine, worker_id: str, lease: float, limit: int = 32) -> 
     return sorted(out, key=lambda c: c.id)
 
 
-def finish(
-    engine: Engine,
-    worker_id: str,
-    delivery_id: int,
-    result: str,
-    *,
-    delivered: bool,
-    retry_at: float | None,
-) -> str | None:
-    """Record one try of ``delivery_id`` by its claimer ``worker_id``: ``result`` (``"HTTP
-    200"``, ``"exit 1: ..."``, ``"connection refused"``); delivered, or due again at
-    ``retry_at`` (epoch s; ``None`` or past ``give_up_at``: failed for good). Returns the
-    new status, ``None`` when the lease was no longer ours (nothing written)."""
+@dataclass(frozen=True)
+class Try:
+    """One try of a claimed delivery, to record (:func:`finish`): ``delivery_id``,
+    ``result`` (``"HTTP 200"``, ``"exit 1: ..."``, ``"connection refused"``),
+    ``delivered``, and ``retry_at`` (epoch s when it is due again; ``None`` or past its
+    ``give_up_at``: failed for good)."""
+
+    delivery_id: int
+    result: str
+    delivered: bool
+    retry_at: float | None = None
+
+
+def finish(engine: Engine, worker_id: str, tries: list[Try]) -> list[str | None]:
+    """Record ``tries`` of deliveries claimed by ``worker_id``, in ONE transaction (a
+    batch's tries together: a transaction a delivery cost a busy PostgreSQL fleet a third
+    of its throughput). Returns each try's new status (``"delivered"``, ``"failed"``,
+    ``"pending"``), ``None`` where the lease was no longer ours (nothing written)."""
+    if not tries:
+        return []
     d = deliveries.c
+    out: list[str | None] = []
     with engine.begin() as conn:
         at = db_now(conn)
-        row = conn.execute(
-            select(d.give_up_at).where(d.id == delivery_id, d.locked_by == worker_id)
-        ).first()
-        if row is None:
-            return None
-        values: dict[str, Any] = {
-            "attempts": d.attempts + 1,
-            "last_result": result,
-            "locked_by": None,
-            "locked_until": None,
-        }
-        if delivered:
-            values.update(status="delivered", delivered_at=at, due_at=None)
-        elif retry_at is None or retry_at > row.give_up_at:
-            values.update(status="failed", due_at=None)
-        else:
-            values.update(due_at=retry_at)
-        conn.execute(update(deliveries).where(d.id == delivery_id).values(**values))
-        return values.get("status", "pending")
+        ids = [x.delivery_id for x in tries]
+        held = dict(
+            conn.execute(
+                select(d.id, d.give_up_at).where(d.id.in_(ids), d.locked_by == worker_id)
+            ).all()
+        )
+        for x in tries:
+            if x.delivery_id not in held:
+                out.append(None)
+                continue
+            values: dict[str, Any] = {
+                "attempts": d.attempts + 1,
+                "last_result": x.result,
+                "locked_by": None,
+                "locked_until": None,
+            }
+            if x.delivered:
+                values.update(status="delivered", delivered_at=at, due_at=None)
+            elif x.retry_at is None or x.retry_at > held[x.delivery_id]:
+                values.update(status="failed", due_at=None)
+            else:
+                values.update(due_at=x.retry_at)
+            conn.execute(update(deliveries).where(d.id == x.delivery_id).values(**values))
+            out.append(values.get("status", "pending"))
+    return out
 
 
 def next_due(engine: Engine) -> float | None:
