@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from runner.sensors.base import Sensor
+from runner.store.db import reading
 from runner.store.lifecycle_events import subscription
+from runner.store.tables import instances
 
 #: Timeline entries of ``flowrun explain`` kept in an event's ``explain`` (the latest).
 EXPLAIN_ENTRIES = 4
@@ -34,21 +36,41 @@ class LifecycleSensor(Sensor):
         await stop.wait()
 
 
+#: The kinds whose events say why (``explain``): those that end or stall an instance.
+#: The others (``completed``, ``paused``, ``resumed``, ``retried``) need no why and can
+#: come by the thousand: their ``explain`` is ``""`` (an explain each cost a busy daemon
+#: two thirds of its throughput with a rule on ``completed``).
+EXPLAINED = frozenset(
+    {"failed", "budget_spent", "restarts_spent", "killed", "lost", "deadline_missed"}
+)
+
+
 def enrich(engine: Engine, payload: dict[str, Any], now: float) -> dict[str, Any]:
-    """``payload`` of a lifecycle event with ``label`` and ``explain`` (the header of
-    ``flowrun explain`` and its latest timeline entries, then what happens next), read
-    now (``now``: epoch seconds); unchanged for an instance no longer stored."""
+    """``payload`` of a lifecycle event with ``label`` and, for the :data:`EXPLAINED`
+    kinds, ``explain`` (the header of ``flowrun explain`` and its latest timeline
+    entries, then what happens next; ``""`` for the others), read now (``now``: epoch
+    seconds); unchanged for an instance no longer stored."""
     from runner.ops.detail import instance_rows, stored_flow
     from runner.ops.explain import explain
     from runner.ops.explanation import render_text
 
     if "explain" in payload or not isinstance(payload.get("instance"), int):
         return payload
+    if payload.get("kind") not in EXPLAINED:
+        label = instance_label(engine, payload["instance"])
+        return payload if label is None else {**payload, "label": label[0], "explain": ""}
     rows = instance_rows(engine, payload["instance"])
     if rows is None:
         return payload
     text = render_text(explain(rows, lambda v: stored_flow(engine, v), now), now)
     return {**payload, "label": rows["instance"].get("label"), "explain": short_explain(text)}
+
+
+def instance_label(engine: Engine, instance_id: int) -> tuple[str | None] | None:
+    """``(label,)`` of instance ``instance_id``, or ``None`` when it is no longer stored."""
+    with reading(engine) as conn:
+        row = conn.execute(select(instances.c.label).where(instances.c.id == instance_id)).first()
+    return None if row is None else (row[0],)
 
 
 def short_explain(text: str) -> str:
