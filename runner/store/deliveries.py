@@ -170,9 +170,9 @@ class Try:
 
 def finish(engine: Engine, worker_id: str, tries: list[Try]) -> list[str | None]:
     """Record ``tries`` of deliveries claimed by ``worker_id``, in ONE transaction (a
-    batch's tries together: a transaction a delivery cost a busy PostgreSQL fleet a third
-    of its throughput). Returns each try's new status (``"delivered"``, ``"failed"``,
-    ``"pending"``), ``None`` where the lease was no longer ours (nothing written)."""
+    claimed batch's tries together, not a transaction a delivery). Returns each try's
+    new status (``"delivered"``, ``"failed"``, ``"pending"``), ``None`` where the lease
+    was no longer ours (nothing written)."""
     if not tries:
         return []
     d = deliveries.c
