@@ -115,6 +115,7 @@ def _commit_rows(
     js = hot.json
     released, kept, chained, finished = [], [], [], []
     routed: list[dict[str, Any]] = []  # released into another requirement
+    seated: list[dict[str, Any]] = []  # released from a pool's seat
     for o in good:  # the hot loop: plain item assignments, no helper calls per field
         v, c, av = o.values, o.claim, o.attempt_values
         row = {
@@ -145,6 +146,8 @@ def _commit_rows(
             if "runs_on" in v and v["runs_on"] != c.runs_on:  # to another requirement
                 row["runs_on"] = v["runs_on"] or ""
                 routed.append(row)
+            elif c.pool is not None:
+                seated.append(row)
             else:
                 released.append(row)
         checkpoint = av["checkpoint"]
@@ -163,6 +166,9 @@ def _commit_rows(
     if routed:
         changed += hot.commit_routed.executemany(conn, routed)
         released += routed
+    if seated:
+        changed += hot.commit_pooled.executemany(conn, seated)
+        released += seated
     changed += hot.commit_chained.executemany(conn, kept)
     if released and hot.dialect.notify:
         _notify_released(conn, released)

@@ -91,6 +91,20 @@ class PoolStatements:
         used = func.coalesce(func.sum(i.pool_slots), 0)
         #: slots in use but by the instances ``ids`` (params: name, at, ids)
         self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
+        waiting = (
+            select(i.id)
+            .where(i.waiting_for == bindparam("name"), i.due_at.is_(None))
+            .limit(1)
+            .exists()
+        )
+        #: ``in_use`` and whether any instance waits for ``name`` (params: name, at, ids;
+        #: a read of ``ix_instances_waiting`` lets a claim skip ``wake`` with none waiting)
+        self.in_use_waiting = Prepared(
+            engine,
+            select(
+                select(used).where(*held, ~d.ids_in(i.id)).scalar_subquery(), waiting.label("w")
+            ),
+        )
         holding = (  # a range of ix_instances_limit: the locked rows of the limit
             i.limit_key == bindparam("name"),
             i.locked_by > "",
@@ -160,11 +174,12 @@ class PoolStatements:
             .where(i.id.in_(pick.scalar_subquery()))
             .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null()),
         )
-        #: forget the seats of ``ids`` where no attempt runs any more (params: ids)
+        #: forget the seats of ``ids`` where no attempt runs any more (params: ids; a
+        #: row its commit released already holds none and is not written again)
         self.clear = Prepared(
             engine,
             update(instances)
-            .where(d.ids_in(i.id), i.running_attempt.is_(None))
+            .where(d.ids_in(i.id), i.running_attempt.is_(None), i.pool.is_not(None))
             .values(pool=null(), pool_slots=null()),
         )
 

@@ -78,13 +78,30 @@ class Seat:
     holds: str | None = None  # (a kept claim) the flow limit it holds
 
 
+_seats: dict[tuple[str, str], Seat | None] = {}
+SEATS_MAX = 4096  # (version, state) pairs remembered; past it the memory starts afresh
+
+
 def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
     """What ``state`` of flow ``version`` asks of the limits, or ``None`` (no pool and no
-    rate, or a version that no longer compiles)."""
+    rate, or a version that no longer compiles). Remembered per ``(version, state)``: a
+    version is its source's hash, so its seats never change (a claim asks per row)."""
+    try:
+        return _seats[version, state]
+    except KeyError:
+        pass
     try:
         flow = versions.compiled(conn, version)
     except UserError:
-        return None
+        return None  # not remembered: the version may be stored later
+    if len(_seats) >= SEATS_MAX:
+        _seats.clear()
+    seat = _seats[version, state] = _seat(flow, state)
+    return seat
+
+
+def _seat(flow: CompiledFlow, state: str) -> Seat | None:
+    """``seat_of`` for a compiled ``flow``."""
     st = flow.states.get(state)
     cap = flow.max_running
     if st is None or (st.pool is None and st.rate is None and cap is None):
@@ -156,6 +173,15 @@ def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) 
     return int(rows[0][0])
 
 
+def _in_use_waiting(
+    conn: Connection, name: str, at: float, besides: Sequence[int]
+) -> tuple[int, bool]:
+    """:func:`in_use` and whether any instance waits for pool ``name``, in one read."""
+    st = statements(conn)
+    rows = st.in_use_waiting.fetch(conn, {"name": name, "at": at, "ids": st.ids(list(besides))})
+    return int(rows[0][0]), bool(rows[0][1])
+
+
 @dataclass
 class _Limit:
     """One locked row of ``pools`` while a claim is settled: slots ``free`` (``None``: no
@@ -166,6 +192,7 @@ class _Limit:
     starts: list[float]
     text: str = ""
     used: bool = False  # a start was added
+    waiters: bool = True  # some instance may wait for it (``False``: read none waiting)
 
     def room(self) -> bool:
         """Another start fits the rate (or there is none)."""
@@ -236,11 +263,14 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
             limits[name] = _Limit(size - running(conn, name, at, ids), None, [])
             continue
         size, rate_text, starts = lock(conn, name, declared, at, rate)
-        free = size - in_use(conn, name, at, ids) if slotted else None
+        free, waiters = None, True
+        if slotted:
+            used, waiters = _in_use_waiting(conn, name, at, ids)
+            free = size - used
         parsed = parse_rate(rate_text) if rate_text else None
         window = parsed[1] if parsed else 0.0
         kept = [t for t in starts or [] if t > at - window]
-        limits[name] = _Limit(free, parsed, kept, rate_text or "")
+        limits[name] = _Limit(free, parsed, kept, rate_text or "", waiters=waiters)
     seats: dict[int, Seat] = {}
     full: dict[str, list[int]] = {}
     delayed: list[dict[str, Any]] = []
@@ -277,7 +307,9 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
                 lim.starts.append(at)
                 lim.used = True
         rated_pool = pool is not None and pool.rate is not None
-        seats[r[0]] = replace(seat, pool_rated=rated_pool, holds=capped)
+        if rated_pool or capped is not None:  # (a remembered seat has neither set)
+            seat = replace(seat, pool_rated=rated_pool, holds=capped)
+        seats[r[0]] = seat
     held: dict[tuple[str, int], list[int]] = {}
     plain: list[int] = []
     for r, seat in asks:
@@ -299,7 +331,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     for name, lim in limits.items():
         if lim.used:
             st.save_starts.executemany(conn, [{"name": name, "starts": st.json(lim.starts)}])
-        if lim.free is not None and lim.free > 0 and name not in full:
+        if lim.free is not None and lim.free > 0 and lim.waiters and name not in full:
             wake(conn, name, lim.free, at)  # room left over: waiters not woken yet
     gone = {d["i"] for d in delayed} | {x for late in full.values() for x in late}
     return [r for r in rows if r[0] not in gone], seats

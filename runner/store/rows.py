@@ -288,6 +288,15 @@ class Hot:
         #: ``runs_on`` is not named (indexed: ``ix_instances_runs_on``), so work without
         #: routing writes what it wrote before labels existed
         self.commit_instances = Prepared(engine, update(instances).where(*fenced).values(released))
+        #: the same for an attempt that held a pool's seat: the seat goes with the lock
+        #: (``pool`` is indexed, so only these rows name it; ``pools.release`` then finds
+        #: nothing left to clear)
+        self.commit_pooled = Prepared(
+            engine,
+            update(instances)
+            .where(*fenced)
+            .values({**released, "pool": null(), "pool_slots": null()}),
+        )
         #: the same for a move to another requirement (``runner.labels``; params: also
         #: runs_on, the stored text, '' for none)
         self.commit_routed = Prepared(
