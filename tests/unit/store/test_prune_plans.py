@@ -54,8 +54,9 @@ def _filled(tmp_path, n: int = 3000):
 def test_instance_deletion_looks_ids_up_by_key(tmp_path) -> None:
     engine = _filled(tmp_path)
     d = dialect_of(engine)
-    stmt = store_prune.deletion(d, "completed", time.time())
-    plan = _plan(engine, stmt, {"ids": d.ids_value([1, 2, 3])})
+    stmt = store_prune.deletion(d)
+    params = {"ids": d.ids_value([1, 2, 3]), "status": "completed", "cutoff": time.time()}
+    plan = _plan(engine, stmt, params)
     assert "ix_instances_claim" not in plan, plan
     assert "ix_instances_flow_status" not in plan, plan
     assert "SCAN instances" not in plan, plan
