@@ -97,7 +97,8 @@ class _Statements:
     for one engine (``runner.store.prepared.Prepared``): built per call, SQLAlchemy's
     statement building and cache keys took about half of each delete transaction, all of
     it holding SQLite's write lock (2.9 ms a batch of 16 instances), and in a daemon's
-    pruner thread it holds the GIL."""
+    pruner thread it holds the GIL (``docs/performance.md``, "Prune batches compiled
+    once")."""
 
     def __init__(self, engine: Engine) -> None:
         d = dialect_of(engine)
