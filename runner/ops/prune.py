@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 
 from runner.retention import DEFAULT, EVENT_WINDOW, KINDS, Retention, Rules, cut_attempt
 from runner.store import prune as sql
+from runner.store import prune_instances
 from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:
@@ -202,14 +203,21 @@ def _instances(run: _Run, flow: str, status: str, cutoff: float) -> None:
     after, per = 0, 1.0
     while not run.pacing.stopped():
         n = max(1, min(run.batch, int(run.batch / per)))
-        rows = sql.candidates(run.engine, flow, status, cutoff, after, n)
+        rows = prune_instances.candidates(run.engine, flow, status, cutoff, after, n)
         if not rows:
             return
         after = rows[-1][0]
         ids = [r[0] for r in rows]
         before = sum(run.counts[k] for k in ("instances", "attempts", "commands"))
         run.wrote(
-            partial(sql.delete_instances, run.engine, ids, status, cutoff, dry_run=run.dry_run)
+            partial(
+                prune_instances.delete_instances,
+                run.engine,
+                ids,
+                status,
+                cutoff,
+                dry_run=run.dry_run,
+            )
         )
         rows_written = sum(run.counts[k] for k in ("instances", "attempts", "commands")) - before
         per = max(1.0, rows_written / len(ids))

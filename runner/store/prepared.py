@@ -79,6 +79,11 @@ class Prepared:
         out = self._run(conn, self._params(params), False)
         return out.fetchall() if self.raw else out.all()
 
+    def execute(self, conn, params: dict[str, Any]) -> int:
+        """Run the statement once with ``params`` (by name); returns the number of rows
+        it changed."""
+        return self._run(conn, self._params(params), False).rowcount
+
     def executemany(self, conn, rows: list[dict[str, Any]]) -> int:
         """Run the statement once per row dict, in one driver call; returns the number of
         rows it changed in all (``-1`` where the driver does not say)."""

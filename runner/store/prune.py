@@ -8,9 +8,8 @@ its rows ``FOR UPDATE SKIP LOCKED``: a row another transaction holds is skipped,
 pruners never delete (or count) a row twice. With ``dry_run`` the same steps count
 instead of deleting, in read transactions.
 
-An instance goes with the rows that belong to it (:data:`CHILDREN`: its attempts, with
-their checkpoints and kept stderr tails, its attempts' logs and its command rows); a
-live instance's attempts cut by the history rule take their logs with them. Past the
+Whole instances (with the rows that belong to them) are ``runner.store.prune_instances``'
+job; a live instance's attempts cut by the history rule take their logs with them. Past the
 store's size bound (``--log-store-max``), :func:`evict_logs` deletes the logs of the
 oldest terminal instances first.
 """
@@ -22,145 +21,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, bindparam, case, delete, exists, func, select, update
-from sqlalchemy.sql.dml import ReturningDelete
 
 from runner.retention import TERMINAL
 from runner.store.db import reading
-from runner.store.dialect import Dialect, dialect_of
+from runner.store.dialect import dialect_of
+from runner.store.prune_instances import has_log
 from runner.store.tables import (
     attempt_logs,
     attempts,
-    commands,
     events,
     flow_versions,
     instances,
     workers,
 )
-
-#: The tables whose rows belong to an instance: ``(kind, table)``; each has an
-#: ``instance_id`` column with an index leading with it. Rows of a kind ``None`` are
-#: deleted but not counted (``logs`` counts attempts: :func:`_flags`).
-CHILDREN = (("attempts", attempts), ("commands", commands), (None, attempt_logs))
-
-
-def _deletable(status: str, cutoff: float, *, by_id: bool = False) -> tuple[Any, ...]:
-    """What makes a terminal instance deletable now: its status and age, unlocked.
-
-    ``by_id``: the rows are already named by id (SQLite only; ignored elsewhere): the
-    status is compared as ``status || ''``, which no index serves, so SQLite looks each
-    id up by its key. Compared plainly, SQLite's planner (no ``ANALYZE`` statistics)
-    walked ``ix_instances_claim`` over every instance of that status for each batch: a
-    prune of N instances cost O(N²) (218 s for 100,000)."""
-    assert status in TERMINAL, status
-    col = instances.c.status.concat("") if by_id else instances.c.status
-    return (
-        col == status,
-        instances.c.updated_at < cutoff,
-        instances.c.locked_by.is_(None),
-        instances.c.running_attempt.is_(None),
-    )
-
-
-def candidates(
-    engine: Engine, flow: str, status: str, cutoff: float, after: int, limit: int
-) -> list[tuple[int, int | None, str]]:
-    """The next ``limit`` instances of ``flow`` in ``status`` last changed before
-    ``cutoff`` (epoch seconds) and unlocked, with ``id > after``, by id: ``(id, event_id,
-    version)`` each (one read: an ordered range of ``ix_instances_flow_status``, on
-    ``(flow, status, id)``)."""
-    stmt = (
-        select(instances.c.id, instances.c.event_id, instances.c.version)
-        .where(instances.c.flow == flow, instances.c.id > after, *_deletable(status, cutoff))
-        .order_by(instances.c.id)
-        .limit(limit)
-    )
-    with reading(engine) as conn:
-        return [tuple(r) for r in conn.execute(stmt)]
-
-
-def deletion(d: Dialect, status: str, cutoff: float) -> ReturningDelete[Any]:
-    """The ``DELETE`` of the instances the parameter ``ids`` names (``d.ids_value``)
-    that are still deletable, returning their ids; on PostgreSQL it skips the rows
-    another transaction holds. Each is looked up by its key on both databases."""
-    pick = select(instances.c.id).where(
-        d.ids_in(instances.c.id), *_deletable(status, cutoff, by_id=d.name == "sqlite")
-    )
-    if d.skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
-    return (
-        delete(instances)
-        .where(instances.c.id.in_(pick.scalar_subquery()))
-        .returning(instances.c.id)
-    )
-
-
-def delete_instances(
-    engine: Engine, ids: list[int], status: str, cutoff: float, *, dry_run: bool = False
-) -> Counter[str]:
-    """Delete the instances ``ids`` that are still deletable (see :func:`candidates`)
-    with their :data:`CHILDREN`, in ONE transaction; returns the rows counted per kind
-    (``instances``, ``attempts``, ``checkpoints``, ``logs``, ``commands``). With
-    ``dry_run`` nothing is deleted: the rows ``ids`` name are counted."""
-    out: Counter[str] = Counter()
-    if not ids:
-        return out
-    d = dialect_of(engine)
-    if dry_run:
-        with reading(engine) as conn:
-            return _count_children(conn, d, ids, out)
-    with engine.begin() as conn:
-        gone = list(conn.execute(deletion(d, status, cutoff), {"ids": d.ids_value(ids)}).scalars())
-        if not gone:
-            return out
-        out["instances"] = len(gone)
-        value = {"ids": d.ids_value(gone)}
-        # the attempts that carried a checkpoint or a stderr tail: one read of the rows
-        # about to go (SQLite 3.40's DELETE ... RETURNING gave wrong values for columns
-        # outside the index it deleted through)
-        out.update(_flags(conn, d, value))
-        for kind, table in CHILDREN:
-            gone_rows = conn.execute(
-                delete(table).where(d.ids_in(table.c.instance_id)), value
-            ).rowcount
-            if kind is not None:
-                out[kind] += gone_rows
-    return out
-
-
-def _has_log():
-    """An attempt row has a stored log."""
-    return exists().where(
-        attempt_logs.c.instance_id == attempts.c.instance_id,
-        attempt_logs.c.attempt == attempts.c.attempt,
-    )
-
-
-def _flags(conn, d, value: dict[str, Any]) -> Counter[str]:
-    """``checkpoints`` and ``logs``: the attempts of the instances ``value`` names that
-    carried a checkpoint, and those that carried a kept stderr tail or a stored log."""
-    logged = case(((attempts.c.error.is_not(None)) | _has_log(), 1))
-    cps, logs = conn.execute(
-        select(func.count(attempts.c.checkpoint), func.count(logged)).where(
-            d.ids_in(attempts.c.instance_id)
-        ),
-        value,
-    ).one()
-    return Counter({"checkpoints": cps, "logs": logs})
-
-
-def _count_children(conn, d, ids: list[int], out: Counter[str]):
-    """Count ``ids``' instances and their child rows into ``out`` (inside ``conn``'s
-    transaction; a dry run); returns ``out``."""
-    out["instances"] += len(ids)
-    value = {"ids": d.ids_value(ids)}
-    out.update(_flags(conn, d, value))
-    for kind, table in CHILDREN:
-        if kind is None:
-            continue
-        out[kind] += conn.execute(
-            select(func.count()).select_from(table).where(d.ids_in(table.c.instance_id)), value
-        ).scalar_one()
-    return out
 
 
 def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ...]]:
@@ -174,7 +47,7 @@ def attempts_after(engine: Engine, after: int, limit: int) -> list[tuple[Any, ..
             attempts.c.attempt,
             attempts.c.finished_at,
             attempts.c.checkpoint.is_not(None),
-            attempts.c.error.is_not(None) | _has_log(),
+            attempts.c.error.is_not(None) | has_log(),
             instances.c.flow,
             instances.c.status,
             instances.c.attempts,

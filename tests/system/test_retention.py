@@ -25,8 +25,7 @@ from runner.retention import parse_retention
 from runner.sensors.events import record_events
 from runner.sensors.rules import RuleEngine
 from runner.service.daemon import serve
-from runner.store import migrate
-from runner.store import prune as store_prune
+from runner.store import migrate, prune_instances
 from runner.store.create import create_instance
 from runner.store.db import make_engine
 from runner.store.log_writer import flush_all
@@ -186,7 +185,7 @@ def test_locked_and_changed_rows_are_kept(world: World, monkeypatch) -> None:
     t = world.newest_change()
     with world.engine.begin() as conn:  # as if a worker held it (a lease not yet released)
         conn.execute(text("UPDATE instances SET locked_by = 'w9' WHERE id = :i"), {"i": done[0]})
-    real = store_prune.candidates
+    real = prune_instances.candidates
 
     def retried_meanwhile(engine, flow, status, cutoff, after, limit):
         rows = real(engine, flow, status, cutoff, after, limit)
@@ -195,7 +194,7 @@ def test_locked_and_changed_rows_are_kept(world: World, monkeypatch) -> None:
             assert submit(engine, [failed[0]], "retry")[0].ok
         return rows
 
-    monkeypatch.setattr(store_prune, "candidates", retried_meanwhile)
+    monkeypatch.setattr(prune_instances, "candidates", retried_meanwhile)
     prune(world.engine, rules, now=t + 100, pacing=FAST, flow=world.plain)
     left = world.statuses()
     assert left[failed[0]] == "runnable"  # revived: kept

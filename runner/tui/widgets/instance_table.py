@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -177,6 +178,7 @@ class InstanceTable(ScrollView, can_focus=True):
         self.marked: set[int] = set()
         #: Shown dimmed in the first row while nothing matches ("" shows nothing).
         self.empty_hint = ""
+        self._base: Style | None = None  # ``rich_style``, until the styles change
 
     # -- data in -------------------------------------------------------------------
 
@@ -309,6 +311,7 @@ class InstanceTable(ScrollView, can_focus=True):
     # -- rendering -----------------------------------------------------------------
 
     @staticmethod
+    @lru_cache(maxsize=8)
     def _layout(width: int) -> list[tuple[Column, int]]:
         """Each shown column with its width: fixed columns as declared; LABEL takes a third
         of what is left, at most :data:`LABEL_WIDTH` (dropped below 8 cells), LAST ERROR
@@ -329,10 +332,19 @@ class InstanceTable(ScrollView, can_focus=True):
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(f"instance-table--{name}", partial=True)
 
+    def notify_style_update(self) -> None:
+        self._base = None  # what Textual clears its own style caches on
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
-        """Line ``y`` of the widget: the header at 0, then rows from ``scroll_y``."""
+        """Line ``y`` of the widget: the header at 0, then rows from ``scroll_y``.
+
+        ``rich_style`` (which walks every ancestor's styles: a third of a frame's
+        rendering, read for each line) is kept until the styles change."""
         width = self.size.width
-        base = self.rich_style
+        if self._base is None:
+            self._base = self.rich_style
+        base = self._base
         if y == 0:
             return self._header(width, base)
         index = int(self.scroll_y) + y - 1
@@ -356,15 +368,19 @@ class InstanceTable(ScrollView, can_focus=True):
                 line_style += Style(dim=True)
         segments = []
         waiting = text["due"] == "on event"
-        for col, w in self._layout(width):
+        layout = self._layout(width)
+        # each value is fit to exactly its column's cells, a space between two: the
+        # strip's length is known (not measured again), most often ``width`` itself
+        length = sum(w for _c, w in layout) + len(layout) - 1
+        for i, (col, w) in enumerate(layout):
             value = fit(text[col.key], w, col.right)
             style = line_style
             if col.key == "status" and row.status in STATUSES:
                 style += self._style(row.status)
             elif col.key == "error" and value.strip():
                 style += self._style("waiting" if waiting else "error")
-            segments.append(Segment(value + " ", style))
-        return Strip(segments).adjust_cell_length(width, line_style)
+            segments.append(Segment(value if i == len(layout) - 1 else value + " ", style))
+        return Strip(segments, length).adjust_cell_length(width, line_style)
 
     def _header(self, width: int, base: Style) -> Strip:
         q = self.query_state

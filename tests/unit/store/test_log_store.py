@@ -10,6 +10,7 @@ from sqlalchemy import update
 from runner.log_buffer import PENDING_MAX, AttemptLog
 from runner.ops.prune import Pacing, prune, rules_for
 from runner.store import prune as store_prune
+from runner.store import prune_instances
 from runner.store.db import make_engine
 from runner.store.log_reader import Pieces, chunks
 from runner.store.log_writer import LogWriter, flush_all, writer_for
@@ -99,7 +100,7 @@ def test_logs_go_with_their_instance_and_past_the_store_bound(tmp_path: Path) ->
     left = {r[0] for r in sql(engine, "SELECT DISTINCT instance_id FROM attempt_logs")}
     assert left == {ids[2], ids[3]}
     # the instance itself goes with its logs
-    gone = store_prune.delete_instances(engine, [ids[2]], "completed", 10**12)
+    gone = prune_instances.delete_instances(engine, [ids[2]], "completed", 10**12)
     assert gone["instances"] == 1  # ("logs" counts attempt rows: there are none here)
     left = {r[0] for r in sql(engine, "SELECT DISTINCT instance_id FROM attempt_logs")}
     assert left == {ids[3]}

@@ -14,7 +14,7 @@ import time
 
 from sqlalchemy import insert
 
-from runner.store import prune as store_prune
+from runner.store import prune_instances
 from runner.store.db import make_engine
 from runner.store.dialect import dialect_of
 from runner.store.tables import instances
@@ -54,8 +54,9 @@ def _filled(tmp_path, n: int = 3000):
 def test_instance_deletion_looks_ids_up_by_key(tmp_path) -> None:
     engine = _filled(tmp_path)
     d = dialect_of(engine)
-    stmt = store_prune.deletion(d, "completed", time.time())
-    plan = _plan(engine, stmt, {"ids": d.ids_value([1, 2, 3])})
+    stmt = prune_instances.deletion(d)
+    params = {"ids": d.ids_value([1, 2, 3]), "status": "completed", "cutoff": time.time()}
+    plan = _plan(engine, stmt, params)
     assert "ix_instances_claim" not in plan, plan
     assert "ix_instances_flow_status" not in plan, plan
     assert "SCAN instances" not in plan, plan
@@ -68,7 +69,7 @@ def test_instance_deletion_deletes_only_deletable_rows(tmp_path) -> None:
     with engine.begin() as conn:
         conn.execute(instances.update().where(instances.c.id == 2).values(locked_by="w"))
         conn.execute(instances.update().where(instances.c.id == 3).values(status="runnable"))
-    got = store_prune.delete_instances(engine, [1, 2, 3, 4], "completed", later)
+    got = prune_instances.delete_instances(engine, [1, 2, 3, 4], "completed", later)
     assert got["instances"] == 2
     with engine.connect() as conn:
         left = sorted(conn.execute(instances.select().with_only_columns(instances.c.id)).scalars())
