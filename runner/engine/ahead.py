@@ -36,17 +36,25 @@ class ClaimAhead:
     counter that only grows), and ``now`` (monotonic seconds).
     """
 
-    __slots__ = ("limit", "_mark_at", "_mark", "_previous")
+    __slots__ = ("limit", "_mark_at", "_mark", "_previous", "_off_until")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._mark_at = -WINDOW  # when the current window began (monotonic seconds)
         self._mark = 0  # ``ends`` then
         self._previous = 0  # ends in the previous window
+        self._off_until = -WINDOW  # no claim ahead before then (monotonic seconds)
+
+    def refused(self, now: float) -> None:
+        """A cycle's claims were undone by a limit (a pool full, a rate, a flow's
+        ``max_running``) at ``now`` (monotonic seconds): claim none ahead for the next
+        :data:`WINDOW`. A claim held ahead holds its pool's seat too, so claiming ahead
+        of a full pool only turns claims into waiters to be woken again."""
+        self._off_until = now + WINDOW
 
     def target(self, now: float, ends: int) -> int:
         """How many instances to hold claimed ahead at ``now``."""
-        if self.limit <= 0:
+        if self.limit <= 0 or now < self._off_until:
             return 0
         if now - self._mark_at >= WINDOW:
             # a window is over (if more than one passed, the previous held no end)

@@ -109,6 +109,8 @@ class CycleResult:
     #: with ``request.plan``: the next due time and lease expiry (epoch s), None if none
     next_due: float | None = None
     next_expiry: float | None = None
+    #: claims a pool, rate or flow limit undid (the worker stops claiming ahead a while)
+    refused: int = 0
     #: ``time.monotonic()`` before the transaction began: the leases of ``claims`` and
     #: ``chained`` end no earlier than ``lease`` seconds after it (``engine.fence``)
     lease_from: float = 0.0
@@ -353,10 +355,13 @@ def _transaction(
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
             pools.sweep(conn, db_now(conn))
             routing.sweep(conn, db_now(conn))
-        claims = []
+        claims, refused = [], [0]
         if limit > 0:
-            claims = leases.claim_batch(conn, worker_id, lease, limit, labels=request.labels)
+            claims = leases.claim_batch(
+                conn, worker_id, lease, limit, labels=request.labels, refused=refused
+            )
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
+        result.refused = sum(refused)
         if request.plan and (request.recover or not (claims or chained)):
             result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
     return result

@@ -406,6 +406,8 @@ class Worker:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         cycle.log_lost(result.recovered)
+        if result.refused:
+            self._ahead.refused(time.monotonic())
         if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
         self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)

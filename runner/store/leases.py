@@ -112,6 +112,7 @@ def claim_batch(
     limit: int,
     at: float | None = None,
     labels: str | None = None,
+    refused: list[int] | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due instances and start an attempt on each.
 
@@ -123,6 +124,8 @@ def claim_batch(
         at: the current time (epoch seconds); defaults to now on the database's clock.
         labels: the worker's labels (``runner.labels.canonical``; ``None``: none): only
             instances whose ``runs_on`` they cover are claimed, inside the statement.
+        refused: when given, the number of claims a pool, rate or flow limit undid is
+            appended to it (the worker then stops claiming ahead for a while).
 
     Returns the claims to run, highest priority first, then oldest due. No attempt row is
     written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
@@ -137,7 +140,10 @@ def claim_batch(
     rows = hot.claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
     if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
+        asked = len(rows)
         rows, seats = settle(conn, rows, at)  # the pool limits, in this transaction
+        if refused is not None:
+            refused.append(asked - len(rows))
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
     if sleeping:  # due after its backoff: it runs now (lifecycle's "wake")

@@ -150,6 +150,17 @@ def test_the_claim_ahead_target_follows_the_ends_of_the_last_window() -> None:
     assert ahead.ClaimAhead(0).target(0.1, 100) == 0
 
 
+def test_no_claim_ahead_for_a_window_after_a_limit_refused_claims() -> None:
+    """``ClaimAhead.refused``: a claim ahead would hold a full pool's seat, so none is
+    made for :data:`ahead.WINDOW` after a cycle's claims were refused; then as before."""
+    c = ahead.ClaimAhead(8)
+    w = ahead.WINDOW
+    assert c.target(0.1 * w, 5) == 5
+    c.refused(0.2 * w)
+    assert c.target(0.3 * w, 6) == 0 and c.target(1.1 * w, 7) == 0
+    assert c.target(1.3 * w, 9) == 4, "then as before: the ends since the last mark"
+
+
 def test_claimed_ahead_instances_start_as_slots_free(tmp_path, engine, monkeypatch) -> None:
     """Concurrency 2, two claimed ahead: the waiting ones run once each, never more than
     two at once, and their attempt's ``started_at`` is when the handler started, after

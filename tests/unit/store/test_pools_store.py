@@ -41,6 +41,21 @@ def _claim(engine: Engine, worker: str, at: float, limit: int = 10):
         return leases.claim_batch(conn, worker, LEASE, limit, at=at)
 
 
+def test_a_claim_counts_what_the_pool_refused(world) -> None:
+    """``claim_batch(refused=...)`` gets the number of claims the pool undid (the worker
+    stops claiming ahead on it); none refused: 0."""
+    engine, flow = world
+    for _ in range(5):
+        new_instance(engine, flow)
+    refused: list[int] = []
+    with engine.begin() as conn:
+        got = leases.claim_batch(conn, "w1", LEASE, 10, at=T0, refused=refused)
+    assert len(got) == 2 and refused == [3]
+    with engine.begin() as conn:
+        assert leases.claim_batch(conn, "w2", LEASE, 10, at=T0 + 1, refused=refused) == []
+    assert refused == [3], "nothing due, nothing settled: nothing appended"
+
+
 def _waiting(engine: Engine) -> list[int]:
     rows = sql(engine, "SELECT id FROM instances WHERE waiting_for = 'warehouse' ORDER BY id")
     return [r[0] for r in rows]
