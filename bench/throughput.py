@@ -23,7 +23,9 @@ is the peer. The *spawn ceiling* is the fastest of a sequential ``subprocess.run
 a pool of 2 x cores threads doing the same, measured in this process between the others.
 ``--setup`` adds, interleaved, the same flow with each state's handler set up: ``env``
 (5 names, two of them ``{data.…}`` templates), one secret file and ``limits`` (memory,
-cpu, files), and prints its ratio to the plain flow.
+cpu, files), and prints its ratio to the plain flow and the CPU a transition of both
+(the daemon's and its reaped children's, start-up included: steadier than the rate
+on a shared machine).
 
 Each flowrun figure is taken twice, interleaved: at the daemon's default ``--concurrency``
 (no option given: what a user who sets nothing gets) and at this bench's best
@@ -248,6 +250,7 @@ def main_exec(args: argparse.Namespace) -> None:
             for key, conc in sides(args, r):
                 fr = run_flowrun(n, conc, "exec", Path(tmp) / key.replace(" ", "-"))
                 add(key, fr["per_s"])
+                add(f"{key} cpu", fr["cpu_us"])
                 print(
                     f"[exec {r + 1}] {key}: {fr['transitions']} transitions in "
                     f"{fr['seconds']:.2f}s = {fr['per_s']:,.0f}/s (process wall "
@@ -257,9 +260,12 @@ def main_exec(args: argparse.Namespace) -> None:
             if args.setup:
                 su = run_flowrun(n, args.concurrency, "exec-setup", Path(tmp) / "setup")
                 add("flowrun (setup)", su["per_s"])
+                add("flowrun (setup) cpu", su["cpu_us"])
                 print(
                     f"[exec {r + 1}] flowrun with env, a secret and limits: {su['per_s']:,.0f}/s"
-                    f" ({su['per_s'] / rates['flowrun'][-1]:.2f}x the plain flow)",
+                    f" ({su['per_s'] / rates['flowrun'][-1]:.2f}x the plain flow; CPU a "
+                    f"transition, its /bin/true included: {su['cpu_us']:,.0f} against "
+                    f"{rates['flowrun cpu'][-1]:,.0f} us)",
                     flush=True,
                 )
             if args.compare:
@@ -302,12 +308,14 @@ def main_exec(args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"[exec] medians of {args.repeat} (n {n}):")
     for k, v in med.items():
-        print(f"  {k:>28}: {v:,.0f}/s")
+        unit = " us CPU a transition (/bin/true included)" if k.endswith(" cpu") else "/s"
+        print(f"  {k:>28}: {v:,.0f}{unit}")
     line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
     if DEFAULT in med:
         line += f", at the default {med[DEFAULT] / med['ceiling']:.2f}x"
     if "flowrun (setup)" in med:
         line += f", set-up/plain {med['flowrun (setup)'] / med['flowrun']:.2f}x"
+        line += f" (CPU +{med['flowrun (setup) cpu'] - med['flowrun cpu']:,.0f} us a transition)"
     if "flowrun (compare)" in med:
         line += f", flowrun/compared tree {med['flowrun'] / med['flowrun (compare)']:.2f}x"
     if "huey best" in med:

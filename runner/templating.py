@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -19,6 +19,9 @@ _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*$")
 
 # A parsed template: literal strings and placeholder paths (tuples of keys).
 _Part = str | tuple[str, ...]
+
+#: A template made a function of the context (:func:`compiled`).
+Fill = Callable[[Mapping[str, Any]], str]
 
 _EXPECTED_PLACEHOLDER = (
     "expected a dotted key path such as {data.path} or {event.code} (no indexing, "
@@ -95,9 +98,14 @@ def lookup(context: Mapping[str, Any], path: str) -> object:
     Raises:
         KeyError: naming the full path when any key is missing or a non-mapping is crossed.
     """
+    return _walk(context, path.split("."), path)
+
+
+def _walk(context: Mapping[str, Any], keys: Sequence[str], path: str) -> object:
+    """The value at ``keys`` in nested mappings; ``KeyError(path)`` when one is missing."""
     value: object = context
-    for key in path.split("."):
-        if not isinstance(value, Mapping) or key not in value:
+    for key in keys:
+        if not (type(value) is dict or isinstance(value, Mapping)) or key not in value:
             raise KeyError(path)
         value = value[key]
     return value
@@ -118,13 +126,36 @@ def render(template: str, context: Mapping[str, Any]) -> str:
         KeyError: the dotted path of the first missing placeholder.
         ValueError: the template is malformed.
     """
-    out: list[str] = []
-    for part in _parse(template):
-        if isinstance(part, str):
-            out.append(part)
-        else:
-            out.append(_text(lookup(context, ".".join(part))))
-    return "".join(out)
+    return compiled(template)(context)
+
+
+@lru_cache(maxsize=4096)
+def compiled(template: str) -> Fill:
+    """:func:`render` of ``template`` as a function of the context, the template parsed
+    once: a template without placeholders gives its text with no work (an ``env`` value
+    such as ``gold`` is rendered for every attempt: ``runner.handlers.secrets``).
+
+    Raises:
+        ValueError: the template is malformed (at once; the function raises ``KeyError``
+            as :func:`render` does).
+    """
+    parsed = _parse(template)
+    if not any(isinstance(p, tuple) for p in parsed):
+        text = "".join(parsed)  # type: ignore[arg-type]  # only strings
+        return lambda context: text
+    parts = tuple(p if isinstance(p, str) else (p, ".".join(p)) for p in parsed)
+
+    def fill(context: Mapping[str, Any]) -> str:
+        out: list[str] = []
+        for part in parts:
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                keys, path = part
+                out.append(_text(_walk(context, keys, path)))
+        return "".join(out)
+
+    return fill
 
 
 def render_value(template: str, context: Mapping[str, Any]) -> object:

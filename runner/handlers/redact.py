@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 MASK = b"***"
 """What a secret's bytes become."""
+_MASK_TEXT = MASK.decode()
 
 
 class Redactor:
@@ -76,9 +77,7 @@ class Redactor:
 
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every secret in ``secrets`` replaced by ``***`` (empty ones ignored)."""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, MASK.decode())
-    return text
+    return _redact(text, _longest_first(secrets))
 
 
 def redact_value(value: object, secrets: tuple[str, ...]) -> object:
@@ -86,10 +85,27 @@ def redact_value(value: object, secrets: tuple[str, ...]) -> object:
     :func:`redact_text`; the same object when there is nothing to replace."""
     if not secrets:
         return value
+    return _redact_value(value, _longest_first(secrets))
+
+
+def _longest_first(secrets: Iterable[str]) -> tuple[str, ...]:
+    """The secrets in the order they are replaced: the longer first, empty ones left out."""
+    return tuple(sorted((s for s in secrets if s), key=len, reverse=True))
+
+
+def _redact(text: str, ordered: tuple[str, ...]) -> str:
+    for secret in ordered:
+        text = text.replace(secret, _MASK_TEXT)
+    return text
+
+
+def _redact_value(value: object, ordered: tuple[str, ...]) -> object:
+    """:func:`redact_value` with the secrets already ordered (once for a whole value, not
+    for each string in it)."""
     if isinstance(value, str):
-        return redact_text(value, secrets)
+        return _redact(value, ordered)
     if isinstance(value, dict):
-        return {redact_text(k, secrets): redact_value(v, secrets) for k, v in value.items()}
+        return {_redact(k, ordered): _redact_value(v, ordered) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact_value(v, secrets) for v in value]
+        return [_redact_value(v, ordered) for v in value]
     return value

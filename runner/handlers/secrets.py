@@ -9,6 +9,8 @@ redact (``runner.handlers.redact``) from whatever is kept of the attempt;
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from runner.flowspec.setup import HandlerSetup
 from runner.flowspec.spec_handler import CREDENTIALS_ENV, SecretSpec
-from runner.templating import render
+from runner.templating import Fill, compiled, render
 
 
 class SetupError(Exception):
@@ -43,13 +45,23 @@ def attempt_vars(
     """
     context = {"data": data}
     env = {}
-    for name, template in setup.env:
+    for name, fill in _fills(setup.env):
         try:
-            env[name] = render(template, context)
+            env[name] = fill(context)
         except KeyError as exc:
             raise SetupError(f"env {name}: placeholder {{{exc.args[0]}}} has no value") from None
+    if not setup.secrets:
+        return env, {}
     secrets = {name: read_secret(name, spec, flows_dir, environ) for name, spec in setup.secrets}
     return env, secrets
+
+
+@functools.lru_cache(maxsize=256)
+def _fills(env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, Fill], ...]:
+    """``(name, fill)`` for each of a state's ``env`` templates, parsed once (a value with
+    no placeholder costs nothing per attempt). Raises ``ValueError`` for a malformed
+    template (``check`` refuses those)."""
+    return tuple((name, compiled(template)) for name, template in env)
 
 
 def read_secret(
@@ -65,13 +77,54 @@ def read_secret(
         if value is None:
             raise SetupError(f"secret {name}: the daemon's environment has no {spec.env}")
         return value
-    path = spec.path(flows_dir, environ.get(CREDENTIALS_ENV))
+    assert spec.file is not None
+    path, fallback = _secret_paths(spec.file, flows_dir, environ.get(CREDENTIALS_ENV))
     try:
-        raw = path.read_bytes()
+        raw = _read(path)
     except OSError as exc:
-        raise SetupError(f"secret {name}: cannot read {path}: {exc.strerror or exc}") from None
+        if fallback is None or exc.errno not in _MISSING:
+            raise SetupError(f"secret {name}: cannot read {path}: {exc.strerror or exc}") from None
+        path = fallback  # not in $CREDENTIALS_DIRECTORY: the flows folder's
+        try:
+            raw = _read(path)
+        except OSError as exc:
+            raise SetupError(f"secret {name}: cannot read {path}: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", "surrogateescape")
     return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+
+
+#: the errors of a file that is not there (as ``Path.exists`` reads them)
+_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+@functools.lru_cache(maxsize=256)
+def _secret_paths(
+    file: str, flows_dir: Path, credentials_dir: str | None
+) -> tuple[str, str | None]:
+    """``(path, fallback)``: the file a secret ``file`` is read from, and the one read
+    instead when that one is missing (``SecretSpec.path``: an absolute path as given; a
+    relative one from ``credentials_dir`` first when it is set, else from
+    ``flows_dir``). Worked out once: building the paths cost more than the read."""
+    given = Path(file)
+    if given.is_absolute():
+        return str(given), None
+    if credentials_dir:
+        return str(Path(credentials_dir) / given), str(flows_dir / given)
+    return str(flows_dir / given), None
+
+
+def _read(path: str) -> bytes:
+    """The whole content of the file at ``path``, read now: an ``open``, a ``read`` until
+    the end and a ``close`` (no Python file object: ~3 µs against ~20 µs with
+    ``Path.read_bytes``). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def working_dir(setup: HandlerSetup, data: dict[str, Any], flows_dir: Path) -> Path:

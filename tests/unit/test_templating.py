@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from runner.templating import placeholders, render, render_value
+from runner.templating import compiled, placeholders, render, render_value
 
 CTX = {
     "data": {"path": "in/a.csv", "n": 3, "ok": True, "none": None, "nested": {"k": "v"}},
@@ -120,3 +120,13 @@ def test_a_label_shortens_paths_but_not_text_that_mentions_one():
     line = "ERROR [cache] evicted [/var/lib/app]"
     assert label(line) == line
     assert label("a/b c") == "a/b c"
+
+
+def test_a_compiled_template_renders_as_render_does() -> None:
+    context = {"data": {"i": 3, "tags": ["a"], "on": True}}
+    for template in ("gold", "eu-{data.i}", "{data.tags}/{data.on}", "{{x}}", ""):
+        assert compiled(template)(context) == render(template, context)
+    with pytest.raises(KeyError, match="data.gone"):
+        compiled("x-{data.gone}")(context)
+    with pytest.raises(ValueError):
+        compiled("{data.i")

@@ -36,3 +36,18 @@ def test_an_env_secret_and_the_errors_name_the_source_never_a_value(tmp_path: Pa
         read_secret("K", SecretSpec(file="gone.key"), tmp_path, {})
     gone = tmp_path / "gone.key"
     assert str(info.value) == f"secret K: cannot read {gone}: No such file or directory"
+
+
+def test_a_file_is_read_again_for_every_attempt_and_a_folder_is_an_error(tmp_path: Path) -> None:
+    key = tmp_path / "api"
+    key.write_text("first\n")
+    spec = SecretSpec(file="api")
+    assert read_secret("API", spec, tmp_path, {}) == "first"
+    key.write_text("second\n")  # same size: still read again (no cache of any kind)
+    assert read_secret("API", spec, tmp_path, {}) == "second"
+    key.write_bytes(b"x" * 200_000)  # more than one read
+    assert read_secret("API", spec, tmp_path, {}) == "x" * 200_000
+    creds = tmp_path / "creds"
+    (creds / "api").mkdir(parents=True)  # there, but not a file: named, no fallback
+    with pytest.raises(SetupError, match=f"cannot read {creds / 'api'}: Is a directory"):
+        read_secret("API", spec, tmp_path, {"CREDENTIALS_DIRECTORY": str(creds)})
