@@ -1,13 +1,16 @@
 """Delivering alerts: the rules' ``exec`` and ``webhook`` actions, retried with backoff.
 
 Every daemon with sensors runs a :class:`Deliverer` (a part of the sensor hub). It claims
-due deliveries under a lease (``runner.store.deliveries.claim_due``), sends them at once
-(concurrently), and records each result. A failure (non-zero exit, connection error,
-timeout, HTTP 5xx, HTTP 429, honouring ``Retry-After``) is retried with backoff
-(:data:`BACKOFF_FIRST` doubling up to :data:`BACKOFF_MAX`) until the rule's ``retry_for``
-has passed; any other HTTP status (a 4xx) fails at once. A failed delivery is one WARNING
-line. Each send carries the event id: ``Idempotency-Key`` header, ``FLOWRUN_EVENT_ID``
-environment variable, so receivers can drop the repeats of "at least once".
+due deliveries under a lease (``runner.store.deliveries.claim_due``, :data:`BATCH` at a
+time), sends them (the ``exec`` ones at once, :data:`EXECS_AT_ONCE` at most; the webhooks
+one thread per receiver, each receiver's one after the other on a kept-alive connection,
+``runner.sensors.http_out``), and records the batch's results in one transaction. A
+failure (non-zero exit, connection error, timeout, HTTP 5xx, HTTP 429, honouring
+``Retry-After``) is retried with backoff (:data:`BACKOFF_FIRST` doubling up to
+:data:`BACKOFF_MAX`) until the rule's ``retry_for`` has passed; any other HTTP status (a
+4xx) fails at once. A failed delivery is one WARNING line. Each send carries the event
+id: ``Idempotency-Key`` header, ``FLOWRUN_EVENT_ID`` environment variable, so receivers
+can drop the repeats of "at least once".
 
 ``exec`` runs its argv (never a shell) in the rule's flow folder with the event as JSON on
 stdin (:data:`EXEC_TIMEOUT` seconds at most); exit 0 is delivered.
@@ -18,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import http.client
 import json
 import os
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from runner.sensors.base import first_of, log
+from runner.sensors.http_out import Receivers, receiver
 from runner.sensors.rules import describe_target
 from runner.store.deliveries import Claimed, Try, claim_due, finish, next_due
 from runner.templating import render
@@ -45,6 +49,15 @@ BACKOFF_MAX = 30.0
 LOOK_EVERY = 15.0
 #: A webhook response body kept in ``last_result`` (characters).
 RESULT_CHARS = 200
+#: Deliveries claimed at a time (one transaction to claim them, one to record their tries).
+BATCH = 200
+#: Seconds one receiver's claimed webhooks are posted one after the other; those left when
+#: they are up (a slow or silent receiver) are given back untried, due at once.
+SERIAL_FOR = 5.0
+#: ``exec`` notifiers run at once at most.
+EXECS_AT_ONCE = 32
+#: The ``User-Agent`` of webhooks (unless the rule's ``headers`` name one).
+USER_AGENT = "flowrun"
 
 
 def event_document(c: Claimed) -> dict[str, Any]:
@@ -82,6 +95,9 @@ class Deliverer:
         self.worker_id = worker_id
         self.environ = dict(os.environ if environ is None else environ)
         self._kick = asyncio.Event()
+        #: kept-alive connections to the webhooks' receivers
+        self.receivers = Receivers()
+        self._execs = asyncio.Semaphore(EXECS_AT_ONCE)
         #: deliveries sent and delivered / failed for good (metrics, tests)
         self.delivered = 0
         self.failed = 0
@@ -92,13 +108,19 @@ class Deliverer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; a database error ends it (``keep`` restarts it)."""
+        try:
+            await self._deliver_until(stop)
+        finally:
+            self.receivers.close()
+
+    async def _deliver_until(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._kick.clear()
             claimed = await asyncio.to_thread(
-                claim_due, self.engine, self.worker_id, EXEC_TIMEOUT + 30.0
+                claim_due, self.engine, self.worker_id, EXEC_TIMEOUT + 30.0, BATCH
             )
             if claimed:
-                tries = await asyncio.gather(*(self._deliver(c) for c in claimed))
+                tries = await self._send(claimed)
                 statuses = await asyncio.to_thread(finish, self.engine, self.worker_id, tries)
                 for c, x, status in zip(claimed, tries, statuses, strict=True):
                     if status == "delivered":
@@ -111,16 +133,49 @@ class Deliverer:
             wait = LOOK_EVERY if due is None else min(LOOK_EVERY, max(due - time.time(), 0.01))
             await first_of(self._kick.wait(), stop.wait(), timeout=wait)
 
-    async def _deliver(self, c: Claimed) -> Try:
-        """One try of ``c`` (its exec or webhook), as a :class:`Try` to record (the
-        batch's tries are recorded together by ``run``)."""
+    async def _send(self, claimed: list[Claimed]) -> list[Try]:
+        """One try of each of ``claimed``, in its order: the execs at once, the webhooks
+        one thread per receiver (scheme, host and port), each receiver's serially on its
+        kept-alive connection; a receiver's requests past :data:`SERIAL_FOR` seconds are
+        given back untried (due at once)."""
+        hooks: dict[tuple[str, str, int], list[Claimed]] = {}
+        for c in claimed:
+            if "exec" not in c.target:
+                hooks.setdefault(receiver(str(c.target["webhook"].get("url"))), []).append(c)
+        execs = [self._tried(c, self._exec(c)) for c in claimed if "exec" in c.target]
+        posted = asyncio.gather(
+            *(asyncio.to_thread(self._post_serially, g) for g in hooks.values())
+        )
+        done = [*await asyncio.gather(*execs), *(x for g in await posted for x in g)]
+        by_id = {x.delivery_id: x for x in done}
+        return [by_id[c.id] for c in claimed]
+
+    def _post_serially(self, group: list[Claimed]) -> list[Try]:
+        """Post ``group`` (one receiver's) one after the other (in a thread)."""
+        until = time.monotonic() + SERIAL_FOR
+        out = []
+        for c in group:
+            if time.monotonic() > until:
+                out.append(Try(c.id, "", False, tried=False))
+                continue
+            try:
+                got = self._webhook(c)
+            except Exception as exc:  # noqa: BLE001 - any failure of a try is recorded, retried
+                got = Outcome(f"error: {exc}", False)
+            out.append(self._try(c, got))
+        return out
+
+    async def _tried(self, c: Claimed, sending: Awaitable[Outcome]) -> Try:
+        """The :class:`Try` of ``c`` once ``sending`` (its exec) ends."""
         try:
-            if "exec" in c.target:
-                out = await self._exec(c)
-            else:
-                out = await asyncio.to_thread(self._webhook, c)
+            got = await sending
         except Exception as exc:  # noqa: BLE001 - any failure of a try is recorded, retried
-            out = Outcome(f"error: {exc}", False)
+            got = Outcome(f"error: {exc}", False)
+        return self._try(c, got)
+
+    def _try(self, c: Claimed, out: Outcome) -> Try:
+        """One try's outcome ``out`` as a :class:`Try` to record (the batch's tries are
+        recorded together by ``run``), due again after its backoff."""
         delay = min(BACKOFF_FIRST * 2**c.attempts, BACKOFF_MAX)
         if out.after is not None:
             delay = max(out.after, 0.0)
@@ -141,6 +196,10 @@ class Deliverer:
         )
 
     async def _exec(self, c: Claimed) -> Outcome:
+        async with self._execs:
+            return await self._run_exec(c)
+
+    async def _run_exec(self, c: Claimed) -> Outcome:
         argv = [str(a) for a in c.target["exec"]]
         flow = self.registry.flows.get(c.rule.removeprefix("rule:").partition("#")[0])
         cwd = Path(str(flow.path)).parent if getattr(flow, "path", None) else None
@@ -185,22 +244,25 @@ class Deliverer:
         else:
             data = body.encode()
         headers["Idempotency-Key"] = str(c.event_id)
+        headers.setdefault("User-Agent", USER_AGENT)
         method = hook.get("method") or "POST"
-        request = urllib.request.Request(
-            hook["url"], data=None if method == "GET" else data, headers=headers, method=method
-        )
         try:
-            with urllib.request.urlopen(request, timeout=float(hook.get("timeout") or 10)) as resp:
-                return Outcome(f"HTTP {resp.status}", True)
-        except urllib.error.HTTPError as exc:
-            code = exc.code
-            text = f"HTTP {code}"
-            if code == 429 or code >= 500:
-                return Outcome(text, False, after=_retry_after(exc.headers.get("Retry-After")))
-            return Outcome(text, False, retry=False)
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return Outcome(f"cannot reach {hook['url']}: {reason}", False)
+            answer = self.receivers.send(
+                hook["url"],
+                method,
+                None if method == "GET" else data,
+                headers,
+                float(hook.get("timeout") or 10),
+            )
+        except (OSError, http.client.HTTPException) as exc:
+            return Outcome(f"cannot reach {hook['url']}: {exc}", False)
+        code = answer.status
+        text = f"HTTP {code}"
+        if 200 <= code < 300:
+            return Outcome(text, True)
+        if code == 429 or code >= 500:
+            return Outcome(text, False, after=_retry_after(answer.headers.get("Retry-After")))
+        return Outcome(text, False, retry=False)
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -44,6 +44,32 @@ EXPLAINED = frozenset(
 )
 
 
+def enrich_many(engine: Engine, payloads: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """:func:`enrich` of each of ``payloads`` (lifecycle events' payloads), in order: the
+    labels of the kinds that need no why are read in ONE query for the batch (a
+    thousand ``completed`` a second cost one read, not a thousand); the
+    :data:`EXPLAINED` kinds are explained one by one."""
+    plain = [
+        "explain" not in p and isinstance(p.get("instance"), int) and p.get("kind") not in EXPLAINED
+        for p in payloads
+    ]
+    labels: dict[int, str | None] = {}
+    if any(plain):
+        ids = {p["instance"] for p, label_only in zip(payloads, plain, strict=True) if label_only}
+        with reading(engine) as conn:
+            q = select(instances.c.id, instances.c.label).where(instances.c.id.in_(ids))
+            labels = {row.id: row.label for row in conn.execute(q)}
+    out = []
+    for p, label_only in zip(payloads, plain, strict=True):
+        if not label_only:
+            out.append(enrich(engine, p, now))
+        elif p["instance"] in labels:
+            out.append({**p, "label": labels[p["instance"]], "explain": ""})
+        else:
+            out.append(p)  # an instance no longer stored
+    return out
+
+
 def enrich(engine: Engine, payload: dict[str, Any], now: float) -> dict[str, Any]:
     """``payload`` of a lifecycle event with ``label`` and, for the :data:`EXPLAINED`
     kinds, ``explain`` (the header of ``flowrun explain`` and its latest timeline

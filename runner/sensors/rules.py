@@ -12,7 +12,9 @@ A selector's ``data`` regexes may name event fields as ``{event.x}``: the value 
 escaped (``re.escape``), so it matches literally (e.g. ``path: "^{event.path}$"``).
 
 Each rule runs in a savepoint: a rule that fails (a template naming a missing event field,
-an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself.
+an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself. An
+``exec``/``webhook`` rule without ``once_per`` needs none (it fails, if at all, before it
+writes): the batch's delivery rows are one statement.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from runner import lifecycle
 from runner.errors import IllegalMove, UserError
 from runner.ops import commands
 from runner.sensors.base import log
-from runner.sensors.lifecycle import enrich
+from runner.sensors.lifecycle import enrich_many
 from runner.store import create
 from runner.store.clock import db_now
 from runner.store.db import reading
-from runner.store.deliveries import queue
+from runner.store.deliveries import queue, queue_many
 from runner.store.flow_limits import refusal
 from runner.store.tables import JSONType, events
 from runner.templating import lookup, render, render_event_refs, render_value
@@ -95,6 +97,22 @@ def matches(patterns: Mapping[str, str] | None, payload: Mapping[str, Any]) -> b
     return True
 
 
+@dataclass
+class _Queued:
+    """A delivery planned in a batch (``action``: ``exec`` or ``webhook``; ``row``: what
+    ``runner.store.deliveries.queue_many`` writes), written with the batch's others;
+    ``text`` says so in its event's action once written."""
+
+    action: str
+    row: dict[str, Any]
+    text: str = ""
+
+
+def _joined(texts: list[str | _Queued]) -> str:
+    """An event's action text: what each matching rule did, ``; ``-separated."""
+    return "; ".join(t if isinstance(t, str) else t.text for t in texts)
+
+
 class RuleEngine:
     """Handles pending events in batches.
 
@@ -113,6 +131,10 @@ class RuleEngine:
 
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
+
+        A rule's ``exec``/``webhook`` without ``once_per`` writes nothing but its
+        delivery row, and its plan writes nothing: it needs no savepoint, and the
+        batch's delivery rows are ONE statement (``runner.store.deliveries.queue_many``).
 
         Returns:
             ``(events seen, actions taken)``; fewer than ``batch`` seen means none are left.
@@ -141,16 +163,21 @@ class RuleEngine:
                     .returning(events.c.id)
                 ).scalars()
             )
-            done = []
+            done: list[tuple[int, list[str | _Queued]]] = []
+            queued: list[_Queued] = []
             for event_id, sensor, payload in rows:
                 if event_id not in claimed:
                     continue  # another daemon handled it first
-                texts, n = self._apply_rules(conn, event_id, sensor, payload or {})
+                texts, n = self._apply_rules(conn, event_id, sensor, payload or {}, queued)
                 acted += n
                 by_sensor[sensor] += n
-                done.append({"eid": event_id, "text": "; ".join(texts)})
+                done.append((event_id, texts))
+            if queued:
+                ids = queue_many(conn, [q.row for q in queued])
+                for q, did in zip(queued, ids, strict=True):
+                    q.text = f"{q.action} queued (delivery {did})"
             if done:
-                conn.execute(_SET_ACTION, done)
+                conn.execute(_SET_ACTION, [{"eid": e, "text": _joined(t)} for e, t in done])
             kept = [e for e in enriched if e["eid"] in claimed]
             if kept:
                 conn.execute(_SET_PAYLOAD, kept)
@@ -159,39 +186,61 @@ class RuleEngine:
 
     def _enrich(self, rows: list[Any], at: float) -> tuple[list[Any], list[dict[str, Any]]]:
         """``rows`` (id, sensor, payload) with each lifecycle event's ``label`` and
-        ``explain`` added (read now, outside the claim's transaction), and the payloads
-        to store (``[{"eid", "payload"}]``)."""
-        out, enriched = [], []
-        for event_id, sensor, payload in rows:
+        ``explain`` added (read now, outside the claim's transaction, the labels of the
+        batch in one read), and the payloads to store (``[{"eid", "payload"}]``)."""
+        out = list(rows)
+        spots = []
+        for n, (_, sensor, payload) in enumerate(rows):
             flow_name, _, sensor_name = sensor.partition(".")
             flow = self.registry.flows.get(flow_name)
             spec = (getattr(flow, "sensors", None) or {}).get(sensor_name)
             if spec is not None and spec.kind == "lifecycle" and payload:
-                richer = enrich(self.engine, payload, at)
-                if richer is not payload:
-                    enriched.append({"eid": event_id, "payload": richer})
-                    payload = richer
-            out.append((event_id, sensor, payload))
+                spots.append(n)
+        enriched = []
+        richer = enrich_many(self.engine, [rows[n][2] for n in spots], at)
+        for n, payload in zip(spots, richer, strict=True):
+            event_id, sensor, before = rows[n]
+            if payload is not before:
+                enriched.append({"eid": event_id, "payload": payload})
+                out[n] = (event_id, sensor, payload)
         return out, enriched
 
     def _apply_rules(
-        self, conn: Connection, event_id: int, sensor: str, payload: dict[str, Any]
-    ) -> tuple[list[str], int]:
+        self,
+        conn: Connection,
+        event_id: int,
+        sensor: str,
+        payload: dict[str, Any],
+        queued: list[_Queued],
+    ) -> tuple[list[str | _Queued], int]:
+        """Run the rules of ``sensor`` matching ``payload``: each in a savepoint, but a
+        plain delivery (no ``once_per``), appended to ``queued`` for the caller to write
+        with the batch's others. Returns the texts (a queued one's is set when it is
+        written) and the actions taken."""
         flow_name, _, sensor_name = sensor.partition(".")
         flow = self.registry.flows.get(flow_name)
         if flow is None:
             return [f"no rule: flow {flow_name} is not loaded"], 0
-        texts: list[str] = []
+        texts: list[str | _Queued] = []
         acted = 0
         for number, rule in enumerate(flow.rules, 1):
             if rule.when != sensor_name or not matches(rule.match, payload):
                 continue
             source = f"rule:{flow.name}#{number}"
-            savepoint = conn.begin_nested()
+            plain = (rule.exec is not None or rule.webhook is not None) and not rule.once_per
+            savepoint = None if plain else conn.begin_nested()
             try:
+                if savepoint is None:  # a plain delivery: its plan reads and writes nothing
+                    planned = _plan_delivery(flow, rule, payload)
+                    row = {"event_id": event_id, "rule": source, "target": planned.delivery}
+                    queued.append(_Queued(planned.action, {**row, "retry_for": planned.retry_for}))
+                    texts.append(queued[-1])
+                    acted += 1
+                    continue
                 text, n = self._act(conn, flow, rule, event_id, payload, source)
             except RULE_ERRORS as exc:
-                savepoint.rollback()
+                if savepoint is not None:
+                    savepoint.rollback()
                 text = f"{source} error: {rule_error(exc)}"
                 log.warning(
                     "event %d (%s): %s",

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, or_, select, text, update
+from sqlalchemy import Connection, Engine, bindparam, func, or_, select, text, update
 
 from runner.store.clock import db_now
 from runner.store.db import reading
@@ -99,6 +99,34 @@ def queue(
     return new_id, True
 
 
+def queue_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    """Queue deliveries without ``once_per`` in the caller's transaction, in ONE
+    statement (a batch of events' deliveries, not a statement each); each of ``rows``
+    has ``event_id``, ``rule``, ``target`` and ``retry_for`` (seconds) as for
+    :func:`queue`. Returns the new ids, in the order of ``rows``."""
+    if not rows:
+        return []
+    at = db_now(conn)
+    d = deliveries.c
+    values = [
+        {
+            "event_id": r["event_id"],
+            "rule": r["rule"],
+            "target": r["target"],
+            "status": "pending",
+            "created_at": at,
+            "due_at": at,
+            "give_up_at": at + r["retry_for"],
+            "attempts": 0,
+            "suppressed": 0,
+            "folded_before": 0,
+        }
+        for r in rows
+    ]
+    stmt = deliveries.insert().returning(d.id, sort_by_parameter_order=True)
+    return list(conn.execute(stmt, values).scalars())
+
+
 def claim_due(engine: Engine, worker_id: str, lease: float, limit: int = 32) -> list[Claimed]:
     """Claim up to ``limit`` pending deliveries due now and not held (or held by a
     provably dead daemon) for ``lease`` seconds; returns them with their events."""
@@ -160,49 +188,83 @@ class Try:
     """One try of a claimed delivery, to record (:func:`finish`): ``delivery_id``,
     ``result`` (``"HTTP 200"``, ``"exit 1: ..."``, ``"connection refused"``),
     ``delivered``, and ``retry_at`` (epoch s when it is due again; ``None`` or past its
-    ``give_up_at``: failed for good)."""
+    ``give_up_at``: failed for good). ``tried`` False: never sent (given back, due as it
+    was, its attempts and last result unchanged)."""
 
     delivery_id: int
     result: str
     delivered: bool
     retry_at: float | None = None
+    tried: bool = True
+
+
+_d = deliveries.c
+#: A try recorded: one statement for the batch's tries (``executemany``).
+_RECORD = (
+    update(deliveries)
+    .where(_d.id == bindparam("did"))
+    .values(
+        attempts=_d.attempts + 1,
+        last_result=bindparam("result"),
+        status=bindparam("new_status"),
+        delivered_at=bindparam("delivered"),
+        due_at=bindparam("due"),
+        locked_by=None,
+        locked_until=None,
+    )
+)
+#: A delivery given back untried: its lease only.
+_GIVE_BACK = (
+    update(deliveries).where(_d.id == bindparam("did")).values(locked_by=None, locked_until=None)
+)
 
 
 def finish(engine: Engine, worker_id: str, tries: list[Try]) -> list[str | None]:
     """Record ``tries`` of deliveries claimed by ``worker_id``, in ONE transaction (a
-    claimed batch's tries together, not a transaction a delivery). Returns each try's
-    new status (``"delivered"``, ``"failed"``, ``"pending"``), ``None`` where the lease
-    was no longer ours (nothing written)."""
+    claimed batch's tries together, in two statements at most, not one a delivery).
+    Returns each try's new status (``"delivered"``, ``"failed"``, ``"pending"``),
+    ``None`` where the lease was no longer ours (nothing written)."""
     if not tries:
         return []
-    d = deliveries.c
     out: list[str | None] = []
     with engine.begin() as conn:
         at = db_now(conn)
         ids = [x.delivery_id for x in tries]
         held = dict(
             conn.execute(
-                select(d.id, d.give_up_at).where(d.id.in_(ids), d.locked_by == worker_id)
+                select(_d.id, _d.give_up_at).where(_d.id.in_(ids), _d.locked_by == worker_id)
             ).all()
         )
+        recorded, given_back = [], []
         for x in tries:
             if x.delivery_id not in held:
                 out.append(None)
                 continue
-            values: dict[str, Any] = {
-                "attempts": d.attempts + 1,
-                "last_result": x.result,
-                "locked_by": None,
-                "locked_until": None,
-            }
+            if not x.tried:
+                given_back.append({"did": x.delivery_id})
+                out.append("pending")
+                continue
+            due, delivered_at = None, None
             if x.delivered:
-                values.update(status="delivered", delivered_at=at, due_at=None)
+                status, delivered_at = "delivered", at
             elif x.retry_at is None or x.retry_at > held[x.delivery_id]:
-                values.update(status="failed", due_at=None)
+                status = "failed"
             else:
-                values.update(due_at=x.retry_at)
-            conn.execute(update(deliveries).where(d.id == x.delivery_id).values(**values))
-            out.append(values.get("status", "pending"))
+                status, due = "pending", x.retry_at
+            recorded.append(
+                {
+                    "did": x.delivery_id,
+                    "result": x.result,
+                    "new_status": status,
+                    "delivered": delivered_at,
+                    "due": due,
+                }
+            )
+            out.append(status)
+        if recorded:
+            conn.execute(_RECORD, recorded)
+        if given_back:
+            conn.execute(_GIVE_BACK, given_back)
     return out
 
 
