@@ -24,8 +24,10 @@ from runner.literal import literal
 #: Seconds between two looks for the next attempt (``--follow-next``).
 POLL = 0.1
 #: Seconds between two looks for new output while following when nothing wakes the
-#: follower sooner (it is woken by the log writer's commits: ``runner.store.log_bell``).
-FOLLOW_POLL = 0.5
+#: follower sooner (it is woken by the log writer's commits: ``runner.store.log_bell``;
+#: on PostgreSQL the end of an attempt that wrote nothing rings no bell: it is seen at
+#: the next look).
+FOLLOW_POLL = 0.25
 #: Seconds a follower still waits for the last output once the attempt has ended.
 END_GRACE = 1.5
 TERMINAL = ("completed", "failed", "killed")
