@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.store.db import make_engine
 from tests.support.fault import Flowrun, daemon_running, engine_at, poll, sql, unique, write_flow
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -297,6 +298,10 @@ def test_a_log_is_read_from_another_host_on_postgresql(tmp_path: Path, pg_url: s
         assert res.stdout.startswith("ran in ")
         seen.add(Path(res.stdout.split(" ", 2)[2].strip()).parent.name)
     assert seen <= {"host0", "host1"} and seen
+    # each outcome's batch commit stored the bytes its handler wrote
+    engine = make_engine(pg_url)
+    q = "SELECT log_bytes FROM attempts WHERE instance_id = :i"
+    assert all(sql(engine, q, i=iid)[0][0] > len("ran in \n") for iid in ids)
 
 
 def test_logs_help_lists_its_options() -> None:
