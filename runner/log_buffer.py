@@ -121,17 +121,19 @@ class AttemptLog:
             self._queued = True
             self.writer.queue(self)
 
-    def end(self) -> None:
+    def end(self) -> int:
         """The attempt's output is complete: the writer stores what is left and a row
-        saying so (also when nothing was written: a follower then ends at once).
-        Idempotent."""
+        saying so; an attempt that wrote nothing costs no row and no work of the writer
+        (its attempt row's ``log_bytes``, 0, tells a follower it ended). Returns the bytes
+        written (both streams, before the cap). Idempotent."""
         with self._lock:
-            if self._ended:
-                return
-            self._ended = True
-            self.seq += 1
-            self._tail.append([self.seq, END, time.time(), self.offset, bytearray()])
-            self._queue()
+            if not self._ended:
+                self._ended = True
+                if self.offset:
+                    self.seq += 1
+                    self._tail.append([self.seq, END, time.time(), self.offset, bytearray()])
+                    self._queue()
+            return self.offset
 
     def take(self, budget: int | None = None) -> tuple[list[list[Any]], int, bool]:
         """For the writer: ``(rows handed over, in order; the offset before which the

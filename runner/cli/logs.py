@@ -24,8 +24,10 @@ from runner.literal import literal
 #: Seconds between two looks for the next attempt (``--follow-next``).
 POLL = 0.1
 #: Seconds between two looks for new output while following when nothing wakes the
-#: follower sooner (it is woken by the log writer's commits: ``runner.store.log_bell``).
-FOLLOW_POLL = 0.5
+#: follower sooner (it is woken by the log writer's commits: ``runner.store.log_bell``;
+#: on PostgreSQL the end of an attempt that wrote nothing rings no bell: it is seen at
+#: the next look).
+FOLLOW_POLL = 0.25
 #: Seconds a follower still waits for the last output once the attempt has ended.
 END_GRACE = 1.5
 TERMINAL = ("completed", "failed", "killed")
@@ -155,7 +157,8 @@ def _show(engine, instance_id: int, number: int, out: _Out, tail: int | None, fo
 
 def _walk(engine, instance_id, number, out: _Out, tail, walk, bell) -> None:
     """Print what is stored past what ``walk`` saw; with a ``bell`` (following), then
-    what comes, until the end row (or, for a lost attempt, ``END_GRACE`` after it ended)."""
+    what comes, until the end row (at once for an attempt that ended having written
+    nothing; for a lost attempt, ``END_GRACE`` after it ended)."""
     from runner.store import log_reader
 
     after = 0
@@ -176,13 +179,15 @@ def _walk(engine, instance_id, number, out: _Out, tail, walk, bell) -> None:
                 continue
         if bell is None or walk.ended:
             break
-        ended, finished_at = log_reader.outcome_of(engine, instance_id, number)
-        if ended:
+        end = log_reader.outcome_of(engine, instance_id, number)
+        if end.ended:
+            if end.log_bytes == 0:
+                break  # it wrote nothing: no end row comes
             # its last output and its end row are stored within a writer's batch of the
             # end: wait that long, no longer
             now = time.monotonic()
             ended_at = ended_at or now
-            if finished_at is not None and time.time() - finished_at > END_GRACE:
+            if end.finished_at is not None and time.time() - end.finished_at > END_GRACE:
                 break
             if now - ended_at > END_GRACE:
                 break  # the end row never came (a lost attempt)

@@ -28,6 +28,7 @@ from runner.handlers.exec_handler import handler_env, render_argv, run_exec
 from runner.handlers.process_setup import ProcSetup, ids_of, proc_setup
 from runner.handlers.redact import redact_text, redact_value
 from runner.handlers.secrets import SetupError, attempt_vars, working_dir
+from runner.log_buffer import AttemptLog
 from runner.store import commit, log_writer, rows, versions
 from runner.store.db import reading
 from runner.store.tables import events
@@ -44,7 +45,8 @@ async def run_attempt(
     threads: Executor,
     load_event: Callable[[], Awaitable[dict[str, Any] | None]],
 ) -> AttemptResult:
-    """Run the handler of ``claim``'s state and return what it produced.
+    """Run the handler of ``claim``'s state and return what it produced (with capture on,
+    its ``log_bytes``: what the handler wrote to its attempt log).
 
     Args:
         engine: the database (checkpoints are written through it, fenced by the claim).
@@ -84,10 +86,14 @@ async def run_attempt(
         return ok
 
     writer = log_writer.writer_for(engine)
-    log = None
-    if writer is not None:
+
+    def open_log() -> AttemptLog | None:  # once the handler is about to run
+        if writer is None:
+            return None
         log = writer.open(claim.id, claim.attempt, state.policy.log_max)
         log.secrets = hidden
+        return log
+
     if state.kind == "exec":
         event = await load_event() if uses_event(state.argv) else None
         try:
@@ -111,6 +117,7 @@ async def run_attempt(
         )
         if env_vars or secrets:
             add_env(env, {**env_vars, **secrets})
+        log = open_log()
         result = await run_exec(
             argv,
             cwd=folder,
@@ -126,6 +133,7 @@ async def run_attempt(
             log=log,
         )
     else:
+        log = open_log()
         ctx = Context(
             data=own_copy(claim.data),
             instance_id=claim.id,
@@ -141,6 +149,8 @@ async def run_attempt(
         result = await run_call(
             state.func, ctx, limits=limits, cancel=cancel, threads=threads, next_state=state.next
         )
+    if log is not None:
+        result.log_bytes = log.end()  # ended by the handler's run: its byte count
     return redacted(result, hidden) if hidden else result
 
 

@@ -124,5 +124,6 @@ def decide(
             "to_state": to_state if outcome == "moved" else None,
             "error": error,
             "checkpoint": result.checkpoint,
+            "log_bytes": result.log_bytes,
         },
     )

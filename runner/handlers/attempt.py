@@ -33,7 +33,8 @@ class AttemptResult:
     worker for an attempt its self-fence ended, lost); ``to_state`` the
     requested target (``moved`` only; not yet checked against the graph); ``data`` the
     instance data as the handler left it; ``checkpoint`` the last checkpoint written, if
-    any; ``sleep_until`` (``sleep`` only) when the instance wakes, epoch seconds UTC.
+    any; ``sleep_until`` (``sleep`` only) when the instance wakes, epoch seconds UTC;
+    ``log_bytes`` the bytes its handler wrote to its attempt log (``None``: not captured).
     """
 
     outcome: str
@@ -42,6 +43,7 @@ class AttemptResult:
     error: str | None = None
     checkpoint: dict[str, Any] | None = None
     sleep_until: float | None = None
+    log_bytes: int | None = None
 
 
 @dataclass(frozen=True)

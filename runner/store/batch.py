@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Connection,
     Engine,
     Float,
@@ -81,6 +82,7 @@ _ATTEMPT = {
     "ts": ("to_state", String()),
     "er": ("error", String()),
     "c": ("checkpoint", JSONB()),
+    "lb": ("log_bytes", BigInteger()),
 }
 #: columns whose NULL keeps the stored value
 _KEEP_IF_NULL = ("sc", "da", "se")
@@ -231,6 +233,7 @@ def batch_rows(
                 "ts": av["to_state"],
                 "er": av["error"],
                 "c": av["checkpoint"],
+                "lb": av.get("log_bytes"),
             }
         )
     return released, kept, chained, finished

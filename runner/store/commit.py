@@ -160,6 +160,7 @@ def _commit_rows(
                 av["to_state"],
                 av["error"],
                 None if checkpoint is None else js(checkpoint),
+                av.get("log_bytes"),
             )
         )
     changed = hot.commit_instances.executemany(conn, released)

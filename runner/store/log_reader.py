@@ -61,22 +61,33 @@ def attempts_of(engine: Engine, instance_id: int) -> list[AttemptInfo] | None:
     return out
 
 
-def outcome_of(engine: Engine, instance_id: int, attempt: int) -> tuple[bool, float | None]:
-    """``(ended, finished_at)`` of one attempt now: ended once its row has an outcome, or
-    the instance runs another attempt or none (an attempt whose row was never written;
-    ``finished_at`` is then ``None``; else epoch seconds UTC)."""
+@dataclass(frozen=True)
+class Ended:
+    """Whether one attempt has ended, as its rows say now: ``ended`` once its row has an
+    outcome, or the instance runs another attempt or none (an attempt whose row was
+    never written: ``finished_at`` is then ``None``, else epoch seconds UTC);
+    ``log_bytes`` what its handler wrote to its log (0: nothing, and no end row comes;
+    ``None``: not known, as for a lost attempt)."""
+
+    ended: bool
+    finished_at: float | None = None
+    log_bytes: int | None = None
+
+
+def outcome_of(engine: Engine, instance_id: int, attempt: int) -> Ended:
+    """Whether attempt ``attempt`` of ``instance_id`` has ended now (:class:`Ended`)."""
     with reading(engine) as conn:
         row = conn.execute(
-            select(attempts.c.outcome, attempts.c.finished_at).where(
+            select(attempts.c.outcome, attempts.c.finished_at, attempts.c.log_bytes).where(
                 attempts.c.instance_id == instance_id, attempts.c.attempt == attempt
             )
         ).first()
         if row is not None and row.outcome is not None:
-            return True, row.finished_at
+            return Ended(True, row.finished_at, row.log_bytes)
         running = conn.execute(
             select(instances.c.running_attempt).where(instances.c.id == instance_id)
         ).scalar()
-    return running != attempt, None
+    return Ended(running != attempt)
 
 
 @dataclass(frozen=True)

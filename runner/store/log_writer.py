@@ -3,8 +3,10 @@ holds, stored in batches by one thread per database, off the event loop.
 
 Every :data:`EVERY` seconds :class:`LogWriter` takes what each log holds and inserts it
 as ``attempt_logs`` rows (``runner.store.tables.LogChunk``) in ONE transaction, then
-deletes the rows the cap dropped (past the head, before the kept last part). An attempt
-that writes nothing costs no row and no write.
+deletes the rows the cap dropped (past the head, before the kept last part): one
+multi-row statement each, their SQL text made once per row count (:class:`_Statements`),
+so the transaction holds SQLite's write lock for few GIL hand-overs. An attempt that
+writes nothing costs no row and no write.
 
 Switched off with ``FLOWRUN_LOG_CAPTURE=off`` in the daemon's environment (nothing is
 captured: the ``bench/logs.py`` baseline).
@@ -19,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Dialect, Engine
 
 from runner.log_buffer import DEFAULT_MAX, END, ROW_MAX, AttemptLog
 from runner.store.db import short_error
@@ -57,6 +59,7 @@ class LogWriter:
         self._flush_lock = threading.Lock()
         #: set by :meth:`give_up`: the exit does not wait for this database
         self.given_up = False
+        self._sql = _Statements(engine.dialect)
 
     def give_up(self) -> None:
         """The database does not answer and the worker stopped without it: the flush at
@@ -98,7 +101,7 @@ class LogWriter:
             if not items:
                 return 0
             share = None if budget is None else max(ROW_MAX, budget // len(items))
-            inserts: list[dict[str, Any]] = []
+            inserts: list[tuple[Any, ...]] = []
             deletes: list[tuple[AttemptLog, int]] = []
             again: list[AttemptLog] = []
             for item in items:
@@ -109,39 +112,80 @@ class LogWriter:
                     if item.head <= offset < keep_from and stream != END:
                         continue  # dropped by the cap before it was ever stored
                     inserts.append(
-                        {
-                            "instance_id": item.instance_id,
-                            "attempt": item.attempt,
-                            "seq": seq,
-                            "stream": stream,
-                            "at": at,
-                            "offset": offset,
-                            "data": bytes(data),
-                        }
+                        (item.instance_id, item.attempt, seq, stream, at, offset, bytes(data))
                     )
                 if keep_from > max(item.deleted_to, item.head):
                     deletes.append((item, keep_from))
             if again:
                 with self._lock:
                     self._queued.extend(again)
+            # one statement each for the rows and the dropped parts, their SQL text
+            # made before the transaction: every statement is a GIL hand-over while the
+            # write lock is held (executemany: one a row), and a loop busy reading pipes
+            # keeps the GIL up to its switch interval each time; SQLAlchemy's multi-row
+            # VALUES, compiled anew for each batch, cost ~10 ms of the GIL a batch
+            # (docs/performance.md, "Attempt logs")
+            drops = [(i.instance_id, i.attempt, i.head, keep_from) for i, keep_from in deletes]
+            statements = self._sql.statements(inserts, drops)
             with self.engine.begin() as conn:
-                if inserts:
-                    conn.execute(insert(attempt_logs), inserts)
-                for item, keep_from in deletes:
-                    c = attempt_logs.c
-                    conn.execute(
-                        delete(attempt_logs).where(
-                            c.instance_id == item.instance_id,
-                            c.attempt == item.attempt,
-                            c.offset >= item.head,
-                            c.offset < keep_from,
-                            c.stream != END,
-                        )
-                    )
-                    item.deleted_to = keep_from
+                for statement, args in statements:
+                    conn.exec_driver_sql(statement, args)
                 if inserts:
                     notify_logs(conn)
+            for item, keep_from in deletes:
+                item.deleted_to = keep_from
             return len(inserts)
+
+
+#: Rows (or attempts) one statement of the writer holds at most: within SQLite's 32,766
+#: and PostgreSQL's 65,535 parameters.
+PER_STATEMENT = 512
+#: The columns of the writer's rows, in the order of its tuples.
+COLUMNS = ("instance_id", "attempt", "seq", "stream", "at", "offset", "data")
+
+
+class _Statements:
+    """The writer's statements as SQL text in ``dialect``'s parameter style, each made
+    once per row count: multi-row ``INSERT`` s of ``attempt_logs`` rows (:data:`COLUMNS`),
+    ``DELETE`` s of the rows the cap dropped (``instance_id, attempt, head, keep_from``
+    an attempt; the end row stays)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._mark = "?" if dialect.paramstyle == "qmark" else "%s"
+        q = dialect.identifier_preparer.quote
+        self._cols = ", ".join(q(c) for c in COLUMNS)
+        self._offset = q("offset")
+        self._table = q(attempt_logs.name)
+        self._made: dict[tuple[str, int], str] = {}
+
+    def statements(
+        self, inserts: list[tuple[Any, ...]], drops: list[tuple[int, int, int, int]]
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """``(sql, parameters)`` of each statement storing ``inserts`` and deleting
+        ``drops``, in that order."""
+        out = []
+        for kind, rows in (("insert", inserts), ("delete", drops)):
+            for k in range(0, len(rows), PER_STATEMENT):
+                part = rows[k : k + PER_STATEMENT]
+                out.append((self._text(kind, len(part)), tuple(v for r in part for v in r)))
+        return out
+
+    def _text(self, kind: str, n: int) -> str:
+        found = self._made.get((kind, n))
+        if found is None:
+            m, off = self._mark, self._offset
+            if kind == "insert":
+                row = "(" + ", ".join([m] * len(COLUMNS)) + ")"
+                found = f"INSERT INTO {self._table} ({self._cols}) VALUES " + ", ".join([row] * n)
+            else:
+                one = f"(instance_id = {m} AND attempt = {m} AND {off} >= {m} AND {off} < {m})"
+                found = (
+                    f"DELETE FROM {self._table} WHERE stream <> {END} AND ("
+                    + " OR ".join([one] * n)
+                    + ")"
+                )
+            self._made[(kind, n)] = found
+        return found
 
 
 _writers: dict[int, LogWriter] = {}

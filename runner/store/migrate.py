@@ -111,6 +111,7 @@ def _index_columns(conn: Connection, table: str, name: str) -> int:
 #: ``(revision, test)`` for databases made by ``create_all`` before migrations existed,
 #: newest first: the first test that holds names the revision to stamp.
 LEGACY_FINGERPRINTS: tuple[tuple[str, Callable[[Connection], bool]], ...] = (
+    ("0015", lambda c: _has_column(c, "attempts", "log_bytes")),
     ("0014", lambda c: _has_column(c, "instances", "runs_on")),
     ("0013", lambda c: _has_column(c, "instances", "deadline_at")),
     ("0012", lambda c: _has_column(c, "instances", "limit_key")),

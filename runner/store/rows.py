@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Float,
@@ -449,6 +450,7 @@ def close_attempts(engine: Engine):
             to_state=bindparam("to_state"),
             error=bindparam("error"),
             checkpoint=bindparam("checkpoint", type_=JSONType),
+            log_bytes=bindparam("lb", type_=BigInteger()),
         )
     )
     return completing_open(ins)
@@ -468,6 +470,7 @@ def completing_open(ins):
             "to_state": x.to_state,
             "error": x.error,
             "checkpoint": func.coalesce(x.checkpoint, attempts.c.checkpoint),
+            "log_bytes": x.log_bytes,
         },
         where=attempts.c.outcome.is_(None),
     )
@@ -481,9 +484,11 @@ def attempt_row(
     to_state: str | None = None,
     error: str | None = None,
     checkpoint=None,
+    log_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The parameters of :attr:`Hot.close_attempts` for ``claim``'s attempt ending at
-    ``at`` (epoch seconds); ``checkpoint`` must already be adapted (``Hot.json``)."""
+    ``at`` (epoch seconds); ``checkpoint`` must already be adapted (``Hot.json``);
+    ``log_bytes``: what its handler wrote to its attempt log (``None``: not captured)."""
     return {
         "i": claim.id,
         "a": claim.attempt,
@@ -496,6 +501,7 @@ def attempt_row(
         "to_state": to_state,
         "error": error,
         "checkpoint": checkpoint,
+        "lb": log_bytes,
     }
 
 
@@ -517,6 +523,7 @@ def running_attempt_row(instance, at: float, outcome: str, error: str) -> dict[s
         "to_state": None,
         "error": error,
         "checkpoint": None,
+        "lb": None,
     }
 
 

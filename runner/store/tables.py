@@ -204,6 +204,12 @@ class Attempt(SQLModel, table=True):
     to_state: str | None = Field(default=None, max_length=200)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     checkpoint: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONType))
+    log_bytes: int | None = Field(
+        default=None,
+        sa_type=BigInteger,
+        description="bytes the handler wrote to its attempt log, both streams, before the "
+        "cap (0: none, and no end row was stored); NULL: not captured (capture off, lost)",
+    )
 
 
 class LogChunk(SQLModel, table=True):

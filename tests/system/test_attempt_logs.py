@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.store.db import make_engine
 from tests.support.fault import Flowrun, daemon_running, engine_at, poll, sql, unique, write_flow
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -59,6 +60,16 @@ def _start(fr: Flowrun, name: str) -> int:
     res = fr("start", name)
     assert res.returncode == 0, res.stderr
     return int(res.stdout.strip())
+
+
+def _waiting(tmp_path: Path, prefix: str, script: str):
+    """A flow running ``script`` (which waits for the file ``go``), one instance started:
+    ``(fr, go, instance id, engine)``."""
+    fr = Flowrun(tmp_path)
+    name = unique(prefix)
+    go = tmp_path / "go"
+    _flow(fr, name, script, str(go))
+    return fr, go, _start(fr, name), engine_at(tmp_path)
 
 
 def _drain(fr: Flowrun) -> None:
@@ -119,12 +130,7 @@ def test_cap_keeps_head_and_tail_with_a_marker(tmp_path: Path) -> None:
 
 
 def test_follow_shows_a_running_handler_and_ends_with_it(tmp_path: Path) -> None:
-    fr = Flowrun(tmp_path)
-    name = unique("follow")
-    go = tmp_path / "go"
-    _flow(fr, name, WAITER, str(go))
-    iid = _start(fr, name)
-    engine = engine_at(tmp_path)
+    fr, go, iid, engine = _waiting(tmp_path, "follow", WAITER)
     with daemon_running(fr, "follow"):
         poll(
             lambda: sql(engine, "SELECT count(*) FROM attempt_logs WHERE instance_id = :i", i=iid)[
@@ -145,6 +151,35 @@ def test_follow_shows_a_running_handler_and_ends_with_it(tmp_path: Path) -> None
             follower.kill()
             follower.wait()
     assert fr("show", str(iid)).returncode == 0
+
+
+SILENT = r"""
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def test_follow_of_a_silent_attempt_ends_with_it(tmp_path: Path) -> None:
+    """An attempt that writes nothing stores no log row at all: its attempt row's
+    ``log_bytes`` (0) is what ends a follower."""
+    fr, go, iid, engine = _waiting(tmp_path, "silent", SILENT)
+    q = "SELECT running_attempt FROM instances WHERE id = :i"
+    with daemon_running(fr, "silent"):
+        poll(lambda: sql(engine, q, i=iid)[0][0], 60, what="the attempt running")
+        follower = subprocess.Popen(
+            fr.argv("logs", str(iid), "-f"), env=fr.env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            go.write_text("")
+            assert follower.wait(60) == 0
+            assert follower.stdout.read() == ""
+        finally:
+            follower.kill()
+            follower.wait()
+    rows = sql(engine, "SELECT outcome, log_bytes FROM attempts WHERE instance_id = :i", i=iid)
+    assert rows == [("moved", 0)]
+    assert sql(engine, "SELECT count(*) FROM attempt_logs WHERE instance_id = :i", i=iid) == [(0,)]
 
 
 def test_a_sigkilled_daemons_attempt_keeps_what_was_stored(tmp_path: Path) -> None:
@@ -263,6 +298,10 @@ def test_a_log_is_read_from_another_host_on_postgresql(tmp_path: Path, pg_url: s
         assert res.stdout.startswith("ran in ")
         seen.add(Path(res.stdout.split(" ", 2)[2].strip()).parent.name)
     assert seen <= {"host0", "host1"} and seen
+    # each outcome's batch commit stored the bytes its handler wrote
+    engine = make_engine(pg_url)
+    q = "SELECT log_bytes FROM attempts WHERE instance_id = :i"
+    assert all(sql(engine, q, i=iid)[0][0] > len("ran in \n") for iid in ids)
 
 
 def test_logs_help_lists_its_options() -> None:

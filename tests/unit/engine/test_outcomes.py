@@ -133,7 +133,10 @@ def test_not_yet_waits_try_interval_and_spends_nothing(flow: CompiledFlow) -> No
         "to_state": None,
         "error": None,
         "checkpoint": None,
+        "log_bytes": None,
     }
+    written = AttemptResult("not_yet", {"n": 3}, log_bytes=12)
+    assert decide(flow, c, written, DURABLE, AT).attempt_values["log_bytes"] == 12
 
 
 def test_error_with_budget_left_sleeps_for_the_backoff(flow: CompiledFlow) -> None:

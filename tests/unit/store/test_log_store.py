@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import update
 
-from runner.log_buffer import PENDING_MAX, AttemptLog
+from runner.log_buffer import PENDING_MAX, STDOUT, AttemptLog
 from runner.ops.prune import Pacing, prune, rules_for
 from runner.store import prune as store_prune
 from runner.store import prune_instances
@@ -106,18 +106,31 @@ def test_logs_go_with_their_instance_and_past_the_store_bound(tmp_path: Path) ->
     assert left == {ids[3]}
 
 
-def test_a_silent_attempt_stores_its_end_row(tmp_path: Path) -> None:
+def test_a_silent_attempt_costs_the_writer_nothing(tmp_path: Path) -> None:
+    # its attempt row's log_bytes (0) tells a follower it ended: no end row, no batch
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    iid = new_instance(engine, flow)
+    writer = LogWriter(engine)
+    assert writer.open(iid, 1).end() == 0
+    assert writer.flush() == 0 and writer._thread is None
+    assert chunks(engine, iid, 1) == []
+
+
+def test_an_attempt_that_wrote_stores_its_end_row_last(tmp_path: Path) -> None:
     # what tells a follower (`logs -f`) the attempt's output is complete: no waiting
     engine, flow = flow_world(tmp_path, "f", FLOW)
     iid = new_instance(engine, flow)
     writer = LogWriter(engine)
-    writer.open(iid, 1).end()
-    assert writer.flush() == 1
+    log = writer.open(iid, 1)
+    log.write(STDOUT, b"hi\n")
+    assert log.end() == 3 and log.end() == 3
+    assert writer.flush() == 2
     walk = Pieces()
     stored = chunks(engine, iid, 1)
     for c in stored:
         walk.next(c)
-    assert walk.ended and [c.data for c in stored] == [b""]
+    assert walk.ended and [c.data for c in stored] == [b"hi\n", b""]
+    assert stored[-1].offset == 3
 
 
 def test_a_writer_given_up_is_not_waited_for_at_exit(tmp_path: Path, caplog) -> None:

@@ -63,7 +63,8 @@ def legacy_083da5a_metadata() -> MetaData:
     (0010), no ``priority`` nor ``start_priority`` and ``ix_instances_claim`` on
     ``(status, due_at)`` (0011), no ``limit_key`` nor ``ix_instances_limit`` (0012), no
     ``deadline_at`` nor ``ix_instances_deadline`` (0013), no ``runs_on``, ``route_event`` nor
-    ``ix_instances_runs_on``, workers no ``labels`` (0014).
+    ``ix_instances_runs_on``, workers no ``labels`` (0014), attempts no ``log_bytes``
+    (0015).
     """
     md = MetaData()
     for table in metadata.sorted_tables:
@@ -95,6 +96,7 @@ def legacy_083da5a_metadata() -> MetaData:
     for column in ("heartbeat_every", "boot_id", "pid_started", "labels"):  # labels: 0014
         md.tables["workers"]._columns.remove(md.tables["workers"].c[column])
     att = md.tables["attempts"]
+    att._columns.remove(att.c.log_bytes)  # 0015
     for constraint in list(att.constraints):
         if constraint.name == "uq_attempts_instance_attempt":
             att.constraints.discard(constraint)
