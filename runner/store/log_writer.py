@@ -124,7 +124,8 @@ class LogWriter:
             # write lock is held (executemany: one a row), and a loop busy reading pipes
             # keeps the GIL up to its switch interval each time; SQLAlchemy's multi-row
             # VALUES, compiled anew for each batch, cost ~10 ms of the GIL a batch
-            # (docs/performance.md, "Attempt logs")
+            # (docs/performance.md, "Attempt logs: pipes read as data comes, followers
+            # woken by commits")
             drops = [(i.instance_id, i.attempt, i.head, keep_from) for i, keep_from in deletes]
             statements = self._sql.statements(inserts, drops)
             with self.engine.begin() as conn:
