@@ -11,12 +11,14 @@ keep-alive race every HTTP client retries; each carries its ``Idempotency-Key``)
 
 What ``http.client`` does not do goes through ``urllib.request`` as before: a URL the
 environment's proxy variables (``https_proxy``, ...) route through a proxy, and a ``3xx``
-answer (followed as ``urllib`` follows it).
+answer's redirect (followed as ``urllib`` follows it, from the answer: the request is not
+sent to the redirecting URL twice).
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import select
 import socket
 import ssl
@@ -24,7 +26,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from email.message import Message
-from urllib.parse import urlsplit
+from typing import cast
+from urllib.parse import urljoin, urlsplit
 
 #: Failures of a request on a REUSED connection that mean the receiver had closed it
 #: before reading the request: sent once more, on a new connection.
@@ -94,7 +97,7 @@ class Receivers:
             conn.close()  # whatever was half sent or half read is not reused
             raise
         if 300 <= answer.status < 400:
-            return _through_urllib(url, method, body, headers, timeout)
+            return _redirected(url, method, body, headers, timeout, answer)
         return answer
 
     def _connection(
@@ -176,12 +179,47 @@ def _proxied(scheme: str, host: str) -> bool:
     return scheme in proxies and not urllib.request.proxy_bypass(host)
 
 
+def _redirected(
+    url: str,
+    method: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
+    answer: Answer,
+) -> Answer:
+    """Follow the redirect ``answer`` (a 3xx to the request already sent to ``url``) as
+    ``urllib`` follows one, without sending the request to ``url`` again: the next
+    request is ``urllib``'s choice (a POST answered 301/302/303 becomes a GET without a
+    body; a 307/308 to a POST is not followed), then ``urllib`` follows the rest."""
+    location = answer.headers.get("Location") or answer.headers.get("URI")
+    if not location:
+        return answer
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        follow = urllib.request.HTTPRedirectHandler().redirect_request(
+            request,
+            io.BytesIO(),
+            answer.status,
+            "",
+            cast(http.client.HTTPMessage, answer.headers),
+            urljoin(url, location),
+        )
+    except urllib.error.HTTPError:  # urllib would not follow it: the answer stands
+        return answer
+    return answer if follow is None else _open(follow, timeout)
+
+
 def _through_urllib(
     url: str, method: str, body: bytes | None, headers: dict[str, str], timeout: float
 ) -> Answer:
     """The request sent by ``urllib.request`` (proxies, redirects); an HTTP error status
     is an :class:`Answer` like any other."""
     request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    return _open(request, timeout)
+
+
+def _open(request: urllib.request.Request, timeout: float) -> Answer:
+    """``request`` sent by ``urllib.request``; an HTTP error status is an :class:`Answer`."""
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return Answer(resp.status, resp.headers)
