@@ -90,8 +90,9 @@ def populate(
                 fin = finished if finished is not None else now - 7200 - (n_att - j)
                 rows.append(
                     {
-                        "instance_id": rnd.randint(1, max(n, 1)),
-                        "attempt": 1,
+                        # (instance, attempt) is the key: instances in turn, attempts 1, 2...
+                        "instance_id": j % max(n, 1) + 1,
+                        "attempt": j // max(n, 1) + 1,
                         "state": "fetch",
                         "worker": "w1",
                         "started_at": fin - 0.5,
