@@ -35,6 +35,9 @@ ROW_MAX = 64 << 10
 JOIN_WITHIN = 0.05
 
 STDOUT, STDERR, END = 1, 2, 0
+#: Seconds a follower (``flowrun logs -f``, the console's log screen) still waits for an
+#: ended attempt's last output when no end row says it is all there (a lost attempt).
+END_GRACE = 1.5
 
 
 class Queue(Protocol):

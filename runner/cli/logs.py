@@ -20,6 +20,7 @@ import click
 from runner.cli.context import Ctx, pass_ctx
 from runner.errors import UserError
 from runner.literal import literal
+from runner.store.log_reader import END_GRACE
 
 #: Seconds between two looks for the next attempt (``--follow-next``).
 POLL = 0.1
@@ -28,8 +29,6 @@ POLL = 0.1
 #: on PostgreSQL the end of an attempt that wrote nothing rings no bell: it is seen at
 #: the next look).
 FOLLOW_POLL = 0.25
-#: Seconds a follower still waits for the last output once the attempt has ended.
-END_GRACE = 1.5
 TERMINAL = ("completed", "failed", "killed")
 
 

@@ -18,18 +18,24 @@ from runner.store.db import reading
 from runner.store.tables import attempt_logs, attempts, instances
 
 STREAMS = {1: "stdout", 2: "stderr"}
+#: Seconds a follower (``flowrun logs -f``, the console's log screen) still waits for an
+#: ended attempt's last output when no end row says it is all there (a lost attempt).
+END_GRACE = 1.5
 
 
 @dataclass(frozen=True)
 class AttemptInfo:
     """One attempt of an instance: ``attempt`` (1-based), ``state``, ``outcome`` (``None``
-    while it runs), ``started_at``/``finished_at`` (epoch seconds UTC or ``None``)."""
+    while it runs), ``started_at``/``finished_at`` (epoch seconds UTC or ``None``),
+    ``log_bytes`` (what it wrote to its log; 0: nothing and no end row comes; ``None``:
+    not known, running or lost)."""
 
     attempt: int
     state: str
     outcome: str | None
     started_at: float | None
     finished_at: float | None
+    log_bytes: int | None = None
 
 
 def attempts_of(engine: Engine, instance_id: int) -> list[AttemptInfo] | None:
@@ -50,6 +56,7 @@ def attempts_of(engine: Engine, instance_id: int) -> list[AttemptInfo] | None:
                 attempts.c.outcome,
                 attempts.c.started_at,
                 attempts.c.finished_at,
+                attempts.c.log_bytes,
             )
             .where(attempts.c.instance_id == instance_id)
             .order_by(attempts.c.attempt)

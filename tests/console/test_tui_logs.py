@@ -148,3 +148,36 @@ async def test_the_log_of_a_running_attempt_is_followed(engine, tmp_path):
         while [t for _s, t in view.source.lines] != ["new line"]:
             assert time.monotonic() < deadline, view.source.lines
             await pilot.pause(0.05)
+
+
+async def test_output_stored_after_the_outcome_is_still_read(engine, tmp_path):
+    """The log writer stores an attempt's last output and its end row within a batch of
+    the outcome's commit: a screen that saw the attempt end reads on until the end row."""
+    from sqlalchemy import update
+
+    from runner.store.tables import attempts, instances
+
+    app = FlowrunApp(engine, flows_dir=tmp_path / "flows", clock=clock)  # live
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        app.push_screen(LogScreen(1))  # attempt 3, running in the fixed data
+        deadline = time.monotonic() + 30
+        while not isinstance(app.screen, LogScreen) or app.screen.attempt != 3:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        screen = app.screen
+        now = time.time()
+        with engine.begin() as conn:  # the outcome commits; its output is not stored yet
+            conn.execute(update(instances).where(instances.c.id == 1).values(running_attempt=None))
+            ended = dict(finished_at=now, outcome="moved", to_state="validate", log_bytes=10)
+            mine = (attempts.c.instance_id == 1, attempts.c.attempt == 3)
+            assert conn.execute(update(attempts).where(*mine).values(**ended)).rowcount == 1
+        while screen.running:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        with engine.begin() as conn:  # then the writer's batch: the output, the end row
+            conn.execute(insert(attempt_logs), _rows(1, 3, [(1, b"last line\n"), (0, b"")]))
+        view = screen.query_one(LogView)
+        while [t for _s, t in view.source.lines] != ["last line"] or not view.source.ended:
+            assert time.monotonic() < deadline, view.source.lines
+            await pilot.pause(0.05)

@@ -15,6 +15,7 @@ Every line is shown literally (``runner.literal``: an escape sequence is spelled
 from __future__ import annotations
 
 import codecs
+import time
 
 from rich.segment import Segment
 from rich.style import Style
@@ -25,6 +26,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Input, Static
 
 from runner.literal import literal
+from runner.store.log_reader import END_GRACE
 from runner.tui.guard import FailureLine, GuardedScreen, background
 
 #: Seconds between two looks for new output of a running attempt.
@@ -180,6 +182,8 @@ class LogScreen(GuardedScreen):
         self.attempts: list[int] = []
         self.follow = True
         self.running = False
+        self._unsettled = False  # ended, its last output may still be stored
+        self._ended_seen: float | None = None  # when (monotonic) this screen saw the end
         self.query_text = ""
         self._generation = 0
 
@@ -202,7 +206,7 @@ class LogScreen(GuardedScreen):
             self.set_interval(POLL, self._poll)
 
     def _poll(self) -> None:
-        if self.running and self.attempt is not None:
+        if (self.running or self._unsettled) and self.attempt is not None:
             self._load(self._generation, self.attempt, self.view.source.after)
 
     @background("log", exclusive=True)
@@ -230,6 +234,19 @@ class LogScreen(GuardedScreen):
         view = self.view
         for chunk in chunks:
             view.source.feed(chunk)
+        # ended, but the log writer stores its last output and end row within a batch of
+        # the outcome's commit: read on until the end row, for ``END_GRACE`` at most since
+        # this screen saw the end (none comes for a silent attempt: ``log_bytes`` 0; nor
+        # for a lost one), as ``flowrun logs -f`` does
+        ended = info is not None and not running and not view.source.ended
+        if not ended or self._ended_seen is None:
+            self._ended_seen = time.monotonic() if ended else None
+        self._unsettled = (
+            ended
+            and info.log_bytes != 0
+            and self._ended_seen is not None
+            and time.monotonic() - self._ended_seen <= END_GRACE
+        )
         if chunks or not view._rows:
             view.rebuild()
         title = f"log of instance {self.instance_id}"
@@ -247,6 +264,7 @@ class LogScreen(GuardedScreen):
 
     def _reload(self, attempt: int | None) -> None:
         self._generation += 1
+        self._unsettled, self._ended_seen = False, None
         streams, wrap = self.view.streams, self.view.wrap
         view = self.view
         view.source = LogLines()
