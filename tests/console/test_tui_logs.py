@@ -133,15 +133,21 @@ async def test_a_big_log_opens_and_wraps(engine, tmp_path):
         assert view.scroll_offset.y == view.max_scroll_y > 0
 
 
+async def _running_attempt_open(pilot, deadline: float) -> None:
+    """Open instance 1's log (attempt 3, running in the fixed data) and wait for it."""
+    app = pilot.app
+    await _settle(pilot)
+    app.push_screen(LogScreen(1))
+    while not isinstance(app.screen, LogScreen) or app.screen.attempt != 3:
+        assert time.monotonic() < deadline
+        await pilot.pause(0.05)
+
+
 async def test_the_log_of_a_running_attempt_is_followed(engine, tmp_path):
     app = FlowrunApp(engine, flows_dir=tmp_path / "flows", clock=clock)  # live
     async with app.run_test(size=SIZE) as pilot:
-        await _settle(pilot)
-        app.push_screen(LogScreen(1))  # attempt 3, running in the fixed data
         deadline = time.monotonic() + 30
-        while not isinstance(app.screen, LogScreen) or app.screen.attempt != 3:
-            assert time.monotonic() < deadline
-            await pilot.pause(0.05)
+        await _running_attempt_open(pilot, deadline)
         with engine.begin() as conn:
             conn.execute(insert(attempt_logs), _rows(1, 3, [(1, b"new line\n")]))
         view = app.screen.query_one(LogView)
@@ -159,12 +165,8 @@ async def test_output_stored_after_the_outcome_is_still_read(engine, tmp_path):
 
     app = FlowrunApp(engine, flows_dir=tmp_path / "flows", clock=clock)  # live
     async with app.run_test(size=SIZE) as pilot:
-        await _settle(pilot)
-        app.push_screen(LogScreen(1))  # attempt 3, running in the fixed data
         deadline = time.monotonic() + 30
-        while not isinstance(app.screen, LogScreen) or app.screen.attempt != 3:
-            assert time.monotonic() < deadline
-            await pilot.pause(0.05)
+        await _running_attempt_open(pilot, deadline)
         screen = app.screen
         now = time.time()
         with engine.begin() as conn:  # the outcome commits; its output is not stored yet
