@@ -88,6 +88,7 @@ ATTEMPT_COLUMNS = (
     "to_state",
     "error",
     "checkpoint",
+    "log_bytes",
 )
 COMMAND_COLUMNS = (
     "id",
