@@ -20,7 +20,7 @@ import click
 from runner.cli.context import Ctx, pass_ctx
 from runner.errors import UserError
 from runner.literal import literal
-from runner.store.log_reader import END_GRACE
+from runner.log_buffer import END_GRACE
 
 #: Seconds between two looks for the next attempt (``--follow-next``).
 POLL = 0.1

@@ -26,7 +26,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Input, Static
 
 from runner.literal import literal
-from runner.store.log_reader import END_GRACE
+from runner.log_buffer import END_GRACE
 from runner.tui.guard import FailureLine, GuardedScreen, background
 
 #: Seconds between two looks for new output of a running attempt.
