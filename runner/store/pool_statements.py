@@ -89,8 +89,9 @@ class PoolStatements:
         )
         held = (i.pool == bindparam("name"), i.running_attempt.is_not(None), i.locked_until >= at)
         used = func.coalesce(func.sum(i.pool_slots), 0)
+        held_sum = select(used).where(*held, ~d.ids_in(i.id))
         #: slots in use but by the instances ``ids`` (params: name, at, ids)
-        self.in_use = Prepared(engine, select(used).where(*held, ~d.ids_in(i.id)))
+        self.in_use = Prepared(engine, held_sum)
         waiting = (
             select(i.id)
             .where(i.waiting_for == bindparam("name"), i.due_at.is_(None))
@@ -101,9 +102,7 @@ class PoolStatements:
         #: a read of ``ix_instances_waiting`` lets a claim skip ``wake`` with none waiting)
         self.in_use_waiting = Prepared(
             engine,
-            select(
-                select(used).where(*held, ~d.ids_in(i.id)).scalar_subquery(), waiting.label("w")
-            ),
+            select(held_sum.scalar_subquery(), waiting.label("w")),
         )
         holding = (  # a range of ix_instances_limit: the locked rows of the limit
             i.limit_key == bindparam("name"),
