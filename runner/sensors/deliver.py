@@ -34,6 +34,7 @@ from sqlalchemy import Engine
 from runner.sensors.base import first_of, log
 from runner.sensors.http_out import Receivers, receiver
 from runner.sensors.rules import describe_target
+from runner.store.clock import db_now
 from runner.store.deliveries import Claimed, Try, claim_due, finish, next_due
 from runner.templating import render
 from runner.warn_line import warn
@@ -130,7 +131,10 @@ class Deliverer:
                         self._warn(c, x.result)
                 continue
             due = await asyncio.to_thread(next_due, self.engine)
-            wait = LOOK_EVERY if due is None else min(LOOK_EVERY, max(due - time.time(), 0.01))
+            # due times are the database's (``runner.store.clock``), as are the leases
+            wait = (
+                LOOK_EVERY if due is None else min(LOOK_EVERY, max(due - db_now(self.engine), 0.01))
+            )
             await first_of(self._kick.wait(), stop.wait(), timeout=wait)
 
     async def _send(self, claimed: list[Claimed]) -> list[Try]:
@@ -175,11 +179,13 @@ class Deliverer:
 
     def _try(self, c: Claimed, out: Outcome) -> Try:
         """One try's outcome ``out`` as a :class:`Try` to record (the batch's tries are
-        recorded together by ``run``), due again after its backoff."""
+        recorded together by ``run``), due again after its backoff: by the database's
+        clock, as its ``give_up_at`` and every lease (a host whose clock is off would
+        otherwise retry early or give up early)."""
         delay = min(BACKOFF_FIRST * 2**c.attempts, BACKOFF_MAX)
         if out.after is not None:
             delay = max(out.after, 0.0)
-        retry_at = time.time() + delay if out.retry else None
+        retry_at = db_now(self.engine) + delay if out.retry else None
         return Try(c.id, out.text, out.delivered, retry_at)
 
     def _warn(self, c: Claimed, text: str) -> None:
