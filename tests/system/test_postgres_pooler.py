@@ -214,6 +214,42 @@ def test_without_listen_db_the_daemon_polls_and_says_so(
     assert statistics.median(lags) < 1.0, lags
 
 
+def test_the_environment_tells_the_pooler_and_where_to_listen(tmp_path: Path, pg_url: str):
+    """``FLOWRUN_DB_POOLER`` and ``FLOWRUN_LISTEN_DB`` (a systemd unit's ``Environment=``)
+    do what ``--db-pooler`` and ``--listen-db`` do: a daemon told of a transaction pooler
+    polls and says so, unless given a URL to ``LISTEN`` on, where it listens."""
+    fr, path, calls = _world(tmp_path, pg_url)
+    flow = load_flow(path)
+    engine = make_engine(pg_url, pool=1, application_name="pooler test")
+    fr.env["FLOWRUN_DB_POOLER"] = "transaction"
+    try:
+        for n, listen in enumerate((None, pg_url), 1):
+            if listen is not None:
+                fr.env["FLOWRUN_LISTEN_DB"] = listen
+            tag = "listening" if listen else "polling"
+            daemon = fr.daemon("--idle-poll", "0", worker_id=tag, log=tag)
+            try:
+                _ready(engine, [daemon])
+                if listen:
+                    poll(lambda: _listening(pg_url) == 1, timeout=30, what="listening")
+                else:
+                    assert _listening(pg_url) == 0
+                with engine.begin() as conn:
+                    create_instance(conn, flow, {})
+                wait_completed(engine, n, timeout=60, what=f"run by the {tag} daemon")
+                daemon.signal(signal.SIGINT)
+                assert daemon.wait(60) == 0, daemon.log()
+            finally:
+                daemon.stop()
+            log = daemon.log()
+            assert "transaction pooling" in log, log
+            polls = [ln for ln in log.splitlines() if "WARNING" in ln and "polling" in ln]
+            assert len(polls) == (0 if listen else 1), log
+            assert not listen or "(--listen-db)" in log, log
+    finally:
+        engine.dispose()
+
+
 def test_pooler_detected_or_told_and_nothing_prepared_on_the_server(
     pg_url: str, pgbouncer_url: str
 ):
