@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import pytest
 
 from runner.engine.fence import SelfFence
-from runner.store.clock import SKEW_WARN, DbClock
+from runner.store.clock import LOCAL, SKEW_WARN, DbClock, clock_of, db_now
+from runner.store.db import make_engine
 
 
 @dataclass
@@ -93,6 +94,18 @@ def test_a_small_offset_is_not_worth_a_warning(caplog: pytest.LogCaptureFixture)
     caplog.set_level(logging.WARNING, "flowrun.clock")
     clock.observe(1000.0 + SKEW_WARN / 2, 999.999, 1000.001)
     assert not caplog.records
+
+
+def test_sqlite_keeps_the_local_clock(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite is one host's file: its leases and due times are this host's clock, read
+    nowhere else and never corrected (PostgreSQL engines get a clock of their own)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'flowrun.db'}")
+    try:
+        monkeypatch.setattr(time, "time", lambda: 1_000_000.0)
+        assert clock_of(engine) is LOCAL and LOCAL.offset == 0.0
+        assert db_now(engine) == 1_000_000.0
+    finally:
+        engine.dispose()
 
 
 def test_a_call_stuck_on_a_daemon_thread_does_not_hold_the_exit() -> None:
