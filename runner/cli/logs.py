@@ -87,8 +87,13 @@ def logs_cmd(
         if number is None:
             return
     out = _Out(stream, timestamps, as_json, raw)
+    listen = None
+    if follow and c.listen_db is not None:
+        from runner.store.notify import listen_db_url
+
+        listen = listen_db_url(c.listen_db)
     while True:
-        _show(engine, instance_id, number, out, tail, follow)
+        _show(engine, instance_id, number, out, tail, follow, listen)
         if not follow_next:
             return
         number = _wait_attempt(engine, instance_id, number + 1)
@@ -138,14 +143,22 @@ def _wait_attempt(engine, instance_id: int, number: int) -> int | None:
         time.sleep(POLL)
 
 
-def _show(engine, instance_id: int, number: int, out: _Out, tail: int | None, follow: bool):
+def _show(
+    engine,
+    instance_id: int,
+    number: int,
+    out: _Out,
+    tail: int | None,
+    follow: bool,
+    listen: str | None = None,
+):
     """Print attempt ``number``'s stored output; with ``follow``, then what comes, until it
-    has ended."""
+    has ended (woken by commits: ``LISTEN`` on ``listen``, ``--listen-db``, when given)."""
     from runner.store import log_reader
     from runner.store.log_bell import LogBell
 
     walk = log_reader.Pieces()
-    bell = LogBell(engine) if follow else None
+    bell = LogBell(engine, listen) if follow else None
     try:
         _walk(engine, instance_id, number, out, tail, walk, bell)
     finally:

@@ -216,8 +216,8 @@ FLOWRUN_RETENTION, ...).
     "--listen-db",
     metavar="URL",
     envvar="FLOWRUN_LISTEN_DB",
-    help="--daemon and the console's worker on PostgreSQL: LISTEN for wake-ups on this "
-    "direct URL of the same database (default: --db's; behind a transaction-pooling "
+    help="--daemon, the console's worker and logs -f on PostgreSQL: LISTEN for wake-ups on "
+    "this direct URL of the same database (default: --db's; behind a transaction-pooling "
     "pooler, without it, the worker polls).",
 )
 @click.option(

@@ -3,8 +3,12 @@
 On SQLite the commit bell (``runner.store.data_version.CommitBell``: the file's ``-wal``
 watched by inotify) rings on every commit of any process; on PostgreSQL the log writer
 sends ``NOTIFY flowrun_logs`` in each batch's transaction (:func:`notify_logs`) and the
-follower ``LISTEN`` s on a connection of its own. Where neither is there (no inotify, a
-pooler that drops ``LISTEN``), :meth:`LogBell.wait` just waits its timeout: polling.
+follower ``LISTEN`` s on a connection of its own: ``--listen-db``'s when given, else the
+database URL's own, unless that goes through a transaction-pooling pooler
+(``runner.store.pooler``), where a ``LISTEN`` hears nothing once its transaction ends and
+would stay on a server connection other clients are handed. Where there is no bell (no
+inotify, a pooler and no ``--listen-db``), :meth:`LogBell.wait` just waits its timeout:
+polling.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sqlalchemy import Connection, Engine, text
 from runner.store.data_version import CommitBell, commit_bell
 from runner.store.db import dialect_of
 from runner.store.notify import libpq_url
+from runner.store.pooler import pooler_of
 
 #: The channel the log writer notifies on PostgreSQL (no payload).
 LOGS_CHANNEL = "flowrun_logs"
@@ -40,11 +45,12 @@ class LogBell:
     """Wait for the next commit of log rows on ``engine``'s database (or a timeout).
 
     Opened with what is there: an inotify bell (SQLite), a ``LISTEN`` connection
-    (PostgreSQL), or nothing (then waits are plain sleeps). Raises nothing; :meth:`close`
-    when done.
+    (PostgreSQL; on ``listen_url``, a checked ``--listen-db``, when given; none through a
+    transaction pooler without it), or nothing (then waits are plain sleeps). Raises
+    nothing; :meth:`close` when done.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, listen_url: str | None = None) -> None:
         self._bell: CommitBell | None = None
         self._pg: Any = None
         self._last = 0.0
@@ -52,9 +58,12 @@ class LogBell:
             with contextlib.suppress(Exception):  # no LISTEN: poll
                 import psycopg
 
-                url = engine.url.render_as_string(hide_password=False)
-                self._pg = psycopg.connect(libpq_url(url), autocommit=True)
-                self._pg.execute(f"LISTEN {LOGS_CHANNEL}")
+                url = listen_url
+                if url is None and pooler_of(engine) != "transaction":
+                    url = engine.url.render_as_string(hide_password=False)
+                if url is not None:
+                    self._pg = psycopg.connect(libpq_url(url), autocommit=True)
+                    self._pg.execute(f"LISTEN {LOGS_CHANNEL}")
         else:
             self._bell = commit_bell(engine)
 

@@ -28,7 +28,8 @@ from runner.errors import ConfigError
 from runner.flowspec.compiler import load_flow
 from runner.store.create import create_instance, create_instances
 from runner.store.db import make_engine
-from runner.store.notify import DueListener
+from runner.store.log_bell import LogBell, notify_logs
+from runner.store.notify import DueListener, listen_db_url
 from runner.store.pooler import pooler_of
 from tests.support.fault import Flowrun, poll, sql, wait_completed, write_flow
 
@@ -248,6 +249,32 @@ def test_the_environment_tells_the_pooler_and_where_to_listen(tmp_path: Path, pg
             assert not listen or "(--listen-db)" in log, log
     finally:
         engine.dispose()
+
+
+def test_a_log_follower_listens_on_listen_db_never_through_the_pooler(
+    pg_url: str, pgbouncer_url: str
+):
+    """``flowrun logs -f``'s bell (``LogBell``): through a transaction pooler a ``LISTEN``
+    would hear nothing and stay on a server connection other clients get, so the
+    follower polls; given ``--listen-db`` it listens there and is rung by a commit of
+    log rows made through the pooler."""
+    bounced = make_engine(pgbouncer_url, pool=1, application_name="pooler test")
+    try:
+        quiet = LogBell(bounced)
+        try:
+            assert _listening(pg_url) == 0
+        finally:
+            quiet.close()
+        bell = LogBell(bounced, listen_db_url(pg_url))
+        try:
+            assert _listening(pg_url) == 1
+            with bounced.begin() as conn:
+                notify_logs(conn)
+            assert bell.wait(30)
+        finally:
+            bell.close()
+    finally:
+        bounced.dispose()
 
 
 def test_pooler_detected_or_told_and_nothing_prepared_on_the_server(
