@@ -18,7 +18,6 @@ Airflow #48730/#52884 ask for this (definition changes under live runs).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from runner import lifecycle
 from runner.errors import UserError
 from runner.flowspec import deadlines
+from runner.store.clock import db_now
 from runner.store.routing import route_of
 from runner.store.tables import commands, flow_versions, instances
 from runner.store.versions import compiled
@@ -111,8 +111,10 @@ def migrate(
     exist in it; ``UserError(..., 1)`` for an id that is not an instance of ``flow``.
     """
     mapping = mapping or {}
-    at = time.time() if now is None else now
     with engine.begin() as conn:
+        # the database's clock (``runner.store.clock``): a running attempt's lease is
+        # judged as its holder set it, and the state entered is due by the workers' time
+        at = db_now(conn) if now is None else now
         goal = compiled(conn, target)
         if goal.name != flow:
             raise UserError(f"version {target} is a version of flow {goal.name}, not {flow}", 2)
