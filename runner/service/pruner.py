@@ -102,6 +102,7 @@ class Pruner:
         """Prune every :attr:`every` seconds until ``stop``; release the lease then.
         Raises ``DBAPIError`` on a database outage (the supervisor restarts it)."""
         watcher = asyncio.ensure_future(self._watch(stop))
+        failing = False
         try:
             wait = self.first_after
             while not stop.is_set():
@@ -113,12 +114,17 @@ class Pruner:
                 wait = self.every
                 # the flows as loaded now, read on the loop (where reloads happen)
                 await asyncio.to_thread(self.round, list(self.registry.flows.values()))
+        except DBAPIError:
+            failing = True  # the supervisor says so (at most every 30 s), not each restart
+            raise
         finally:
             watcher.cancel()
             try:
                 await asyncio.to_thread(release_leases, self.engine, self.worker_id, [LEASE_NAME])
             except DBAPIError as exc:
-                log.warning("pruner lease not released (%s); it expires", short_error(exc))
+                (log.debug if failing else log.warning)(
+                    "pruner lease not released (%s); it expires", short_error(exc)
+                )
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()

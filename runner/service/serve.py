@@ -4,7 +4,9 @@ Each browser session runs ``flowrun tui`` (``--attach`` unless ``embedded_worker
 ``--readonly`` as given) in its own process, driven over a websocket by textual-serve's
 page. Every request passes :class:`runner.service.serve_guard.Guard` (Host, Origin,
 token); at most ``max_sessions`` consoles run at once, and a session the browser has
-sent nothing on for ``idle_timeout`` seconds is closed. The database URL reaches each
+sent nothing on for ``idle_timeout`` seconds is closed, as is one whose console ended on
+its own or whose browser sent a message textual-serve's page never sends (one line on
+stderr each, no traceback). The database URL reaches each
 console through its environment (``FLOWRUN_DB``), never its command line, which every
 user of the machine can read.
 """
@@ -12,10 +14,12 @@ user of the machine can read.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import ssl
 import sys
+from asyncio import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
 
@@ -44,33 +48,66 @@ def console_command(
     return shlex.join(argv)
 
 
-class _Messages:
-    """The browser session's websocket as textual-serve's message loop reads it: an
-    iteration that ends, closing the websocket, after ``idle`` seconds without a message
-    from the browser (``None``: never); the heartbeat's pongs are no message."""
+#: The terminal sizes a session may ask for, in cells (a larger one is cut to this).
+MAX_COLUMNS, MAX_ROWS = 1000, 500
 
-    def __init__(self, websocket: web.WebSocketResponse, idle: float | None) -> None:
-        self.websocket, self.idle, self.timed_out = websocket, idle, False
 
-    def __aiter__(self) -> _Messages:
-        return self
+def _cells(value: Any, most: int) -> int | None:
+    """A terminal dimension from a browser (an int, or digits in the URL's query) cut to
+    ``1..most``; ``None`` when it is no whole number."""
+    if isinstance(value, str):
+        value = int(value) if value.isascii() and value.isdigit() else None
+    if type(value) is not int:
+        return None
+    return max(1, min(value, most))
 
-    async def __anext__(self) -> Any:
-        # a deadline of our own: receive(timeout=) starts over at each heartbeat pong
+
+def envelope(text: str) -> list[Any] | None:
+    """A browser's message as textual-serve's page sends it (``["stdin", TEXT]``,
+    ``["resize", {"width": W, "height": H}]``, ``["ping", TEXT]``, ``["focus"]``,
+    ``["blur"]``), the size cut to :data:`MAX_COLUMNS` x :data:`MAX_ROWS`; ``[KIND]`` for
+    a kind it does not know (ignored, as textual-serve does); ``None`` for anything else
+    (not JSON, not a list starting with a kind, a known kind with other arguments, text
+    that is not UTF-8)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(message, list) or not message or not isinstance(message[0], str):
+        return None
+    kind, args = message[0], message[1:]
+    if kind in ("stdin", "ping"):
+        if len(args) != 1 or not isinstance(args[0], str):
+            return None
         try:
-            async with asyncio.timeout(self.idle):
-                message = await self.websocket.receive()
-        except TimeoutError:
-            self.timed_out = True
-            await self.websocket.close(code=WSCloseCode.GOING_AWAY, message=b"idle")
-            raise StopAsyncIteration from None
-        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-            raise StopAsyncIteration
+            args[0].encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800")
+            return None
         return message
+    if kind == "resize":
+        if len(args) != 1 or not isinstance(args[0], dict):
+            return None
+        width = _cells(args[0].get("width"), MAX_COLUMNS)
+        height = _cells(args[0].get("height"), MAX_ROWS)
+        if width is None or height is None:
+            return None
+        return ["resize", {"width": width, "height": height}]
+    return [kind]
 
-    async def send_json(self, data: Any) -> None:
-        """Answer the browser (textual-serve's ``pong``)."""
-        await self.websocket.send_json(data)
+
+class _Console(AppService):
+    """textual-serve's console process of one session, telling when it has ended (on its
+    own: a crash, a kill; or stopped)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ended = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            self.ended.set()
 
 
 class ConsoleServer(Server):
@@ -118,9 +155,14 @@ class ConsoleServer(Server):
     async def handle_websocket(  # type: ignore[override]  # aiohttp takes any response
         self, request: web.Request
     ) -> web.StreamResponse:
-        """One browser session: ``400`` for a request that is no websocket handshake,
-        ``503`` when ``max_sessions`` run already; else textual-serve's session."""
-        if not web.WebSocketResponse().can_prepare(request).ok:
+        """One browser session: ``400`` for a request that is no websocket handshake or
+        asks for no terminal size, ``503`` when ``max_sessions`` run already; else a
+        console process driven over the websocket until the browser closes it, goes idle,
+        sends a malformed message, or the console ends."""
+        websocket = web.WebSocketResponse(heartbeat=15)
+        width = _cells(request.query.get("width", "80"), MAX_COLUMNS)
+        height = _cells(request.query.get("height", "24"), MAX_ROWS)
+        if not websocket.can_prepare(request).ok or width is None or height is None:
             raise web.HTTPBadRequest(text="flowrun serve: /ws takes a websocket handshake\n")
         if self.sessions >= self.max_sessions:
             raise web.HTTPServiceUnavailable(
@@ -129,22 +171,78 @@ class ConsoleServer(Server):
             )
         self.sessions += 1
         try:
-            return await super().handle_websocket(request)
+            await websocket.prepare(request)
+            console = _Console(
+                self.command,
+                write_bytes=websocket.send_bytes,
+                write_str=websocket.send_str,
+                close=websocket.close,
+                download_manager=self.download_manager,
+                debug=self.debug,
+            )
+            await console.start(width, height)
+            try:
+                await self._session(websocket, console)
+            finally:
+                await console.stop()
         finally:
             self.sessions -= 1
+        return websocket
 
-    async def _process_messages(
-        self, websocket: web.WebSocketResponse, app_service: AppService
-    ) -> None:
-        messages = _Messages(websocket, self.idle_timeout)
+    async def _session(self, websocket: web.WebSocketResponse, console: _Console) -> None:
+        """Pass the browser's messages to ``console`` until the websocket closes; close it
+        after ``idle_timeout`` seconds without a message (the heartbeat's pongs are none),
+        at a malformed message, or once the console has ended on its own, saying which."""
+        ended = asyncio.create_task(console.ended.wait())
         try:
-            await super()._process_messages(messages, app_service)  # type: ignore[arg-type]
-        except (ValueError, LookupError, TypeError, AssertionError):
-            print("flowrun: serve: a session sent a malformed message; closed", file=sys.stderr)
-            await websocket.close(code=WSCloseCode.UNSUPPORTED_DATA)
-        if messages.timed_out:
-            idle = format_duration(self.idle_timeout or 0)
-            print(f"flowrun: serve: closed a session idle for {idle}", file=sys.stderr)
+            while True:
+                # a deadline of our own: receive(timeout=) starts over at each heartbeat pong
+                receive = asyncio.ensure_future(websocket.receive())
+                await asyncio.wait(
+                    (receive, ended), timeout=self.idle_timeout, return_when=FIRST_COMPLETED
+                )
+                if not receive.done():
+                    receive.cancel()
+                    await asyncio.wait((receive,))
+                    if websocket.closed:  # the console quit and closed it (its "exit")
+                        return
+                    if ended.done():
+                        code, why = WSCloseCode.GOING_AWAY, "whose console ended"
+                    else:
+                        idle = format_duration(self.idle_timeout or 0)
+                        code, why = WSCloseCode.GOING_AWAY, f"idle for {idle}"
+                    break
+                message = receive.result()
+                if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    return
+                if message.type != WSMsgType.TEXT:
+                    continue
+                sent = envelope(message.data)
+                if sent is None:
+                    code, why = WSCloseCode.UNSUPPORTED_DATA, "that sent a malformed message"
+                    break
+                await self._dispatch(sent, websocket, console)
+        finally:
+            ended.cancel()
+        print(f"flowrun: serve: closed a session {why}", file=sys.stderr)
+        await websocket.close(code=code, message=why.encode())
+
+    @staticmethod
+    async def _dispatch(
+        message: list[Any], websocket: web.WebSocketResponse, console: _Console
+    ) -> None:
+        """Act on one checked message (:func:`envelope`) as textual-serve's page means it."""
+        kind = message[0]
+        if kind == "stdin":
+            await console.send_bytes(message[1].encode("utf-8"))
+        elif kind == "resize":
+            await console.set_terminal_size(message[1]["width"], message[1]["height"])
+        elif kind == "ping":
+            await websocket.send_json(["pong", message[1]])
+        elif kind == "blur":
+            await console.blur()
+        elif kind == "focus":
+            await console.focus()
 
     def url(self) -> str:
         """The address to open, with the token when it was generated."""

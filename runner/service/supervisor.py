@@ -7,7 +7,9 @@ sensor leases, the HTTP listener, the systemd notifier) is a coroutine run throu
 - an *expected* fault (the database went away, a file-system error: ``DBAPIError``,
   ``OSError``) is one log line without a traceback, and the part is restarted with capped
   exponential backoff (0.25 s doubling to 2 s), for as long as it takes: the part resumes
-  when the database is back. Repeats are logged at most every 30 s.
+  when the database is back. Repeats are logged at most every 30 s; "running again" once
+  the restarted part has outlived its last run by a few seconds (a part that fails only
+  after a while, such as the pruner, is not said to be back at each restart).
 - anything else is a bug: logged once with its traceback and restarted the same way, at
   most ``bug_restarts`` times in a row (a run longer than ``healthy_after`` seconds
   clears the count).
@@ -69,6 +71,9 @@ class Supervisor:
         bug_restarts: restarts allowed in a row for a part failing with an unexpected
             exception before the supervisor gives up.
         healthy_after: seconds a restarted part must run to clear its failure count.
+        quiet_for: seconds between two lines of one part's repeated expected faults.
+        back_after: seconds a restarted part must run, beyond its last run's length,
+            before it is said to be running again.
     """
 
     def __init__(
@@ -80,12 +85,14 @@ class Supervisor:
         bug_restarts: int = 5,
         healthy_after: float = 30.0,
         quiet_for: float = 30.0,
+        back_after: float = 3.0,
     ) -> None:
         self.on_fatal = on_fatal
         self.base, self.cap = base, cap
         self.bug_restarts = bug_restarts
         self.healthy_after = healthy_after
         self.quiet_for = quiet_for
+        self.back_after = back_after
         self.parts: dict[str, PartState] = {}
         self.fatal: str | None = None
 
@@ -190,13 +197,17 @@ class Supervisor:
                 part.restarts += 1
                 part.state = "running"
                 if part.failures == 1 or now - last_logged < self.quiet_for:
-                    self._say_back_later(part)
+                    self._say_back_later(part, now - started)
             else:
                 part.state = "done"
                 return
 
-    def _say_back_later(self, part: PartState) -> None:
-        """Log "running again" once a restarted part has survived a few seconds."""
+    def _say_back_later(self, part: PartState, ran_for: float) -> None:
+        """Log "running again" once a restarted part has survived :attr:`back_after`
+        seconds longer than its last run lasted (``ran_for``; at most ``healthy_after``):
+        a part that fails only after a while (the pruner, waiting before its first round
+        and failing then) has not recovered for having run a few seconds, and saying so
+        would start its outage lines over every few seconds."""
         restarts = part.restarts
 
         def check() -> None:
@@ -204,7 +215,8 @@ class Supervisor:
                 log.warning("%s: running again", part.name, extra={"part": part.name})
                 part.failures = 0
 
-        asyncio.get_running_loop().call_later(3.0, check)
+        after = self.back_after + min(ran_for, self.healthy_after)
+        asyncio.get_running_loop().call_later(after, check)
 
     def _give_up(self, name: str) -> None:
         if self.fatal is None:

@@ -6,6 +6,8 @@ a caller without the token, a fifth browser tab and an idle one.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,15 @@ import aiohttp
 import pytest
 
 from tests.support.fault import Flowrun, poll, write_flow
-from tests.support.serving import FLOW, TOKEN, Served, printed_token, serving, status
+from tests.support.serving import (
+    FLOW,
+    TOKEN,
+    Served,
+    cmdline,
+    printed_token,
+    serving,
+    status,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,6 +119,9 @@ async def test_a_fifth_session_is_refused(served: Served) -> None:
         readers = [asyncio.create_task(closed_by_server(ws, 240)) for ws in tabs]
         assert await refused(ws_url(served)) == 503
         await asyncio.to_thread(poll, lambda: len(served.consoles()) == 4, 90, what="4 consoles")
+        # each observes and commands only (--attach): no worker per browser tab
+        for pid in served.consoles():
+            assert b"--attach" in cmdline(pid).split(b"\0"), cmdline(pid)
         await tabs.pop().close()
         # its console quits and its place frees
         await asyncio.to_thread(poll, lambda: len(served.consoles()) == 3, 90, what="3 consoles")
@@ -156,12 +169,61 @@ async def test_a_plain_get_on_the_websocket_path_is_no_traceback(served: Served)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{served.base}/ws?token={TOKEN}") as resp:
             assert "/ws takes a websocket handshake" in await resp.text()
-        # a malformed message from a session: one line, no traceback
-        async with session.ws_connect(ws_url(served)) as ws:
-            await ws.send_str("not json")
-            await closed_by_server(ws)
-    await asyncio.to_thread(poll, lambda: "malformed message" in served.text(), 30)
+    # a handshake asking for no terminal size
+    assert await refused(ws_url(served).replace("width=100", "width=wide")) == 400
     assert "Traceback" not in served.text()
+
+
+#: Messages textual-serve's page never sends: not JSON, not a list, a key that is no
+#: text, a lone surrogate, a size that is no number.
+MALFORMED = (
+    "not json",
+    "{}",
+    "[]",
+    '["stdin", 5]',
+    '["stdin", "\\ud800"]',
+    '["resize", {"width": "x", "height": 30}]',
+    '["resize", [100, 30]]',
+    '["ping"]',
+)
+
+
+async def test_a_malformed_message_closes_its_session_in_one_line(fr: Flowrun) -> None:
+    with serving(fr, "--max-sessions", str(len(MALFORMED) + 1)) as served:
+        async with aiohttp.ClientSession() as session:
+            for text in MALFORMED:
+                async with session.ws_connect(ws_url(served)) as ws:
+                    await ws.send_str(text)
+                    await closed_by_server(ws)
+                    assert ws.close_code == aiohttp.WSCloseCode.UNSUPPORTED_DATA, text
+            # what the page does send works, a size too large for any screen included
+            async with session.ws_connect(ws_url(served)) as ws:
+                await ws.send_str('["resize", {"width": 100000, "height": 100000}]')
+                await ws.send_str('["ping", "42"]')
+                await drawn(ws, "pong")
+                await ws.send_str('["stdin", "j"]')
+                await drawn(ws, "STATUS")
+        closed = "flowrun: serve: closed a session that sent a malformed message"
+        await asyncio.to_thread(
+            poll, lambda: served.text().count(closed) == len(MALFORMED), 60, what="lines"
+        )
+        await asyncio.to_thread(poll, lambda: not served.consoles(), 90, what="consoles gone")
+    assert "Traceback" not in served.text(), served.text()
+
+
+async def test_a_session_whose_console_ended_is_closed_and_frees_its_place(fr: Flowrun) -> None:
+    with serving(fr, "--max-sessions", "1") as served:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(ws_url(served)) as ws:
+                await drawn(ws, "STATUS")
+                (console,) = served.consoles()
+                os.kill(console, signal.SIGKILL)
+                await closed_by_server(ws)  # the browser sees the end: no dead tab held
+                assert ws.close_code == aiohttp.WSCloseCode.GOING_AWAY
+            async with session.ws_connect(ws_url(served)) as ws:  # its place is free
+                await drawn(ws, "STATUS")
+        assert "closed a session whose console ended" in served.text()
+        assert "Traceback" not in served.text()
 
 
 def test_a_short_token_is_refused(fr: Flowrun) -> None:

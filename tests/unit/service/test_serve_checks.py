@@ -1,5 +1,6 @@
 """The checks of ``runner.service.serve_guard``: which Host and Origin headers name the
-served address, and which tokens are accepted."""
+served address, and which tokens are accepted; and which browser messages a session
+passes on (``runner.service.serve.envelope``)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,35 @@ def test_tokens_are_long_or_generated() -> None:
     with pytest.raises(UserError) as caught:
         checked_token("abc")
     assert caught.value.exit_code == 2
+
+
+def test_only_the_pages_messages_pass() -> None:
+    from runner.service.serve import envelope
+
+    assert envelope('["stdin", "j"]') == ["stdin", "j"]
+    assert envelope('["ping", "1"]') == ["ping", "1"]
+    assert envelope('["focus"]') == ["focus"]
+    assert envelope('["later-kind", 1]') == ["later-kind"]  # ignored, as textual-serve does
+    assert envelope('["resize", {"width": 100, "height": 30}]') == [
+        "resize",
+        {"width": 100, "height": 30},
+    ]
+    # a size beyond any screen is cut, not passed on
+    assert envelope('["resize", {"width": 99999, "height": 0}]') == [
+        "resize",
+        {"width": 1000, "height": 1},
+    ]
+    for text in (
+        "nope",
+        "{}",
+        "[]",
+        "[1]",
+        '["stdin"]',
+        '["stdin", 5]',
+        '["stdin", "\\ud800"]',
+        '["ping", null]',
+        '["resize", {"width": 1.5, "height": 30}]',
+        '["resize", {"width": true, "height": 30}]',
+        '["resize", {"height": 30}]',
+    ):
+        assert envelope(text) is None, text

@@ -42,6 +42,39 @@ async def test_expected_fault_is_retried_until_the_part_resumes(caplog) -> None:
     assert sum("db part" in r.getMessage() for r in caplog.records) == 1
 
 
+async def test_a_part_failing_after_a_while_is_one_outage_not_one_line_a_restart(
+    caplog,
+) -> None:
+    """A part that runs a while before each failure (the pruner waits before its first
+    round) is not said to be running again at each restart, so its outage stays one
+    line (repeats folded, at most every ``quiet_for``) and "running again" comes once,
+    when it has really recovered."""
+    sup = Supervisor(base=0.01, cap=0.01, back_after=1.0)
+    runs = 0
+    recovered = asyncio.Event()
+
+    async def part() -> None:
+        nonlocal runs
+        runs += 1
+        if runs <= 4:  # each run outlives back_after, then fails
+            await asyncio.sleep(2.0)
+            raise _outage()
+        await recovered.wait()  # the database is back: it keeps running
+
+    with caplog.at_level(logging.WARNING, "flowrun.supervisor"):
+        task = asyncio.ensure_future(sup.keep("pruner", part))
+        async with asyncio.timeout(120):
+            while not any("running again" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.1)
+        recovered.set()
+        await task
+    lines = [r.getMessage() for r in caplog.records]
+    assert runs == 5
+    assert [m.split(":")[0] for m in lines] == ["pruner", "pruner"], lines
+    assert "connection refused; restarting in" in lines[0]
+    assert lines[1] == "pruner: running again"
+
+
 async def test_a_recurring_bug_gives_up_with_a_traceback(caplog) -> None:
     fatal = []
     sup = Supervisor(fatal.append, base=0.01, cap=0.01, bug_restarts=3)
