@@ -5,20 +5,25 @@ daemon ran fire ONCE on start-up (the latest missed one), not once per missed ti
 first start of a sensor with no cursor fires nothing: its first tick is the next one.
 Event key: the tick in ISO 8601 UTC, so a tick is stored once whichever daemon fires it.
 Payload: ``{"tick": ISO 8601 UTC, "scheduled": epoch seconds, "missed": bool}``.
+
+Ticks are judged by the database's clock (``runner.store.clock``; SQLite: the local
+one): the sensor's lease may move to another host, and a host whose clock is off must
+fire a tick neither early nor late, nor start a fresh sensor's ticks off that host's
+time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime
 from typing import Any
 
 from runner.ops.views import iso
 from runner.sensors.base import Sensor
 from runner.sensors.events import load_cursor
+from runner.store.clock import clock_of
 
-#: Longest single sleep in seconds (re-reads the wall clock after suspends or clock jumps).
+#: Longest single sleep in seconds (re-reads the clock after suspends or clock jumps).
 MAX_SLEEP = 60.0
 
 
@@ -46,8 +51,9 @@ class ClockSensor(Sensor):
         return last + every * int((at - last) // every)
 
     async def run(self, stop: asyncio.Event) -> None:
+        clock = clock_of(self.engine)  # the database's clock, as the sensor's lease
         cursor = await asyncio.to_thread(load_cursor, self.engine, self.name)
-        now = time.time()
+        now = clock.now()
         last = cursor.get("last")
         if last is None:
             last = now
@@ -60,11 +66,11 @@ class ClockSensor(Sensor):
         self.started.set()
         while not stop.is_set():
             due = self.next_tick(float(last))
-            wait = due - time.time()
+            wait = due - clock.now()
             if wait > 0:
                 await self._wait(stop, min(wait, MAX_SLEEP))
                 continue
-            tick = self.last_tick(time.time(), float(last)) or due  # at most one catch-up
+            tick = self.last_tick(clock.now(), float(last)) or due  # at most one catch-up
             last = tick
             await self._fire(tick, missed=tick > due)
 
