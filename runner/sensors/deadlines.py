@@ -17,13 +17,13 @@ Each deadline missed is one WARNING line (``runner.warn_line``, kind
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from sqlalchemy import Engine
 
 from runner.ops.deadlines import fire_due
 from runner.sensors.base import first_of, log
+from runner.store.clock import clock_of
 from runner.store.data_version import data_version
 from runner.store.deadlines import next_due
 from runner.warn_line import warn
@@ -75,6 +75,7 @@ class DeadlineWatch:
         (``runner.store.data_version``) and the earliest deadline it found has not come:
         it would find what that one found."""
         changes = data_version(self.engine)
+        clock = clock_of(self.engine)  # deadlines are judged by the database's clock
         seen: int | None = None  # the data version the last look read
         due: float | None = None  # the earliest deadline it found
         try:
@@ -84,15 +85,15 @@ class DeadlineWatch:
                     await first_of(self._kick.wait(), stop.wait(), timeout=IDLE_EVERY)
                     continue
                 version = changes.read() if changes is not None else None
-                now = time.time()
+                now = clock.now()
                 if version is None or version != seen or (due is not None and due <= now):
                     if await self._look():
                         continue
                     seen = version
                     due = await asyncio.to_thread(next_due, self.engine)
-                wait = LOOK_EVERY if due is None else min(LOOK_EVERY, due - time.time())
-                # at least MIN_WAIT: a deadline this host's clock says has come may not
-                # have on the database's (which judges it), a moment longer
+                wait = LOOK_EVERY if due is None else min(LOOK_EVERY, due - clock.now())
+                # at least MIN_WAIT: the clock's offset may be off by its error (a reading's
+                # half round trip), a moment longer
                 wait = max(wait, MIN_WAIT)
                 await first_of(self._kick.wait(), stop.wait(), timeout=wait)
         finally:
