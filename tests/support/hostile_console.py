@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, insert, update
+from textual.worker import WorkerCancelled
 
 from runner.store.tables import (
     attempt_logs,
@@ -235,7 +236,10 @@ async def settle(app: Any, pilot: Any) -> None:
     """Let every thread worker of the console finish and its results reach the screen."""
     for _ in range(4):
         await pilot.pause()
-        await app.workers.wait_for_complete()
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # a live console: a refresh replaced an exclusive load
+            pass
     await pilot.pause()
 
 
