@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from textual.widgets import Static
 
 import runner.tui.data as console_data
+import runner.tui.widgets.instance_table as instance_table
 from runner.engine.config import WorkerConfig
 from runner.service.console import ConsoleStopper, EmbeddedWorker
 from runner.service.startup import load_registry
@@ -171,3 +172,69 @@ async def test_a_failing_view_leaves_the_embedded_worker_working(
         embedded.stop(timeout=10)
         engine.dispose()
     assert not embedded.alive() and embedded.error is None
+
+
+@pytest.mark.parametrize(
+    ("target", "keys"),
+    [
+        ("runner.tui.data.ConsoleData.events", ("3",)),  # the events view's load
+        ("runner.tui.data.ConsoleData.flows", ("4",)),  # the flows view's load
+        ("runner.tui.data.ConsoleData.explain", ("e",)),  # the explain view's load
+        ("runner.store.log_reader.chunks", ("l",)),  # the log view's load
+        ("runner.tui.screens.views.WorkersScreen.show", ("2",)),  # showing what it read
+    ],
+    ids=["events", "flows", "explain", "log", "workers-shown"],
+)
+async def test_every_view_shows_its_failure_in_place(
+    app: FlowrunApp, monkeypatch: pytest.MonkeyPatch, target: str, keys: tuple[str, ...]
+) -> None:
+    """Whichever view meets the exception, loading or showing what it read: one line in
+    place, the console alive; the next view works."""
+    async with app.run_test(size=(140, 30)) as pilot:
+        await settle(app, pilot)
+        monkeypatch.setattr(target, boom)
+        app.screen.refresh_data()
+        await pilot.press(*keys)
+        await settle(app, pilot)
+        assert_alive(app)
+        assert failure(app).display, target
+        assert_literal(app, "RuntimeError: read failed for [/var/lib/app]\\x1b[31m")
+        monkeypatch.undo()
+        await pilot.press("escape", "1")
+        await settle(app, pilot)
+        assert_literal(app, "exit status 1: connection")
+        assert_alive(app)
+
+
+async def test_a_row_that_cannot_be_shown_is_one_line_in_its_place(
+    app: FlowrunApp, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception while the instances table draws a row (``cells``, at render time,
+    outside any thread worker): that row shows the error's line in its place, logged once
+    with its traceback; the other rows, the table and the console go on."""
+    real = instance_table.cells
+
+    def cells(row, *args, **kwargs):
+        if row.id == 1:
+            boom()
+        return real(row, *args, **kwargs)
+
+    monkeypatch.setattr(instance_table, "cells", cells)
+    with caplog.at_level(logging.ERROR, logger="flowrun.console"):
+        async with app.run_test(size=(140, 30)) as pilot:
+            await settle(app, pilot)
+            await pilot.press("down", "up")  # draw the rows again
+            await settle(app, pilot)
+            assert_alive(app)
+            assert_literal(
+                app,
+                "1 ⚠ cannot show this instance: RuntimeError: read failed for [/var/lib/app]",
+                "exit status 2: carrier API",  # the other rows
+            )
+            await pilot.press("enter")  # the detail of the row that cannot be drawn
+            await settle(app, pilot)
+            assert isinstance(app.screen, DetailScreen)
+            assert_literal(app, "instance 1")
+            assert_alive(app)
+    logged = [r for r in caplog.records if "row 1" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None

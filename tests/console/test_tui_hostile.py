@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
+from runner.store.tables import instances
 from runner.tui import literal
 from runner.tui.app import FlowrunApp
 from runner.tui.model import Query
@@ -17,6 +19,7 @@ from runner.tui.screens.detail import DetailScreen
 from runner.tui.screens.dialogs import ChoiceScreen
 from runner.tui.screens.explain import ExplainScreen
 from runner.tui.screens.instances import InstancesScreen
+from runner.tui.screens.logs import LogScreen, LogView
 from tests.support.console_db import build_db, clock
 from tests.support.hostile_console import (
     ACTION_LINK,
@@ -25,6 +28,7 @@ from tests.support.hostile_console import (
     CORPUS,
     OPEN_FAILED,
     PAYMENTS,
+    POOL,
     RAW,
     RED_DISK,
     assert_alive,
@@ -163,4 +167,75 @@ async def test_dialogs_and_notifications(app: FlowrunApp) -> None:
         app.notify(f"{RED_DISK} {ACTION_LINK} \x1b[2J\x07 {CACHE_LINE}")
         await settle(app, pilot)
         assert_literal(app, f"{RED_DISK} {ACTION_LINK} \\x1b[2J\\x07")
+        assert_alive(app)
+
+
+async def test_log_view(app: FlowrunApp) -> None:
+    """``l`` on instance 1: its running attempt's output (``LOG``), every line literal,
+    then wrapped (the 100 kB line too) and searched for markup."""
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("l")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, LogScreen) and screen.attempt == 3
+        assert_literal(
+            app,
+            CACHE_LINE,
+            OPEN_FAILED + "\\x1b[31mred\\x1b[0m\\x1b]0;pwned\\x07",
+            f"{RED_DISK} {ACTION_LINK}\\x1b]8;;http://evil.example\\x1b\\link",
+            "a\\x00b\\x08c\\x7fd\\x9be\\rf",
+            "abc\\u202edcba\\u202c \\u200fx\\u2066y\\u2069",
+            "[long] xxxxxxxx",
+            "caf\\xe9 \\xff\\xfe [x] [/] \\x1b[2J end",  # one line, from two chunks
+        )
+        await pilot.press("w", "G")  # wrapped: the 100 kB line over many rows; the end
+        await settle(app, pilot)
+        assert_literal(app, "x [/end]", "caf\\xe9 \\xff\\xfe [x]")
+        await pilot.press("slash", *"[bold", "enter")
+        await settle(app, pilot)
+        view = screen.query_one(LogView)
+        assert view.match is not None
+        assert "[bold" in view.source.lines[view._rows[view.match][0]][1]
+        assert_literal(app, RED_DISK)
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert isinstance(app.screen, InstancesScreen)
+        assert_alive(app)
+
+
+async def test_pool_views_and_command_dialogs(app: FlowrunApp) -> None:
+    """A pool named from hostile data, in the workers view's pools and in the instances
+    view of an instance that waits for it; the kill, sleep and send dialogs and a
+    command's notification on an instance whose label is hostile."""
+    with app.engine.begin() as conn:
+        conn.execute(
+            update(instances)
+            .where(instances.c.id == 2)
+            .values(status="runnable", due_at=None, waiting_for=POOL, wait_due=1.0)
+        )
+    async with app.run_test(size=(220, 45), notifications=True) as pilot:
+        await settle(app, pilot)
+        assert_literal(app, "waits for pool flow:orders:[payments]\\x1b]0;pwned")
+        await pilot.press("2")
+        await settle(app, pilot)
+        assert_literal(
+            app, "flow:orders:[payments]\\x1b]0;pwned\\x07abc\\u202edcba\\u202c \\u200fx"
+        )
+        await pilot.press("1")
+        await settle(app, pilot)
+        for key, shown in (("k", "Kill instance 1?"), ("z", "Sleep instance 1 for")):
+            await pilot.press(key)
+            await settle(app, pilot)
+            assert_literal(app, shown, RED_DISK)
+            await pilot.press("escape")
+            await settle(app, pilot)
+        await pilot.press("s")
+        await settle(app, pilot)
+        assert_literal(app, "Send an event to instance 1")
+        await pilot.press("escape")
+        await settle(app, pilot)
+        await pilot.press("p")  # a command: its result notified
+        await settle(app, pilot)
+        assert_literal(app, "instance 1:", RED_DISK)
         assert_alive(app)

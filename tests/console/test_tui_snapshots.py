@@ -106,3 +106,22 @@ def test_hostile_instances_screen(snap_compare, hostile_app):
 
 def test_hostile_events_screen(snap_compare, hostile_app):
     assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("3"))
+
+
+def test_hostile_workers_screen(snap_compare, hostile_app):
+    """A worker's id and host, a pool's name: controls, bidi marks, OSC, brackets."""
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("2"))
+
+
+def test_hostile_flows_screen(snap_compare, hostile_app):
+    """Flow files whose names and contents are hostile; a stored version's path."""
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("4"))
+
+
+def test_hostile_explain_screen(snap_compare, hostile_app):
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("e", row=0))
+
+
+def test_hostile_log_screen(snap_compare, hostile_app):
+    """Instance 1's running attempt's output (``hostile_console.LOG``)."""
+    assert snap_compare(hostile_app, terminal_size=SIZE, run_before=settle_then("l", row=0))

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, insert, update
+from textual.worker import WorkerCancelled
 
 from runner.store.tables import (
+    attempt_logs,
     attempts,
     commands,
     events,
     flow_versions,
     instances,
+    pools,
     sensors,
     workers,
 )
@@ -39,6 +42,22 @@ BIG = "x" * 100_000
 NOT_UTF8 = "caf\udce9 \udcff\udcfe"  # bytes 0xe9 0xff 0xfe kept by surrogateescape
 #: Text that is not UTF-8 in a TEXT column (instance 3's label and last error).
 RAW_LABEL = b"caf\xe9 [x]\xff"
+
+#: A pool whose name (a flow's ``max_running`` key rendered from data) is hostile.
+POOL = "flow:orders:" + PAYMENTS + OSC_TITLE + RTL
+
+#: What instance 1's running attempt (3) wrote, as ``(stream, bytes)``: every kind of
+#: trouble on its own line, a 100 kB line, bytes that are not UTF-8, a line cut in two.
+LOG = [
+    (1, CACHE_LINE.encode() + b"\n"),
+    (2, (OPEN_FAILED + ANSI + OSC_TITLE + "\n").encode()),
+    (1, (RED_DISK + " " + ACTION_LINK + OSC_LINK + "\n").encode()),
+    (2, CONTROLS.encode() + b"\n"),
+    (1, (RTL + "\n").encode()),
+    (1, b"[long] " + BIG.encode() + b" [/end]\n"),
+    (2, b"caf\xe9 \xff\xfe [x]"),
+    (2, b" [/] \x1b[2J end\n"),
+]
 
 #: Every hostile string, by name.
 CORPUS: dict[str, str] = {
@@ -69,7 +88,8 @@ def install(engine: Engine, flows_dir: Path) -> None:
     bytes that are not UTF-8, its attempts' errors and
     checkpoint, a command's result, events (a tail sensor's line and file, a files
     sensor's path, keys and actions), a sensor's name and cursor, a worker's id and host,
-    a stored flow version's flow and path, and flow files whose names and contents are
+    a stored flow version's flow and path, instance 1's running attempt's output
+    (``LOG``), a pool's name (``POOL``), and flow files whose names and contents are
     hostile (shown as validation errors)."""
     with engine.begin() as conn:
         conn.execute(
@@ -171,6 +191,23 @@ def install(engine: Engine, flows_dir: Path) -> None:
                 "loaded_at": NOW - 10,
             },
         )
+        offset = 0
+        rows = []
+        for seq, (stream, data) in enumerate(LOG, 1):
+            rows.append(
+                {
+                    "instance_id": 1,
+                    "attempt": 3,
+                    "seq": seq,
+                    "stream": stream,
+                    "at": NOW - 8 + seq / 10,
+                    "offset": offset,
+                    "data": data,
+                }
+            )
+            offset += len(data)
+        conn.execute(insert(attempt_logs), rows)
+        conn.execute(insert(pools), {"name": POOL, "declared": 2, "slots": 1, "updated_at": 0})
     (flows_dir / f"{PAYMENTS}bad.yaml").write_text(f"flow: x\ninitial: a\nstates: {RED_DISK}\n")
     (flows_dir / "e\x1b[31mvil.yaml").write_bytes(b"flow: y\ninitial: a\x1b[2J\xff\n")
 
@@ -199,7 +236,10 @@ async def settle(app: Any, pilot: Any) -> None:
     """Let every thread worker of the console finish and its results reach the screen."""
     for _ in range(4):
         await pilot.pause()
-        await app.workers.wait_for_complete()
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # a live console: a refresh replaced an exclusive load
+            pass
     await pilot.pause()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.store.limit_names import limit_name
 from tests.support.fault import Flowrun, daemon_running, flowrun_cmd, poll, unique, write_flow
 from tests.support.hostile import (
     CASES,
@@ -130,6 +131,7 @@ def test_start_with_data_the_cli_cannot_take(tmp_path: Path) -> None:
 HOSTILE_FLOW = """\
 description: "[bold red]disk[/] [payments] \\\\[x] flow"
 label: "{data.label}"
+max_running: {limit: 1, key: "{data.label}"}
 initial: work
 defaults:
   try_interval: 100ms
@@ -260,6 +262,14 @@ def test_every_command_shows_hostile_text_literally(tmp_path: Path) -> None:
         told = list(_strings(json_of("explain", iid, "--json")))
         assert all(any(f in x for x in told) for f in t.shown), (t.name, told)
         text("send", iid, t.text[:200].replace("\x00", ""), code=2)
+        # the attempt's output: RAW, then the case's text, on stderr
+        out = text("logs", iid)
+        _check_text(out, [t], f"logs {t.name}")
+        assert all(s in out for s in INVALID_UTF8_SHOWN), (t.name, out[:300])
+        res = fr("logs", iid, "--json")
+        assert res.returncode == 0 and not raw_controls(res.stdout), (t.name, res)
+        chunks = [json.loads(line) for line in res.stdout.splitlines()]
+        assert t.text in "".join(c["text"] for c in chunks if c["stream"] == "stderr")
     events = json_of("events", "--json", "--limit", "500")
     lines_seen = {e["payload"].get("line") for e in events}
     assert {t.text for t in lines} <= lines_seen  # the exact lines, as stored
@@ -283,6 +293,29 @@ def test_every_command_shows_hostile_text_literally(tmp_path: Path) -> None:
     assert "bad\\x1b[2J[bold]x.yaml:3:" in text("check", str(bad), code=2)
     text("graph", hostile)
     text("migrate", "--flow", hostile, "--to", "latest", "--dry-run")
+    assert json_of("migrate", "--flow", hostile, "--to", "latest", "--json") == []
+    # pools named from hostile data: the flow's max_running key is the label
+    pools = {p["name"] for p in json_of("pool", "ls", "--json")}
+    assert {limit_name(hostile, "{data.label}", {"label": t.text[:1000]}) for t in TEXTS} <= pools
+    out = text("pool", "ls")
+    assert f"flow:{hostile}:[payments]" in out and "[bold red]disk[/] full" in out, out
+    fr.env["COLUMNS"] = "80"
+    text("pool", "ls")
+    fr.env["COLUMNS"] = "250"
+    # the commands' answers on an instance whose label, data and error are hostile
+    iid = str(ids["markup"])
+    for args in (
+        ("retry", iid),
+        ("pause", iid),
+        ("resume", iid),
+        ("sleep", iid, "--for", "1h"),
+        ("wake", iid),
+        ("kill", iid),
+    ):
+        assert iid in text(*args), args
+    text("retry", iid, code=1)  # refused: killed
+    _check_text(text("show", iid), [TEXTS[[t.name for t in TEXTS].index("markup")]], "show")
+    assert json_of("prune", "--json", "--dry-run")["dry_run"] is True
 
 
 def test_arguments_that_are_not_utf8_get_one_line(tmp_path: Path) -> None:

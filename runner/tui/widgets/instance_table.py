@@ -28,6 +28,7 @@ from textual.strip import Strip
 from runner.error_line import error_line
 from runner.lifecycle import STATUSES
 from runner.tui import fmt, literal
+from runner.tui.guard import failure_line, log
 from runner.tui.model import Page, Query, Row
 
 
@@ -179,6 +180,7 @@ class InstanceTable(ScrollView, can_focus=True):
         #: Shown dimmed in the first row while nothing matches ("" shows nothing).
         self.empty_hint = ""
         self._base: Style | None = None  # ``rich_style``, until the styles change
+        self._row_failures: dict[int, str] = {}  # row id -> the failure logged for it
 
     # -- data in -------------------------------------------------------------------
 
@@ -358,6 +360,13 @@ class InstanceTable(ScrollView, can_focus=True):
         if row is None:
             dim = base + self._style("placeholder")
             return Strip([Segment(" " * 8 + "…", dim)]).adjust_cell_length(width, base)
+        try:
+            return self._row_line(row, index, width, base)
+        except Exception as exc:  # a row that cannot be shown: one line in its place
+            return self._failed_row(row, exc, width, base)
+
+    def _row_line(self, row: Row, index: int, width: int, base: Style) -> Strip:
+        """The line of ``row`` (at ``index`` among the matching rows)."""
         text = cells(row, self.clock(), row.id in self.marked)
         line_style = base
         if row.id in self.marked:
@@ -381,6 +390,17 @@ class InstanceTable(ScrollView, can_focus=True):
                 style += self._style("waiting" if waiting else "error")
             segments.append(Segment(value if i == len(layout) - 1 else value + " ", style))
         return Strip(segments, length).adjust_cell_length(width, line_style)
+
+    def _failed_row(self, row: Row, error: Exception, width: int, base: Style) -> Strip:
+        """The one line shown in place of ``row`` when showing it raised ``error``: its
+        id and the error's line (``runner.tui.guard``); the details are logged once per
+        row and line. The table, the screen and the console go on."""
+        line = failure_line(error)
+        if self._row_failures.get(row.id) != line:
+            self._row_failures[row.id] = line
+            log.error("console instances row %s: %s", row.id, line, exc_info=error)
+        shown = f"{row.id:>8} ⚠ cannot show this instance: {line}  (details in the console log)"
+        return Strip([Segment(fit(shown, width), base + self._style("error"))])
 
     def _header(self, width: int, base: Style) -> Strip:
         q = self.query_state
