@@ -278,7 +278,9 @@ def _field(grid, key: str, value: object, *, lines: bool = False) -> None:
 def instance_detail(item: dict[str, Any]) -> None:
     """Print one instance (``runner.ops.detail.get_instance``): its fields, what it waits
     for, its error budget, data, checkpoints, attempt history and commands. Stored text
-    (label, data, errors, commands' results) is shown literally."""
+    (label, data, errors, commands' results) is shown literally. The attempts table has
+    an ``error`` column only when some attempt has an error (its room goes to the rest:
+    a state moved to is not cut to ``quarant…``)."""
     out, Table = _rich()
     grid = _fields(Table)
     for key in DETAIL_KEYS:
@@ -315,8 +317,11 @@ def instance_detail(item: dict[str, Any]) -> None:
             }
             for a in item["history"]
         ]
+        table = ATTEMPT_COLUMNS
+        if not any(c["error"] for c in cells):  # no error to show: its room goes to the rest
+            table = tuple(col for col in table if col[1] != "error")
         click.echo("attempts")
-        click.echo("\n".join(plain_table(ATTEMPT_COLUMNS, cells, width, ATTEMPT_SHRINK)))
+        click.echo("\n".join(plain_table(table, cells, width, ATTEMPT_SHRINK)))
         for a in item["history"]:  # the whole kept tail of each attempt's error
             if a["error"]:
                 click.echo(f"error of attempt {a['attempt']}:")
@@ -352,6 +357,9 @@ EVENT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("handled", "handled", None, 0),
     ("action", "action", 16, 3),
 )
+#: The order in which the events table's columns shrink: the line (what happened) before
+#: the sensor, whose name tells two sensors of one flow apart (``csv_ingest.…`` does not).
+EVENT_SHRINK = ("action", "what", "sensor")
 
 
 def _handled(created: str | None, handled: str | None) -> str:
@@ -371,8 +379,9 @@ def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> Non
     happened (the line, the file; one line), when it was stored, how long after the rules
     handled it (or ``pending``) and what they did, shown literally and fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped): the
-    action and the sensor shrink, then the handling delay, the time, the sensor and the
-    action drop; the id and what happened always show."""
+    action, what happened and the sensor shrink, in that order (``EVENT_SHRINK``), then
+    the handling delay, the time, the sensor and the action drop; the id and what
+    happened always show."""
     width = terminal_width(width)
     cells = [
         {
@@ -385,7 +394,7 @@ def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> Non
         }
         for r in rows
     ]
-    lines = plain_table(EVENT_COLUMNS, cells, width, ("action", "sensor", "what"))
+    lines = plain_table(EVENT_COLUMNS, cells, width, EVENT_SHRINK)
     sent = [d for r in reversed(rows) for d in r.get("deliveries") or ()]
     if sent:
         lines += ["", "Deliveries (exec and webhook actions):"]
