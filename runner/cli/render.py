@@ -167,7 +167,9 @@ def instance_table(
     times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
     errors, restarts, due, lock, last error, fitted to ``width`` cells (default: the
     terminal's, or ``COLUMNS``, or 80 when piped). ``id`` and ``status`` always show; the
-    other columns shrink, then drop (the lock and the counters first, the label last).
+    other columns shrink, then drop (the lock and the counters first, the label last);
+    the label and last error columns show only when some row has one (an empty one's
+    room goes to the due column: ``on release|discard`` shows at 80 columns).
     ``waits`` (``runner.ops.queries.waiting_events``) names the events an instance in an
     external state waits for: its due cell says ``on release|discard``. Stored text is
     shown literally (``runner.literal``).
@@ -202,8 +204,9 @@ def instance_table(
             }
         )
     table = INSTANCE_COLUMNS
-    if not any(c["label"] for c in cells):  # a label column only where some flow has one
-        table = tuple(col for col in table if col[1] != "label")
+    for key in ("label", "last_error"):  # a label or error column only where some row has one
+        if not any(c[key] for c in cells):
+            table = tuple(col for col in table if col[1] != key)
     lines = plain_table(table, cells, width, SHRINK_ORDER)
     lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
     click.echo("\n".join(lines))

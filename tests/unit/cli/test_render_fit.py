@@ -98,3 +98,41 @@ def test_events_at_80_columns_cut_the_line_before_the_sensor(capsys) -> None:
     assert lines[1].split()[:2] == ["9", "csv_ingest.lifecycle"], lines
     assert lines[2].split()[:2] == ["8", "csv_ingest.inbox"], lines
     assert "debian-releases.csv (1" in lines[1], lines
+
+
+def test_ls_at_80_columns_says_what_a_quarantined_file_waits_for(capsys) -> None:
+    """README's first command ends with ``flowrun ls`` piped (80 columns): files in
+    ``quarantine`` (runnable, nothing due) say which events they wait for; a last error
+    column of nothing took that room."""
+    names = ["seattle-temps", "la-riots", "airports", "iowa-electricity", "debian-releases"]
+    rows = [
+        {
+            "id": i,
+            "flow": "csv_ingest",
+            "label": f"inbox/{name}.csv",
+            "state": "quarantine" if i % 2 == 0 else "done",
+            "status": "runnable" if i % 2 == 0 else "completed",
+            "attempts": 1,
+            "errors": 0,
+            "restarts": 0,
+            "due_at": None,
+            "locked_by": None,
+            "locked_until": None,
+            "last_error": None,
+            "running_attempt": None,
+        }
+        for i, name in enumerate(names, start=1)
+    ]
+    waits = {r["id"]: ("release", "discard") for r in rows if r["state"] == "quarantine"}
+    render.instance_table(rows, width=80, waits=waits)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "last error" not in lines[0] and "due in" in lines[0], lines
+    for line in lines[1:-1]:
+        quarantined = " quarantine " in line
+        assert ("on release|discard" in line) == quarantined, lines
+        assert "inbox/" in line and "…" not in line, lines
+    # a row with an error brings its column back
+    rows[1]["last_error"] = "exit code 1: boom"
+    render.instance_table(rows, width=80, waits=waits)
+    assert "last error" in capsys.readouterr().out.splitlines()[0]
