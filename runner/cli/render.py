@@ -167,7 +167,9 @@ def instance_table(
     times in epoch seconds): id, flow, label (when any has one), state, status, attempts,
     errors, restarts, due, lock, last error, fitted to ``width`` cells (default: the
     terminal's, or ``COLUMNS``, or 80 when piped). ``id`` and ``status`` always show; the
-    other columns shrink, then drop (the lock and the counters first, the label last).
+    other columns shrink, then drop (the lock and the counters first, the label last);
+    the label and last error columns show only when some row has one (an empty one's
+    room goes to the due column: ``on release|discard`` shows at 80 columns).
     ``waits`` (``runner.ops.queries.waiting_events``) names the events an instance in an
     external state waits for: its due cell says ``on release|discard``. Stored text is
     shown literally (``runner.literal``).
@@ -202,8 +204,9 @@ def instance_table(
             }
         )
     table = INSTANCE_COLUMNS
-    if not any(c["label"] for c in cells):  # a label column only where some flow has one
-        table = tuple(col for col in table if col[1] != "label")
+    for key in ("label", "last_error"):  # a label or error column only where some row has one
+        if not any(c[key] for c in cells):
+            table = tuple(col for col in table if col[1] != key)
     lines = plain_table(table, cells, width, SHRINK_ORDER)
     lines.append(f"{len(rows)} instance{'s' if len(rows) != 1 else ''}")
     click.echo("\n".join(lines))
@@ -278,7 +281,9 @@ def _field(grid, key: str, value: object, *, lines: bool = False) -> None:
 def instance_detail(item: dict[str, Any]) -> None:
     """Print one instance (``runner.ops.detail.get_instance``): its fields, what it waits
     for, its error budget, data, checkpoints, attempt history and commands. Stored text
-    (label, data, errors, commands' results) is shown literally."""
+    (label, data, errors, commands' results) is shown literally. The attempts table has
+    an ``error`` column only when some attempt has an error (its room goes to the rest:
+    a state moved to is not cut to ``quarant…``)."""
     out, Table = _rich()
     grid = _fields(Table)
     for key in DETAIL_KEYS:
@@ -315,8 +320,11 @@ def instance_detail(item: dict[str, Any]) -> None:
             }
             for a in item["history"]
         ]
+        table = ATTEMPT_COLUMNS
+        if not any(c["error"] for c in cells):  # no error to show: its room goes to the rest
+            table = tuple(col for col in table if col[1] != "error")
         click.echo("attempts")
-        click.echo("\n".join(plain_table(ATTEMPT_COLUMNS, cells, width, ATTEMPT_SHRINK)))
+        click.echo("\n".join(plain_table(table, cells, width, ATTEMPT_SHRINK)))
         for a in item["history"]:  # the whole kept tail of each attempt's error
             if a["error"]:
                 click.echo(f"error of attempt {a['attempt']}:")
@@ -352,6 +360,9 @@ EVENT_COLUMNS: tuple[tuple[str, str, int | None, int | None], ...] = (
     ("handled", "handled", None, 0),
     ("action", "action", 16, 3),
 )
+#: The order in which the events table's columns shrink: the line (what happened) before
+#: the sensor, whose name tells two sensors of one flow apart (``csv_ingest.…`` does not).
+EVENT_SHRINK = ("action", "what", "sensor")
 
 
 def _handled(created: str | None, handled: str | None) -> str:
@@ -371,8 +382,9 @@ def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> Non
     happened (the line, the file; one line), when it was stored, how long after the rules
     handled it (or ``pending``) and what they did, shown literally and fitted to
     ``width`` cells (default: the terminal's, or ``COLUMNS``, or 80 when piped): the
-    action and the sensor shrink, then the handling delay, the time, the sensor and the
-    action drop; the id and what happened always show."""
+    action, what happened and the sensor shrink, in that order (``EVENT_SHRINK``), then
+    the handling delay, the time, the sensor and the action drop; the id and what
+    happened always show."""
     width = terminal_width(width)
     cells = [
         {
@@ -385,7 +397,7 @@ def events_table(rows: list[dict[str, Any]], *, width: int | None = None) -> Non
         }
         for r in rows
     ]
-    lines = plain_table(EVENT_COLUMNS, cells, width, ("action", "sensor", "what"))
+    lines = plain_table(EVENT_COLUMNS, cells, width, EVENT_SHRINK)
     sent = [d for r in reversed(rows) for d in r.get("deliveries") or ()]
     if sent:
         lines += ["", "Deliveries (exec and webhook actions):"]
