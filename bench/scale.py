@@ -26,8 +26,9 @@ after its build (``"autovacuum"`` in the report says which).
     python bench/scale.py [--size 20000] [--new 20000] [--db sqlite|postgresql]
                           [--pg-url URL] [--concurrency 64] [--keep DIR] [--parked N]
 
-Prints one JSON object. The console's paint and scroll times are ``bench/console.py``'s
-(point it at the database kept with ``--keep``).
+Prints one JSON object, each figure with the ``loadavg`` (1, 5, 15 min) at its end. The
+console's paint and scroll times are ``bench/console.py``'s (point it at the database kept
+with ``--keep``).
 
 **Build once, measure later.** A build of ``--size 1000000`` takes long (hours on a loaded
 2-core machine), so it can be made once and measured again and again, e.g. on a quiet
@@ -226,6 +227,14 @@ def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
     return {"events_and_instances_s": round(made, 1), "history_drained_s": round(ran, 1)}
 
 
+def loadavg() -> str:
+    """The machine's load averages (1, 5, 15 min) when a figure was taken, "" off Linux."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return ""
+
+
 def progress(t0: float, what: str) -> None:
     """One line of a build's progress on stderr: seconds since ``t0``, ``what``."""
     print(f"build {time.perf_counter() - t0:7.0f} s: {what}", file=sys.stderr, flush=True)
@@ -264,7 +273,7 @@ def drain(url: str, flows: Path, n: int, concurrency: int, during=None) -> dict:
             ).where(attempts.c.instance_id > after, attempts.c.outcome == "moved")
         ).one()
     engine.dispose()
-    out = {"transitions": moved, "per_s": round(moved / (last - first), 1)}
+    out = {"transitions": moved, "per_s": round(moved / (last - first), 1), "loadavg": loadavg()}
     if side is not None:
         out["side"] = {"s": round(side_s, 1), "rc": side.returncode, "out": side.stdout.strip()}
     return out
@@ -300,6 +309,7 @@ def reads(url: str, flows: Path) -> dict:
         "show_ms": cli_ms(url, flows, "show", str(iid)),
         "explain_ms": cli_ms(url, flows, "explain", str(iid)),
         "events_limit_50_ms": cli_ms(url, flows, "events", "--limit", "50"),
+        "loadavg": loadavg(),
     }
 
 
@@ -509,6 +519,7 @@ def run(a: argparse.Namespace) -> None:
             part["events_prune"] = {
                 "s": round(time.perf_counter() - t0, 1),
                 "out": json.loads(done.stdout)["events"],
+                "loadavg": loadavg(),
             }
             part["bytes_after"] = size_of(url)
         report[label] = part
