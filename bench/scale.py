@@ -485,8 +485,22 @@ def copy_big(a: argparse.Namespace, work: Path) -> tuple[str, Path]:
 
 
 def run(a: argparse.Namespace) -> None:
-    """Every measurement of ``main``'s arguments; prints the report."""
-    work = a.keep or Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
+    """Every measurement of ``main``'s arguments; prints the report. Without ``--keep``
+    the temporary folder goes at the end (with ``--from``, a copy of the big database)."""
+    if a.keep:
+        measure(a, a.keep)
+        return
+    import shutil
+
+    work = Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
+    try:
+        measure(a, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(a: argparse.Namespace, work: Path) -> None:
+    """:func:`run` in ``work``."""
     report: dict = {"size": a.size, "new": a.new, "db": a.db}
     if a.source:
         report["from"] = str(a.source)
