@@ -30,9 +30,10 @@ Prints one JSON object, each figure with the ``loadavg`` (1, 5, 15 min) at its e
 console's paint and scroll times are ``bench/console.py``'s (point it at the database kept
 with ``--keep``).
 
-**Build once, measure later.** A build of ``--size 1000000`` takes long (hours on a loaded
-2-core machine), so it can be made once and measured again and again, e.g. on a quiet
-machine:
+**Build once, measure later.** A build of ``--size 1000000`` takes about an hour (59 min
+niced on a shared 2-core machine: 41 to store the events and start the instances, 18 to
+drain them; 770 MB of SQLite), so it can be made once and measured again and again, e.g.
+on a quiet machine:
 
     python bench/scale.py --size 1000000 --build-only --keep DIR [--db postgresql]
     python bench/scale.py --from DIR [--new 20000] [--keep OTHER] [--parked N]
