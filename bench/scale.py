@@ -26,8 +26,26 @@ after its build (``"autovacuum"`` in the report says which).
     python bench/scale.py [--size 20000] [--new 20000] [--db sqlite|postgresql]
                           [--pg-url URL] [--concurrency 64] [--keep DIR] [--parked N]
 
-Prints one JSON object. The console's paint and scroll times are ``bench/console.py``'s
-(point it at the database kept with ``--keep``).
+Prints one JSON object, each figure with the ``loadavg`` (1, 5, 15 min) at its end. The
+console's paint and scroll times are ``bench/console.py``'s (point it at the database kept
+with ``--keep``).
+
+**Build once, measure later.** A build of ``--size 1000000`` takes about an hour (59 min
+niced on a shared 2-core machine: 41 to store the events and start the instances, 18 to
+drain them; 770 MB of SQLite), so it can be made once and measured again and again, e.g.
+on a quiet machine:
+
+    python bench/scale.py --size 1000000 --build-only --keep DIR [--db postgresql]
+    python bench/scale.py --from DIR [--new 20000] [--keep OTHER] [--parked N]
+
+``--build-only`` builds only the big database, into ``DIR/big`` (SQLite: ``flowrun.db``
+there; PostgreSQL: a database named in ``DIR/big/build.json``, which also holds the build's
+figures) and stops. ``--from DIR`` takes ``--size`` and ``--db`` from that file, copies the
+big database (SQLite: the folder, into ``--keep OTHER`` or a temporary folder; PostgreSQL:
+``CREATE DATABASE ... TEMPLATE`` the built one, dropped at the end unless ``--keep``) and
+runs every measurement above on the copy, the build's figures copied into the report:
+the build in ``DIR`` stays as built (a prune measured once cannot be measured again on
+the same rows). Progress of a build goes to stderr.
 """
 
 from __future__ import annotations
@@ -165,7 +183,10 @@ def _daemon(url: str, flows: Path, concurrency: int, *extra: str) -> subprocess.
 
 
 def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
-    """``size`` events → instances (rule engine) → completed (a daemon); returns timings."""
+    """``size`` events → instances (rule engine) → completed (a daemon); returns timings.
+    Progress on stderr (every 100,000 events, every minute of the drain)."""
+    from sqlalchemy import text
+
     from runner.flowspec.registry import FlowRegistry
     from runner.sensors.events import record_events
     from runner.sensors.rules import RuleEngine
@@ -181,15 +202,43 @@ def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
     for lo in range(0, size, chunk):
         rows = [(f"e{i}", {"n": str(i)}) for i in range(lo, min(size, lo + chunk))]
         record_events(engine, "hist.feed", rows)
+        if (lo + chunk) % 100_000 == 0:
+            progress(t0, f"{lo + chunk} events")
     rules = RuleEngine(engine, reg, batch=1000)
-    while rules.handle_pending()[0]:
-        pass
+    started = 0
+    while seen := rules.handle_pending()[0]:
+        started += seen
+        if started % 100_000 == 0:
+            progress(t0, f"{started} events handled (instances started)")
     made = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _daemon(url, flows, concurrency).wait()
+    proc = _daemon(url, flows, concurrency)
+    report_at = t0 + 60
+    while proc.poll() is None:
+        time.sleep(1)
+        if time.perf_counter() >= report_at:
+            report_at += 60
+            with engine.connect() as conn:
+                done = conn.execute(
+                    text("SELECT count(*) FROM instances WHERE status = 'completed'")
+                ).scalar_one()
+            progress(t0, f"{done} instances completed")
     ran = time.perf_counter() - t0
     engine.dispose()
     return {"events_and_instances_s": round(made, 1), "history_drained_s": round(ran, 1)}
+
+
+def loadavg() -> str:
+    """The machine's load averages (1, 5, 15 min) when a figure was taken, "" off Linux."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return ""
+
+
+def progress(t0: float, what: str) -> None:
+    """One line of a build's progress on stderr: seconds since ``t0``, ``what``."""
+    print(f"build {time.perf_counter() - t0:7.0f} s: {what}", file=sys.stderr, flush=True)
 
 
 def drain(url: str, flows: Path, n: int, concurrency: int, during=None) -> dict:
@@ -225,7 +274,7 @@ def drain(url: str, flows: Path, n: int, concurrency: int, during=None) -> dict:
             ).where(attempts.c.instance_id > after, attempts.c.outcome == "moved")
         ).one()
     engine.dispose()
-    out = {"transitions": moved, "per_s": round(moved / (last - first), 1)}
+    out = {"transitions": moved, "per_s": round(moved / (last - first), 1), "loadavg": loadavg()}
     if side is not None:
         out["side"] = {"s": round(side_s, 1), "rc": side.returncode, "out": side.stdout.strip()}
     return out
@@ -261,6 +310,7 @@ def reads(url: str, flows: Path) -> dict:
         "show_ms": cli_ms(url, flows, "show", str(iid)),
         "explain_ms": cli_ms(url, flows, "explain", str(iid)),
         "events_limit_50_ms": cli_ms(url, flows, "events", "--limit", "50"),
+        "loadavg": loadavg(),
     }
 
 
@@ -336,39 +386,141 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--keep", type=Path, help="build in this folder and keep it")
     ap.add_argument(
+        "--build-only",
+        action="store_true",
+        help="only build the big database into --keep DIR (DIR/big, DIR/big/build.json)",
+    )
+    ap.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="DIR",
+        help="measure a copy of the big database built into DIR (--build-only or --keep)",
+    )
+    ap.add_argument(
         "--parked", type=int, default=0, help="also: daemon RSS with N waiting + N sleeping"
     )
     a = ap.parse_args()
+    if a.build_only and not a.keep:
+        ap.error("--build-only needs --keep DIR")
+    if a.build_only and a.source:
+        ap.error("--build-only and --from exclude each other")
+    if a.source:
+        try:
+            built = json.loads((a.source / "big" / BUILT).read_text())
+        except FileNotFoundError:
+            ap.error(f"--from {a.source}: no big/{BUILT} (build it with --build-only)")
+        a.size, a.db = built["size"], built["db"]
+        a.built = built
     try:
-        run(a)
+        if a.build_only:
+            build_only(a)
+        else:
+            run(a)
     finally:
-        if not a.keep:
+        if not a.keep and not a.build_only:
             for name in MADE:
                 _admin(a.pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+#: What ``--build-only`` wrote, in ``DIR/big``: the database's URL and the build's figures.
+BUILT = "build.json"
+
+
+def prepare(home: Path) -> Path:
+    """``home/flows`` with the bench's flows and tasks module; returns it."""
+    flows = home / "flows"
+    flows.mkdir(parents=True, exist_ok=True)
+    (flows / "hist.yaml").write_text(HISTORY)
+    (flows / "noop.yaml").write_text(NOOP)
+    (flows / "scale_tasks.py").write_text(TASKS)
+    return flows
+
+
+def new_url(a: argparse.Namespace, home: Path) -> str:
+    return f"sqlite:///{home / 'flowrun.db'}" if a.db == "sqlite" else pg_database(a.pg_url)
+
+
+def build_big(a: argparse.Namespace, url: str, flows: Path) -> dict:
+    """The big database's build and what it holds (rows, bytes)."""
+    part: dict = {"build": build(url, flows, a.size, a.concurrency)}
+    if a.db == "postgresql":
+        part["autovacuum"] = vacuum_if_off(url)
+    part["rows"] = counts(url)
+    part["bytes_before"] = size_of(url)
+    return part
+
+
+def build_only(a: argparse.Namespace) -> None:
+    """Build the big database into ``--keep``'s ``big`` folder and record it in
+    ``big/build.json`` (read back by ``--from``)."""
+    home = a.keep / "big"
+    if (home / BUILT).exists():
+        raise SystemExit(f"{home / BUILT} exists: a database is already built there")
+    flows = prepare(home)
+    url = new_url(a, home)
+    part = build_big(a, url, flows)
+    built = {"size": a.size, "db": a.db, "url": url, "concurrency": a.concurrency, **part}
+    (home / BUILT).write_text(json.dumps(built, indent=2) + "\n")
+    print(json.dumps(built, indent=2))
+
+
+def copy_big(a: argparse.Namespace, work: Path) -> tuple[str, Path]:
+    """A copy of ``--from``'s big database to measure (its build stays as built): the
+    SQLite folder copied into ``work/big``, a PostgreSQL database made from the built one
+    as its template. Returns the copy's URL and flows folder."""
+    import shutil
+
+    home = work / "big"
+    if a.db == "sqlite":
+        src = a.source / "big"
+        if home.resolve() == src.resolve():
+            raise SystemExit("--from DIR and --keep DIR must differ (the build is kept as built)")
+        shutil.copytree(src, home, ignore=shutil.ignore_patterns(BUILT, "flows"))
+        return f"sqlite:///{home / 'flowrun.db'}", prepare(home)
+    built_name = a.built["url"].rsplit("/", 1)[1]
+    name = f"flowrun_scale_{uuid.uuid4().hex[:8]}"
+    _admin(a.pg_url, f'CREATE DATABASE "{name}" TEMPLATE "{built_name}"')
+    MADE.append(name)
+    return a.pg_url.rsplit("/", 1)[0] + "/" + name, prepare(home)
+
+
 def run(a: argparse.Namespace) -> None:
-    """Every measurement of ``main``'s arguments; prints the report."""
-    work = a.keep or Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
+    """Every measurement of ``main``'s arguments; prints the report. Without ``--keep``
+    the temporary folder goes at the end (with ``--from``, a copy of the big database)."""
+    if a.keep:
+        measure(a, a.keep)
+        return
+    import shutil
+
+    work = Path(tempfile.mkdtemp(prefix="flowrun-scale-"))
+    try:
+        measure(a, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(a: argparse.Namespace, work: Path) -> None:
+    """:func:`run` in ``work``."""
     report: dict = {"size": a.size, "new": a.new, "db": a.db}
+    if a.source:
+        report["from"] = str(a.source)
     for label in ("empty", "big"):
         home = work / label
-        flows = home / "flows"
-        flows.mkdir(parents=True, exist_ok=True)
-        (flows / "hist.yaml").write_text(HISTORY)
-        (flows / "noop.yaml").write_text(NOOP)
-        (flows / "scale_tasks.py").write_text(TASKS)
-        if a.db == "sqlite":
-            url = f"sqlite:///{home / 'flowrun.db'}"
-        else:
-            url = pg_database(a.pg_url)
         part: dict = {}
-        if label == "big":
-            part["build"] = build(url, flows, a.size, a.concurrency)
-            if a.db == "postgresql":
-                part["autovacuum"] = vacuum_if_off(url)
+        if label == "big" and a.source:
+            t0 = time.perf_counter()
+            url, flows = copy_big(a, work)
+            part["copied_s"] = round(time.perf_counter() - t0, 1)
+            part["build"] = a.built["build"]
             part["rows"] = counts(url)
             part["bytes_before"] = size_of(url)
+        else:
+            flows = prepare(home)
+            url = new_url(a, home)
+            if label == "big":
+                part.update(build_big(a, url, flows))
+        if label == "big":
             part["reads"] = reads(url, flows)
         part["noop"] = drain(url, flows, a.new, a.concurrency)
         if label == "big":
@@ -382,6 +534,7 @@ def run(a: argparse.Namespace) -> None:
             part["events_prune"] = {
                 "s": round(time.perf_counter() - t0, 1),
                 "out": json.loads(done.stdout)["events"],
+                "loadavg": loadavg(),
             }
             part["bytes_after"] = size_of(url)
         report[label] = part
@@ -391,7 +544,7 @@ def run(a: argparse.Namespace) -> None:
         flows = home / "flows"
         flows.mkdir(parents=True, exist_ok=True)
         (flows / "scale_tasks.py").write_text(TASKS)
-        url = f"sqlite:///{home / 'flowrun.db'}" if a.db == "sqlite" else pg_database(a.pg_url)
+        url = new_url(a, home)
         r = rss_idle(url, flows, a.parked)
         r["bytes_per_instance"] = round(
             (r["rss_kib_parked"] - r["rss_kib_none"]) * 1024 / (2 * a.parked), 1
