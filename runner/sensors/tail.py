@@ -36,8 +36,12 @@ from typing import Any
 from runner.sensors.base import Sensor, log
 from runner.sensors.events import load_cursor
 
-#: Fallback poll interval in seconds (the watcher normally wakes the sensor at once).
-POLL = 1.0
+#: Seconds between two looks at the file while nothing wakes the sensor. The hub's
+#: watcher (inotify, or watchfiles' polling where inotify cannot serve) wakes it at each
+#: change of the file's folder, a watcher's restart too; this look is the safety net for
+#: changes no watcher reports (a network file system written from another host). At 1 s
+#: it was a ninth of an idle daemon's CPU (``docs/performance.md``, "Idle looks skipped").
+POLL = 5.0
 CHUNK = 1 << 20
 FINGERPRINT = 64
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")

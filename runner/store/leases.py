@@ -394,22 +394,30 @@ def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]
     the locked rows; a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier
     of them instead of polling.
     """
+    due_stmt, expiry_stmt = _next_times()
+    due = conn.execute(due_stmt, {"at": at}).scalar()
+    expiry = conn.execute(expiry_stmt).scalar()
+    return due, expiry
+
+
+@cache
+def _next_times() -> tuple[Select[Any], Select[Any]]:
+    """:func:`next_times`' two statements, built once (an idle worker asks at each look:
+    building the union of one ``SELECT`` a status and priority was most of an idle
+    daemon's Python time)."""
     i = instances.c
     firsts = [
         select(func.min(i.due_at).label("m")).where(
             i.status == literal_column(f"'{status}'"),
             i.priority == literal_column(str(p)),
-            i.due_at > at,
+            i.due_at > bindparam("at"),
             i.locked_by.is_(None),
         )
         for status in CLAIMABLE
         for p in PRIORITIES
     ]
     each = union_all(*firsts).subquery()
-    due = conn.execute(select(func.min(each.c.m))).scalar()
-    expiry = conn.execute(
-        select(func.min(i.locked_until)).where(
-            i.locked_by.is_not(None), i.running_attempt.is_not(None)
-        )
-    ).scalar()
-    return due, expiry
+    expiry = select(func.min(i.locked_until)).where(
+        i.locked_by.is_not(None), i.running_attempt.is_not(None)
+    )
+    return select(func.min(each.c.m)), expiry
