@@ -114,6 +114,9 @@ class CycleResult:
     #: ``time.monotonic()`` before the transaction began: the leases of ``claims`` and
     #: ``chained`` end no earlier than ``lease`` seconds after it (``engine.fence``)
     lease_from: float = 0.0
+    #: a look for lost attempts found nothing locked, held or waiting
+    #: (``leases.may_recover`` False): until someone commits, the next would find nothing
+    nothing_held: bool = False
 
     @property
     def claimed_all(self) -> bool:
@@ -387,7 +390,7 @@ def _idle_probe(
         at = db_now(conn)
         if probe and leases.has_due(conn, at, labels):
             return None
-        result = CycleResult()
+        result = CycleResult(nothing_held=recover)
         if plan:
             result.next_due, result.next_expiry = leases.next_times(conn, at)
         return result

@@ -35,6 +35,9 @@ class IdleLooks:
         bell: the commit bell (Linux), or ``None``.
         quiet: the counter when a look last found nothing due (looks skipped while equal).
         probing: the counter when the look in flight began.
+        recover_quiet: the counter when a look for lost attempts last found nothing
+            locked, held or waiting (those looks skipped while equal).
+        recover_probing: the counter when the look for lost attempts in flight began.
         listening: the loop reads the bell now.
     """
 
@@ -43,6 +46,8 @@ class IdleLooks:
     quiet: int | None = None
     probing: int | None = None
     listening: bool = False
+    recover_quiet: int | None = None
+    recover_probing: int | None = None
 
     @classmethod
     def open(cls, engine: Engine) -> IdleLooks:
@@ -66,6 +71,27 @@ class IdleLooks:
             return True
         self.quiet, self.probing = None, seen
         return False
+
+    def recover_unchanged(self) -> bool:
+        """True when nothing was committed since a look for lost attempts found nothing
+        locked, held or waiting (``leases.may_recover``, which reads only what commits
+        change: no lease to lapse, no holder to die): the next would find nothing either.
+        Otherwise the counter is noted for the look about to start (:meth:`recover_looked`)."""
+        if self.changes is None:
+            return False
+        seen = self.changes.read()
+        if seen is not None and seen == self.recover_quiet:
+            return True
+        self.recover_quiet, self.recover_probing = None, seen
+        return False
+
+    def recover_looked(self, nothing_held: bool) -> None:
+        """A cycle came back: when the look for lost attempts in flight found nothing
+        held (``CycleResult.nothing_held``), skip the next ones while the counter stays."""
+        if self.recover_probing is not None:
+            if nothing_held:
+                self.recover_quiet = self.recover_probing
+            self.recover_probing = None
 
     def next_look(self, interval: float) -> float:
         """Seconds until the next look while skipping: ``BELL_FALLBACK`` while the bell

@@ -301,7 +301,7 @@ class Worker:
         (the decision: claim-ahead, batch waiting, the overlapped second cycle, chaining)."""
         a, cycles = self.attempts, self.cycles
         room, release = self._room(now)
-        recover = not self._stop.stopping and self._recover.due(now)
+        recover = not self._stop.stopping and self._recover.due(now) and not self._held_nothing(now)
         probe = room > 0 and not self._want_claim and self._probe.due(now) and self._may_find(now)
         step = plan(  # positional: once a turn
             now,
@@ -340,6 +340,15 @@ class Worker:
             self._probe.next_at = now + self._looks.next_look(self._probe.interval)
             return False
         return True
+
+    def _held_nothing(self, now: float) -> bool:
+        """A look for lost attempts that is due would find nothing: on SQLite, True while
+        nobody committed since the last found nothing locked, held or waiting (its timer
+        restarted); an idle daemon then reads only the change counter each second."""
+        if self._looks.recover_unchanged():
+            self._recover.restart(now)
+            return True
+        return False
 
     def _rung(self) -> None:
         """A commit (anyone's): look for due work at the next turn."""
@@ -411,6 +420,7 @@ class Worker:
         if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
         self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)
+        self._looks.recover_looked(result.nothing_held)
         self.attempts.start(result.chained + result.claims, result.lease_from)
 
     # -- bookkeeping -------------------------------------------------------------------
