@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
@@ -26,28 +26,58 @@ BELL_FALLBACK = 1.0
 
 
 @dataclass
+class Skip:
+    """When one kind of look is skipped: while the change counter stays where it was
+    when the last such look found nothing.
+
+    Attributes:
+        quiet: the counter when a look last found nothing (looks skipped while equal).
+        probing: the counter when the look in flight began.
+    """
+
+    quiet: int | None = None
+    probing: int | None = None
+
+    def unchanged(self, changes: DataVersion | None) -> bool:
+        """True when nothing was committed (by anyone) since a look found nothing: this
+        look would find nothing either. Otherwise the counter is noted for the look
+        about to start (:meth:`looked`)."""
+        if changes is None:
+            return False
+        seen = changes.read()
+        if seen is not None and seen == self.quiet:
+            return True
+        self.quiet, self.probing = None, seen
+        return False
+
+    def looked(self, found: bool) -> None:
+        """The look in flight came back: when it ``found`` nothing, skip the next ones."""
+        if self.probing is not None:
+            if not found:
+                self.quiet = self.probing
+            self.probing = None
+
+
+@dataclass
 class IdleLooks:
-    """The skip state of one worker's idle looks (all ``None`` / off on PostgreSQL or
-    when the counter cannot be read: then no look is ever skipped).
+    """The skip state of one worker's idle looks (off on PostgreSQL or when the counter
+    cannot be read: then no look is ever skipped).
 
     Attributes:
         changes: the change counter's reader.
         bell: the commit bell (Linux), or ``None``.
-        quiet: the counter when a look last found nothing due (looks skipped while equal).
-        probing: the counter when the look in flight began.
-        recover_quiet: the counter when a look for lost attempts last found nothing
-            locked, held or waiting (those looks skipped while equal).
-        recover_probing: the counter when the look for lost attempts in flight began.
+        due: the looks for due work.
+        recover: the looks for lost attempts; one finds nothing when nothing is locked,
+            held or waiting (``leases.may_recover``, which reads only what commits change:
+            no lease to lapse, no holder to die).
         listening: the loop reads the bell now.
     """
 
     changes: DataVersion | None = None
     bell: CommitBell | None = None
-    quiet: int | None = None
-    probing: int | None = None
+    due: Skip = field(default_factory=Skip)
+    recover: Skip = field(default_factory=Skip)
     listening: bool = False
-    recover_quiet: int | None = None
-    recover_probing: int | None = None
 
     @classmethod
     def open(cls, engine: Engine) -> IdleLooks:
@@ -61,37 +91,12 @@ class IdleLooks:
         return self.changes is not None
 
     def unchanged(self) -> bool:
-        """True when nothing was committed (by anyone) since an idle look last found
-        nothing due: this look would find nothing either. Otherwise the counter is noted
-        for the look about to start (:meth:`looked` arms the skip if it finds nothing)."""
-        if self.changes is None:
-            return False
-        seen = self.changes.read()
-        if seen is not None and seen == self.quiet:
-            return True
-        self.quiet, self.probing = None, seen
-        return False
+        """True when a look for due work would find nothing (:meth:`Skip.unchanged`)."""
+        return self.due.unchanged(self.changes)
 
     def recover_unchanged(self) -> bool:
-        """True when nothing was committed since a look for lost attempts found nothing
-        locked, held or waiting (``leases.may_recover``, which reads only what commits
-        change: no lease to lapse, no holder to die): the next would find nothing either.
-        Otherwise the counter is noted for the look about to start (:meth:`recover_looked`)."""
-        if self.changes is None:
-            return False
-        seen = self.changes.read()
-        if seen is not None and seen == self.recover_quiet:
-            return True
-        self.recover_quiet, self.recover_probing = None, seen
-        return False
-
-    def recover_looked(self, nothing_held: bool) -> None:
-        """A cycle came back: when the look for lost attempts in flight found nothing
-        held (``CycleResult.nothing_held``), skip the next ones while the counter stays."""
-        if self.recover_probing is not None:
-            if nothing_held:
-                self.recover_quiet = self.recover_probing
-            self.recover_probing = None
+        """True when a look for lost attempts would find nothing (:meth:`Skip.unchanged`)."""
+        return self.recover.unchanged(self.changes)
 
     def next_look(self, interval: float) -> float:
         """Seconds until the next look while skipping: ``BELL_FALLBACK`` while the bell
@@ -99,15 +104,18 @@ class IdleLooks:
         return BELL_FALLBACK if self.listening else interval
 
     def looked(
-        self, found: bool, loop: asyncio.AbstractEventLoop | None, rung: Callable[[], None]
+        self,
+        found: bool,
+        nothing_held: bool,
+        loop: asyncio.AbstractEventLoop | None,
+        rung: Callable[[], None],
     ) -> None:
-        """A cycle came back: when the look in flight ``found`` nothing, skip the next
-        ones; read the bell (calling ``rung`` at a ring) exactly while skipping."""
-        if self.probing is not None:
-            if not found:
-                self.quiet = self.probing
-            self.probing = None
-        self.listen(self.quiet is not None, loop, rung)
+        """A cycle came back: when the look for due work in flight ``found`` nothing, or
+        the look for lost attempts found ``nothing_held``, skip the next ones; read the
+        bell (calling ``rung`` at a ring) exactly while looks for due work are skipped."""
+        self.due.looked(found)
+        self.recover.looked(not nothing_held)
+        self.listen(self.due.quiet is not None, loop, rung)
 
     def listen(
         self, on: bool, loop: asyncio.AbstractEventLoop | None, rung: Callable[[], None]

@@ -419,8 +419,8 @@ class Worker:
             self._ahead.refused(time.monotonic())
         if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
-        self._looks.looked(bool(result.claims or result.chained), self._wake.loop, self._rung)
-        self._looks.recover_looked(result.nothing_held)
+        found = bool(result.claims or result.chained)
+        self._looks.looked(found, result.nothing_held, self._wake.loop, self._rung)
         self.attempts.start(result.chained + result.claims, result.lease_from)
 
     # -- bookkeeping -------------------------------------------------------------------
