@@ -107,18 +107,11 @@ def test_ls_at_80_columns_says_what_a_quarantined_file_waits_for(capsys) -> None
     names = ["seattle-temps", "la-riots", "airports", "iowa-electricity", "debian-releases"]
     rows = [
         {
+            **INSTANCE,
             "id": i,
-            "flow": "csv_ingest",
             "label": f"inbox/{name}.csv",
             "state": "quarantine" if i % 2 == 0 else "done",
             "status": "runnable" if i % 2 == 0 else "completed",
-            "attempts": 1,
-            "errors": 0,
-            "restarts": 0,
-            "due_at": None,
-            "locked_by": None,
-            "locked_until": None,
-            "last_error": None,
             "running_attempt": None,
         }
         for i, name in enumerate(names, start=1)
