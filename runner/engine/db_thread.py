@@ -8,10 +8,13 @@ PostgreSQL a second one runs a second cycle while the first is in flight,
 On PostgreSQL a call has a time limit (``timeout``): a statement still waiting for the
 server after it has its connection broken off (``store.db.interrupt``), so a dead or
 frozen network is one failed call (a database outage: retried, nothing lost) instead of
-a thread stuck in a socket read. Once the worker stops, calls get much less
-(:meth:`DatabaseThread.hurry`). The thread is a daemon thread: a call that cannot be
-broken off (a connection attempt, bounded by ``connect_timeout``) never keeps the
-process from exiting.
+a thread stuck in a socket read. The limit counts how long the connection has waited
+for the server, not the call's length (``store.db.server_wait``): a call of many round
+trips, or one whose answer has come but waits to be read by a process starved of CPU (32
+daemons starting on 2 cores), is left to finish (up to :data:`STARVED` times the limit).
+Once the worker stops, calls get much less (:meth:`DatabaseThread.hurry`). The thread is
+a daemon thread: a call that cannot be broken off (a connection attempt, bounded by
+``connect_timeout``) never keeps the process from exiting.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from runner.engine.timers import OutageBackoff, OutageLog
-from runner.store.db import STATEMENT_TIMEOUT, interrupt, trust_fresh_connections
+from runner.store.db import STATEMENT_TIMEOUT, interrupt, server_wait, trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -41,6 +44,10 @@ CALL_TIMEOUT = STATEMENT_TIMEOUT + 0.5
 #: Seconds a call may take once the worker is stopping and its grace is over, or after
 #: a second stop request (:meth:`DatabaseThread.hurry`).
 HURRY_TIMEOUT = 1.0
+#: A call longer than this many times its limit is broken off even while its server has
+#: answered (``store.db.server_wait`` says 0): a network frozen in the middle of a long
+#: answer looks the same as a thread starved of CPU, and starvation does not last that long.
+STARVED = 3
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -241,11 +248,17 @@ class DatabaseThread:
         limit, since, now = self._limit(), self.pool.busy_since, time.monotonic()
         wait = limit
         if since is not None:
-            if now - since >= limit:
+            waited = now - since
+            if now < self.hurry_at and waited < STARVED * limit:
+                # not the call's length but the time its connection has waited for the
+                # server (a call of many round trips, an answer come but not yet read)
+                server = server_wait(self.pool.ident)
+                waited = waited if server is None else server
+            if waited >= limit:
                 if interrupt(self.pool.ident):
                     log.warning("database call waited more than %gs: connection broken off", limit)
             else:
-                wait = since + limit - now
+                wait = min(limit - waited, since + STARVED * limit - now)
         self._timer = asyncio.get_running_loop().call_later(max(0.05, wait), self._check)
 
     async def guard(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -319,6 +320,39 @@ def interrupt(thread: int | None = None) -> int:
         except OSError:
             continue
     return n
+
+
+def server_wait(thread: int | None) -> float | None:
+    """Seconds the PostgreSQL connection checked out by thread ``thread``
+    (``threading.get_ident()``) has been waiting for the server: since its last send, if
+    the server has sent nothing since; 0 when it has (its answer came, read or not: a
+    thread late to read it is starved of CPU, not cut off). From the kernel's own times
+    (Linux ``TCP_INFO``: ``tcpi_last_data_sent``, ``tcpi_last_data_recv``). ``None`` when
+    it cannot be told (no such thread or connection, a Unix socket, another system).
+    With several connections: the longest."""
+    if thread is None:
+        return None
+    longest: float | None = None
+    for owner, conn in list(_out.values()):
+        if owner != thread:
+            continue
+        try:
+            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except Exception:  # noqa: BLE001 - closed meanwhile, not TCP, no TCP_INFO
+            continue
+        if len(info) < _TCP_INFO_SIZE:
+            continue
+        sent_ago, _, recv_ago = struct.unpack_from("=III", info, _LAST_DATA_SENT)
+        waited = 0.0 if recv_ago <= sent_ago else sent_ago / 1000
+        longest = waited if longest is None else max(longest, waited)
+    return longest
+
+
+#: ``struct tcp_info`` (``linux/tcp.h``): ``tcpi_last_data_sent``, ``tcpi_last_ack_sent``
+#: and ``tcpi_last_data_recv`` (u32 ms ago) from byte 44, after 8 one-byte fields and 9
+#: u32 ones; 104 bytes cover them on every Linux since 2.6.
+_LAST_DATA_SENT, _TCP_INFO_SIZE = 44, 104
 
 
 def short_error(exc: BaseException) -> str:
