@@ -13,8 +13,8 @@ In one run, on SQLite and (``--pg URL``) PostgreSQL:
    follower's receive time minus it, p50/p99 (goal p99 <= 500 ms), over the lines printed
    once it showed its first (not the backlog it started with); and how long after a
    silent attempt (``sleep 2``) ended a follower of it exits;
-5. the loop under load: 20 handlers writing at full speed (``yes``) for the whole
-   measure while 40 ``/bin/true`` instances are created one every 50 ms; their start
+5. the loop under load: 20 handlers writing at full speed for the whole measure while
+   ``--starts`` (200) ``/bin/true`` instances are created one every 50 ms; their start
    latency (attempt started - instance created) p50/p99 against the same with no noisy
    handler (goal p99 under 2x idle);
 6. the console (SQLite only): a 10.5 MB log (105,000 lines) opened by the log screen
@@ -24,7 +24,7 @@ A rate is attempts / (last attempt finished - first started), read from the atte
 table, of one ``flowrun --daemon --exit-when-idle`` draining N instances.
 
     python bench/logs.py [--n 1000] [--repeat 3] [--pg postgresql+psycopg://...]
-        [--parts quiet,print,big,follow,console,latency]
+        [--parts quiet,print,big,follow,console,latency] [--starts 200]
 """
 
 from __future__ import annotations
@@ -229,9 +229,10 @@ while time.time() < end:
 """
 
 
-def _start_latency(db: str, tmp: Path, noisy: int, secs: float = 8.0) -> list[float]:
-    """Start latencies (seconds) of 40 quick instances created one every 50 ms while
-    ``noisy`` handlers write at full speed."""
+def _start_latency(db: str, tmp: Path, noisy: int, starts: int) -> list[float]:
+    """Start latencies (seconds) of ``starts`` quick instances created one every 50 ms
+    while ``noisy`` handlers write at full speed (for the whole measure)."""
+    secs = starts * 0.05 + 4.0
     from sqlalchemy import text
 
     from runner.flowspec.compiler import load_flow
@@ -255,7 +256,7 @@ def _start_latency(db: str, tmp: Path, noisy: int, secs: float = 8.0) -> list[fl
                 create_instances(conn, nflow, [{} for _ in range(noisy)])
             time.sleep(1.0)
         ids = []
-        for _ in range(40):
+        for _ in range(starts):
             with engine.begin() as conn:
                 ids.append(create_instance(conn, qflow, {}))
             time.sleep(0.05)
@@ -347,6 +348,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pg", help="a PostgreSQL URL too (a fresh database is best)")
+    ap.add_argument(
+        "--starts", type=int, default=200,
+        help="quick instances a start-latency phase creates (p99 of 40 would be the worst one)",
+    )  # fmt: skip
     ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -403,8 +408,8 @@ def main() -> None:
                       f"a frame p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms "
                       f"(goal <= 25 ms)")  # fmt: skip
             want = "latency" in parts
-            idle = sorted(_start_latency(db, tmp, 0)) if want else []
-            busy = sorted(_start_latency(db, tmp, 20)) if want else []
+            idle = sorted(_start_latency(db, tmp, 0, args.starts)) if want else []
+            busy = sorted(_start_latency(db, tmp, 20, args.starts)) if want else []
             if idle and busy:
                 p = [x[min(len(x) - 1, int(len(x) * q))] * 1000 for x in (idle, busy)
                      for q in (0.5, 0.99)]  # fmt: skip
