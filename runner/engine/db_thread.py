@@ -6,10 +6,10 @@ PostgreSQL a second one runs a second cycle while the first is in flight,
 ``cycle_runner``.)
 
 On PostgreSQL a call has a time limit (``timeout``): a statement still waiting for the
-server after it has its connection broken off (``store.db.interrupt``), so a dead or
+server after it has its connection broken off (``store.checked_out.interrupt``), so a dead or
 frozen network is one failed call (a database outage: retried, nothing lost) instead of
 a thread stuck in a socket read. The limit counts how long the connection has waited
-for the server, not the call's length (``store.db.server_wait``): a call of many round
+for the server, not the call's length (``store.checked_out.server_wait``): a call of many round
 trips, or one whose answer has come but waits to be read by a process starved of CPU (32
 daemons starting on 2 cores), is left to finish (up to :data:`STARVED` times the limit).
 Once the worker stops, calls get much less (:meth:`DatabaseThread.hurry`). The thread is
@@ -32,7 +32,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from runner.engine.timers import OutageBackoff, OutageLog
-from runner.store.db import STATEMENT_TIMEOUT, interrupt, server_wait, trust_fresh_connections
+from runner.store.checked_out import interrupt, server_wait
+from runner.store.db import STATEMENT_TIMEOUT, trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
@@ -45,7 +46,7 @@ CALL_TIMEOUT = STATEMENT_TIMEOUT + 0.5
 #: a second stop request (:meth:`DatabaseThread.hurry`).
 HURRY_TIMEOUT = 1.0
 #: A call longer than this many times its limit is broken off even while its server has
-#: answered (``store.db.server_wait`` says 0): a network frozen in the middle of a long
+#: answered (``store.checked_out.server_wait`` says 0): a network frozen in the middle of a long
 #: answer looks the same as a thread starved of CPU, and starvation does not last that long.
 STARVED = 3
 
@@ -206,7 +207,7 @@ class DatabaseThread:
     def hurry(self, at: float) -> None:
         """From ``at`` (``time.monotonic()`` seconds) on, a call may take only
         :data:`HURRY_TIMEOUT` seconds (the worker stops: a dead network must not hold it):
-        one running longer is broken off (``store.db.interrupt``), and one that cannot be
+        one running longer is broken off (``store.checked_out.interrupt``), and one that cannot be
         (a connection attempt) is given up (:meth:`call`). Call on the worker's loop (or
         before it runs)."""
         self.hurry_at = min(self.hurry_at, at)

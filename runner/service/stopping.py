@@ -13,7 +13,8 @@ import logging
 
 from sqlalchemy.exc import DBAPIError
 
-from runner.store.db import interrupt, short_error
+from runner.store.checked_out import interrupt
+from runner.store.db import short_error
 
 log = logging.getLogger("flowrun.daemon")
 

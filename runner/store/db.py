@@ -11,10 +11,7 @@ read lock to a write lock; its siblings on the same file are the worker's
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import struct
 import threading
 import time
 from pathlib import Path
@@ -30,6 +27,7 @@ from sqlalchemy.exc import (
 )
 
 from runner.errors import ConfigError
+from runner.store.checked_out import checked_in, checked_out
 from runner.store.clock import DbClock, track_server_clock
 from runner.store.dialect import dialect_of
 from runner.store.json_codec import loads_bytes
@@ -229,17 +227,17 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(dbapi_conn, record):  # pragma: no cover - trivial
-        _out.pop(id(dbapi_conn), None)
+        checked_in(dbapi_conn)
         record.info["flowrun_used"] = time.monotonic()
 
     @event.listens_for(engine, "invalidate")
     @event.listens_for(engine, "close")
     def _on_gone(dbapi_conn, *_args):  # pragma: no cover - trivial
-        _out.pop(id(dbapi_conn), None)
+        checked_in(dbapi_conn)
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, _proxy):
-        _out[id(dbapi_conn)] = (threading.get_ident(), dbapi_conn)
+        checked_out(dbapi_conn)
         # A pooled connection may have been dropped by the server meanwhile (a restart,
         # ``idle_session_timeout``, a firewall): ping it, so the pool replaces it instead of
         # failing the caller's first statement. Not SQLAlchemy's ``pool_pre_ping``: that
@@ -284,75 +282,6 @@ def read_server_clock(dbapi_conn: Any, sql: str, clock: DbClock) -> None:
     finally:
         dbapi_conn.autocommit = was
     clock.observe(float(server), sent, received)
-
-
-#: PostgreSQL connections checked out now: ``{id(dbapi connection): (thread id, it)}``
-_out: dict[int, tuple[int, Any]] = {}
-
-
-def interrupt(thread: int | None = None) -> int:
-    """Break off every statement waiting on the network: shut down the socket of each
-    PostgreSQL connection checked out now by thread ``thread`` (``threading.get_ident()``),
-    or by any thread (``None``); returns how many.
-
-    The thread blocked in that connection's socket read gets an error at once
-    (``OperationalError``, a lost connection: the pool discards it), whatever the network
-    does: a frozen peer that acknowledges but never answers defeats TCP keepalives and
-    ``tcp_user_timeout``. Used for the worker's statement timeout
-    (``runner.engine.db_thread``) and at a stop. Safe from any thread; a connection
-    closed meanwhile is skipped.
-    """
-    n = 0
-    for owner, conn in list(_out.values()):
-        if thread is not None and owner != thread:
-            continue
-        try:
-            if conn.closed:
-                continue
-            fd = conn.pgconn.socket
-        except Exception:  # noqa: BLE001 - closed or lost meanwhile: nothing to break
-            continue
-        try:
-            # shutdown() acts on the socket, not the descriptor: the copy is closed at once
-            with socket.socket(fileno=os.dup(fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-            n += 1
-        except OSError:
-            continue
-    return n
-
-
-def server_wait(thread: int | None) -> float | None:
-    """Seconds the PostgreSQL connection checked out by thread ``thread``
-    (``threading.get_ident()``) has been waiting for the server: since its last send, if
-    the server has sent nothing since; 0 when it has (its answer came, read or not: a
-    thread late to read it is starved of CPU, not cut off). From the kernel's own times
-    (Linux ``TCP_INFO``: ``tcpi_last_data_sent``, ``tcpi_last_data_recv``). ``None`` when
-    it cannot be told (no such thread or connection, a Unix socket, another system).
-    With several connections: the longest."""
-    if thread is None:
-        return None
-    longest: float | None = None
-    for owner, conn in list(_out.values()):
-        if owner != thread:
-            continue
-        try:
-            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-        except Exception:  # noqa: BLE001 - closed meanwhile, not TCP, no TCP_INFO
-            continue
-        if len(info) < _TCP_INFO_SIZE:
-            continue
-        sent_ago, _, recv_ago = struct.unpack_from("=III", info, _LAST_DATA_SENT)
-        waited = 0.0 if recv_ago <= sent_ago else sent_ago / 1000
-        longest = waited if longest is None else max(longest, waited)
-    return longest
-
-
-#: ``struct tcp_info`` (``linux/tcp.h``): ``tcpi_last_data_sent``, ``tcpi_last_ack_sent``
-#: and ``tcpi_last_data_recv`` (u32 ms ago) from byte 44, after 8 one-byte fields and 9
-#: u32 ones; 104 bytes cover them on every Linux since 2.6.
-_LAST_DATA_SENT, _TCP_INFO_SIZE = 44, 104
 
 
 def short_error(exc: BaseException) -> str:

@@ -15,7 +15,8 @@ from psycopg import pq
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine.db_thread import DatabaseThread
-from runner.store.db import make_engine, server_wait
+from runner.store.checked_out import server_wait
+from runner.store.db import make_engine
 
 pytestmark = pytest.mark.postgres
 
