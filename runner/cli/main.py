@@ -3,7 +3,8 @@ global options, the daemon and console entries, and ``main``.
 
 The subcommands live in ``runner.cli.operator`` (instances, commands, events, workers) and
 ``runner.cli.flows`` (check, graph, schema); the options' context in
-``runner.cli.context``.
+``runner.cli.context``, their parsing callbacks in ``runner.cli.global_options``, the
+daemon's entry in ``runner.cli.daemon``.
 
 Every user mistake — a bad flow, an unknown id, a bad URL, an unreachable database — is one
 line on stderr and a non-zero exit, never a traceback.
@@ -11,7 +12,6 @@ line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -31,6 +31,13 @@ from runner.cli.context import (
     pass_ctx,
     worker_config,
 )
+from runner.cli.daemon import run_daemon
+from runner.cli.global_options import (
+    labels_option,
+    log_store_max_option,
+    retention_option,
+    window_option,
+)
 from runner.errors import (
     ConfigError,
     FlowErrors,
@@ -40,7 +47,7 @@ from runner.errors import (
 )
 from runner.literal import literal
 from runner.retention import DEFAULT as DEFAULT_RETENTION
-from runner.retention import EVENT_WINDOW, Retention, parse_retention, parse_window
+from runner.retention import EVENT_WINDOW
 
 #: The default ``--db`` (the same as ``runner.store.db.DEFAULT_URL``, which a unit test
 #: checks): spelled here so that ``flowrun --help`` need not import SQLAlchemy.
@@ -106,7 +113,7 @@ FLOWRUN_RETENTION, ...).
     "--labels",
     envvar="FLOWRUN_LABELS",
     default=None,
-    callback=lambda _ctx, _param, value: _labels(value),
+    callback=lambda _ctx, _param, value: labels_option(value),
     help="This worker's labels, NAME=VALUE,...: it runs only the states (and sensors) whose "
     "runs_on they cover; host=<host name> is added unless given (e.g. gpu=1,site=paris).",
 )
@@ -171,7 +178,7 @@ FLOWRUN_RETENTION, ...).
     envvar="FLOWRUN_RETENTION",
     default=DEFAULT_RETENTION.text(),
     show_default=True,
-    callback=lambda _ctx, _param, value: _retention(value),
+    callback=lambda _ctx, _param, value: retention_option(value),
     help="How long terminal instances are kept where a flow file sets no retention: one "
     "window for all (30d, 12h, forever) or STATUS=WINDOW pairs (completed, failed, killed).",
 )
@@ -180,7 +187,7 @@ FLOWRUN_RETENTION, ...).
     envvar="FLOWRUN_EVENT_RETENTION",
     default="30d",
     show_default=True,
-    callback=lambda _ctx, _param, value: _window(value),
+    callback=lambda _ctx, _param, value: window_option(value),
     help="How long a handled sensor event is kept once no instance it started is left "
     "(a duration or forever).",
 )
@@ -188,7 +195,7 @@ FLOWRUN_RETENTION, ...).
     "--log-store-max",
     envvar="FLOWRUN_LOG_STORE_MAX",
     default=None,
-    callback=lambda _ctx, _param, value: _log_store_max(value),
+    callback=lambda _ctx, _param, value: log_store_max_option(value),
     help="--daemon: bytes all attempt logs may take (e.g. 1GiB, none); past it the pruner "
     "deletes the oldest terminal instances' logs first.  [default: 1GiB on SQLite, none on "
     "PostgreSQL]",
@@ -284,142 +291,6 @@ def main_group(
         if daemon:
             raise SystemExit(run_daemon(ctx.obj))
         ctx.invoke(tui)
-
-
-def _labels(value: str | None) -> str:
-    """``--labels``' callback: the labels as stored (``runner.labels.canonical``, ``host``
-    added), or one usage error line."""
-    from runner.labels import canonical, parse
-
-    try:
-        return canonical(parse(value)) or "{}"
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--labels") from None
-
-
-def _retention(value: str | Retention) -> Retention:
-    """``--retention``'s callback: the parsed policy, or one usage error line."""
-    if isinstance(value, Retention):
-        return value
-    try:
-        return parse_retention(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--retention") from None
-
-
-def _log_store_max(value: str | int | None) -> int | None:
-    """``--log-store-max``'s callback: bytes; 0 for ``none``; ``None`` when not given."""
-    if value is None or isinstance(value, int):
-        return value
-    if value.strip().lower() in ("none", "0"):
-        return 0
-    from runner.flowspec.spec_handler import parse_size
-
-    try:
-        return parse_size(value.strip())
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--log-store-max") from None
-
-
-def _window(value: str | float | None) -> float | None:
-    """``--event-retention``'s callback: seconds, ``None`` for forever."""
-    if value is None or isinstance(value, float):
-        return value
-    try:
-        return parse_window(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--event-retention") from None
-
-
-def run_daemon(c: Ctx) -> int:
-    """Run the headless daemon (worker + sensors + rules + reload) until stopped; returns
-    the exit code: 0 clean stop or idle exit, 2 bad flows or configuration (logged, so a
-    JSON log stays JSON), 70 a part could not be kept alive, 130/143 aborted by a second
-    SIGINT/SIGTERM.
-    """
-    import gc
-
-    # Start-up makes hundreds of thousands of long-lived objects and next to no cyclic
-    # garbage: the collector's passes over them were a tenth of the time to the first
-    # claim. ``serve`` freezes what start-up made and turns the collector back on.
-    gc.disable()
-    try:
-        return _run_daemon(c)
-    finally:
-        gc.enable()
-
-
-def _address(option: str, text: str | None) -> tuple[str, int] | None:
-    """``--metrics``/``--http``'s ``[HOST:]PORT`` as ``(host, port)`` (``None``: not given).
-
-    Raises:
-        ConfigError: not a port 0-65535 (one line naming the option)."""
-    if not text:
-        return None
-    from runner.service.http_listener import parse_address
-
-    try:
-        return parse_address(text)
-    except ValueError as exc:
-        raise ConfigError(f"{option} {text}: {exc}") from None
-
-
-def _run_daemon(c: Ctx) -> int:
-    import asyncio
-
-    from runner.service.daemon import serve
-    from runner.service.logs import setup_logging
-    from runner.service.options import ServiceOptions
-    from runner.service.startup import load_registry
-
-    so, wo, kept = c.daemon_options, c.worker_options, c.retention
-    config = worker_config(c)
-    c.application_name = f"flowrun {config.worker_id}"  # its connections in pg_stat_activity
-    setup_logging(wo.log_format, so.log_level, so.log_attempts)
-    log = logging.getLogger("flowrun.daemon")
-    try:
-        address = _address("--metrics", so.metrics)
-        http = _address("--http", so.http)
-        if not c.flows.is_dir():
-            raise ConfigError(
-                f"{c.flows}: flows folder not found (set --flows or FLOWRUN_FLOWS; "
-                "`flowrun init` creates one)"
-            )
-        registry = load_registry(c.engine, c.flows)
-        log.info("loaded %d flows from %s", len(registry.flows), c.flows)
-        if not registry.flows and not registry.errors:
-            log.warning(
-                "no flows in %s: `flowrun init` writes an example; a flow file added there is "
-                "loaded while running",
-                c.flows,
-            )
-        options = ServiceOptions(
-            metrics=address,
-            http=http,
-            progress=wo.exit_when_idle,
-            log_attempts=so.log_attempts,
-            prune_every=kept.prune_every,
-            retention=kept.retention,
-            event_retention=kept.event_retention,
-            log_store_max=kept.log_store_max,
-            listen_url=c.listen_db,
-        )
-        served = asyncio.run(serve(c.engine, registry, config, options=options))
-    except FlowErrors as exc:
-        if wo.log_format != "json":
-            raise  # one plain line each: file:line:col: message
-        for e in exc.errors:
-            log.error("%s", e, extra={"file": e.file, "line": e.line, "col": e.col})
-        return 2
-    except (ConfigError, UserError) as exc:
-        if wo.log_format != "json":
-            raise
-        log.error("flowrun: %s", exc)
-        return exc.exit_code
-    from runner.service.progress import closing_line
-
-    log.info("%s", closing_line(served.worker.stats))
-    return served.code
 
 
 @main_group.command()
