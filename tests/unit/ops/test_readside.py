@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from runner.cli.render import INSTANCE_COLUMNS, SHRINK_ORDER, fit_columns
+from runner.cli.columns import fit_columns
+from runner.cli.render import INSTANCE_COLUMNS, SHRINK_ORDER
 from runner.store.db import make_engine, read_engine
 from runner.store.dialect import SQLITE, dialect_of
 from runner.tui import fmt
