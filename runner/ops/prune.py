@@ -27,6 +27,7 @@ from sqlalchemy import Engine
 from runner.retention import DEFAULT, EVENT_WINDOW, KINDS, Retention, Rules, cut_attempt
 from runner.store import prune as sql
 from runner.store import prune_instances
+from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:
@@ -167,8 +168,8 @@ def prune(
     pacing: Pacing | None = None,
     on_step: Callable[[Counter[str]], None] | None = None,
 ) -> dict[str, int]:
-    """Delete (``dry_run``: count) what ``rules`` let go at ``now`` (epoch seconds,
-    default the time).
+    """Delete (``dry_run``: count) what ``rules`` let go at ``now`` (epoch seconds UTC,
+    default the database's clock now: ``runner.store.clock.db_now``).
 
     Args:
         flow: only this flow's instances, history and versions (events and workers are
@@ -181,7 +182,7 @@ def prune(
     pacing = pacing or Pacing()
     if pacing.batch is None:
         pacing = replace(pacing, batch=default_batch(engine))
-    run = _Run(engine, rules, time.time() if now is None else now, dry_run, pacing, on_step)
+    run = _Run(engine, rules, db_now(engine) if now is None else now, dry_run, pacing, on_step)
     names = sorted(set(sql.flows_stored(engine)) | set(rules.flows or {}))
     if flow is not None:
         names = [n for n in names if n == flow]

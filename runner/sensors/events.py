@@ -11,7 +11,6 @@ A sensor runs in one daemon at a time: its ``sensors`` row carries a lease
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -46,7 +45,7 @@ def record_events(
             lease (else :class:`LeaseLost` is raised and nothing is stored).
         worker_id: the lease holder writing the cursor (needed with ``cursor``).
     """
-    at = time.time()
+    at = db_now(engine)
     with engine.begin() as conn:
         for key, payload in rows:
             insert_ignore(
@@ -73,7 +72,7 @@ def store_event(engine: Engine, sensor: str, key: str, payload: dict[str, Any]) 
     with engine.begin() as conn:
         event_id = conn.execute(
             events.insert()
-            .values(sensor=sensor, key=key, payload=payload, created_at=time.time())
+            .values(sensor=sensor, key=key, payload=payload, created_at=db_now(engine))
             .returning(events.c.id)
         ).scalar_one()
         notify_event(conn)  # the rule engines of every daemon (PostgreSQL)

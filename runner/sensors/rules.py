@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -152,7 +151,7 @@ class RuleEngine:
             ).all()
         if not rows:
             return 0, 0
-        at = time.time()
+        at = db_now(self.engine)  # handled_at: the database's clock, as created_at
         rows, enriched = self._enrich(rows, at)
         with self.engine.begin() as conn:
             claimed = set(

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
+from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_event
 from runner.store.tables import events, instances, sensors
@@ -195,7 +196,7 @@ def emit(conn: Connection, rows: Iterable[tuple[str, dict[str, Any]]]) -> int:
     subs = subscriptions(conn)
     if not subs:
         return 0
-    at = time.time()
+    at = db_now(conn)
     values = [
         {"sensor": s.sensor, "key": key, "payload": p, "created_at": at}
         for key, p in rows
