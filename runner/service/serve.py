@@ -19,6 +19,7 @@ import os
 import shlex
 import ssl
 import sys
+import time
 from asyncio import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from textual_serve.server import Server
 
 from runner.durations import format_duration
 from runner.errors import UserError
+from runner.literal import one_line
 from runner.service.serve_guard import Guard, checked_token, is_loopback
 
 
@@ -110,6 +112,28 @@ class _Console(AppService):
             self.ended.set()
 
 
+class OneLineFaults:
+    """The serve loop's exception handler: a fault the loop meets outside any session (an
+    ``accept()`` out of descriptors, which asyncio retries every second) is one line on
+    stderr, not a traceback; the same line again only after :attr:`FOLD` seconds."""
+
+    #: seconds within which a repeat of the same line is not printed again
+    FOLD = 30.0
+
+    def __init__(self) -> None:
+        self._said: dict[str, float] = {}
+
+    def __call__(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        line = str(context.get("message") or "fault")
+        if exc is not None:
+            line += f": {getattr(exc, 'strerror', None) or exc}"
+        now = time.monotonic()
+        if now - self._said.get(line, -self.FOLD) >= self.FOLD:
+            self._said[line] = now
+            print(f"flowrun: serve: {one_line(line)}", file=sys.stderr)
+
+
 class ConsoleServer(Server):
     """textual-serve's ``Server`` behind a :class:`Guard`, with a bounded number of
     sessions, idle sessions closed, optional TLS and URLs taken from each request.
@@ -158,7 +182,8 @@ class ConsoleServer(Server):
         """One browser session: ``400`` for a request that is no websocket handshake or
         asks for no terminal size, ``503`` when ``max_sessions`` run already; else a
         console process driven over the websocket until the browser closes it, goes idle,
-        sends a malformed message, or the console ends."""
+        sends a malformed message, or the console ends. A console that cannot be started
+        (``OSError``: out of descriptors or processes) closes its session in one line."""
         websocket = web.WebSocketResponse(heartbeat=15)
         width = _cells(request.query.get("width", "80"), MAX_COLUMNS)
         height = _cells(request.query.get("height", "24"), MAX_ROWS)
@@ -180,7 +205,13 @@ class ConsoleServer(Server):
                 download_manager=self.download_manager,
                 debug=self.debug,
             )
-            await console.start(width, height)
+            try:
+                await console.start(width, height)
+            except OSError as exc:  # no process, no pipe: out of descriptors or processes
+                why = f"could not start its console: {exc.strerror or exc}"
+                print(f"flowrun: serve: closed a session that {why}", file=sys.stderr)
+                await websocket.close(code=WSCloseCode.INTERNAL_ERROR, message=why.encode())
+                return websocket
             try:
                 await self._session(websocket, console)
             finally:
@@ -252,8 +283,10 @@ class ConsoleServer(Server):
         return f"{scheme}://{host}:{self.port}/?token={token}"
 
     async def on_startup(self, app: web.Application) -> None:
-        """Nothing: textual-serve would print its banner (:meth:`announce` prints ours
-        once the address is bound)."""
+        """Report the loop's own faults in one line (:class:`OneLineFaults`); no banner
+        here: textual-serve would print its own (:meth:`announce` prints ours once the
+        address is bound)."""
+        asyncio.get_running_loop().set_exception_handler(OneLineFaults())
 
     def announce(self, *_args: Any) -> None:
         """One line on stderr, the URL to open, once listening (and a warning for plain

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 from collections.abc import Iterator
@@ -259,3 +260,49 @@ def test_a_port_in_use_is_one_line(fr: Flowrun) -> None:
     # no URL printed for a server that never listened
     assert res.stderr.startswith(f"flowrun: serve: cannot listen on 127.0.0.1:{port}: ")
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def _one_free_descriptor(pid: int) -> int:
+    """A descriptor limit for ``pid`` under which exactly one more can be opened."""
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    free = [fd for fd in range(max(used) + 3) if fd not in used]
+    return free[1]
+
+
+async def test_a_console_that_cannot_start_closes_its_session_in_one_line(fr: Flowrun) -> None:
+    with serving(fr) as served:
+        pid = served.proc.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        # room for the browser's connection, none for the console's pipes: a real EMFILE
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_one_free_descriptor(pid), hard))
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(ws_url(served)) as ws:
+                await closed_by_server(ws)
+                assert ws.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+            async with session.ws_connect(ws_url(served)) as ws:  # the server goes on
+                await drawn(ws, "STATUS")
+        line = "flowrun: serve: closed a session that could not start its console: "
+        assert line + "Too many open files" in served.text(), served.text()
+        assert "Traceback" not in served.text(), served.text()
+
+
+async def test_out_of_descriptors_at_accept_is_one_line(fr: Flowrun) -> None:
+    with serving(fr) as served:
+        pid = served.proc.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+        none_free = min(fd for fd in range(max(used) + 2) if fd not in used)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (none_free, hard))
+        try:
+            with socket.create_connection(("127.0.0.1", served.port)):
+                line = "flowrun: serve: socket.accept() out of system resource: Too many open files"
+                await asyncio.to_thread(poll, lambda: line in served.text(), 30, what="its line")
+                await asyncio.sleep(2.5)  # asyncio retries every second: no line more
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(ws_url(served)) as ws:  # the server goes on
+                await drawn(ws, "STATUS")
+        assert served.text().count("out of system resource") == 1, served.text()
+        assert "Traceback" not in served.text(), served.text()
