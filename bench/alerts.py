@@ -3,7 +3,7 @@ what lifecycle events cost a busy daemon.
 
 1. Latency: one ``flowrun --daemon`` (idle otherwise) runs a flow whose handler fails at
    once (error budget 1: the instance fails), with a ``lifecycle`` sensor and a
-   ``webhook`` rule posting to an HTTP receiver in this process (stdlib ``http.server``
+   ``webhook`` rule posting to an HTTP receiver (``bench/hook_receiver.py``: a process of its own
    on 127.0.0.1). Instances are created one at a time, every 0.2 s; latency = time the
    webhook arrived - the event's ``at`` (the transition's commit time). p50 / p99.
 2. Webhook in: the same daemon kind with ``--http``, a ``webhook`` sensor (bearer token)
@@ -34,16 +34,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from hook_receiver import Receiver  # noqa: E402 - bench/, next to this file
 
 FAIL = """\
 flow: fail
@@ -85,36 +85,6 @@ sensors:
 rules:
   - {when: deploy, start: hooked, data: {n: "{event.body.n}"}}
 """
-
-
-class Receiver:
-    """Webhooks received: (arrival time, body)."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[float, bytes]] = []
-        #: each request's ``Idempotency-Key`` (the event id): exactly once = no repeats
-        self.keys: list[str] = []
-        self.lock = threading.Lock()
-        rec = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as any real receiver
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with rec.lock:
-                    rec.got.append((time.time(), body))
-                    rec.keys.append(self.headers.get("Idempotency-Key") or "")
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -161,7 +131,7 @@ def latency(pg: str | None, count: int) -> list[float]:
             for i in range(count):
                 with engine.begin() as conn:
                     create_instance(conn, flow, {"i": i})
-                _wait(lambda i=i: len(rec.got) > i, 30)
+                _wait(lambda i=i: rec.count() > i, 30)
                 time.sleep(0.2)
         finally:
             proc.send_signal(signal.SIGINT)
@@ -170,7 +140,7 @@ def latency(pg: str | None, count: int) -> list[float]:
     import json
 
     out = []
-    for arrived, body in rec.got:
+    for arrived, _, body in rec.stop():
         at = datetime.fromisoformat(json.loads(body)["at"].replace("Z", "+00:00")).timestamp()
         out.append(arrived - at)
     return out
@@ -267,7 +237,7 @@ def throughput(pg: str | None, n: int, with_rule: bool) -> float:
                 create_instances(conn, load_flow(flows / "noop.yaml"), [{"i": i} for i in range(n)])
 
             def done() -> bool:
-                if with_rule and len(rec.got) < n:
+                if with_rule and rec.count() < n:
                     return False
                 with engine.connect() as conn:
                     return conn.execute(completed).scalar() == n
@@ -277,15 +247,17 @@ def throughput(pg: str | None, n: int, with_rule: bool) -> float:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
         time.sleep(0.2)  # what a late duplicate would be
+        got = rec.stop()
         with engine.connect() as conn:
             first, last = conn.execute(
                 sa.text("SELECT min(started_at), max(finished_at) FROM attempts")
             ).one()
         engine.dispose()
     if with_rule:  # every alert arrived, exactly once; the daemon's work ends with the last
-        assert len(rec.got) == n, f"{len(rec.got)} webhooks for {n} completions"
-        assert len(set(rec.keys)) == n, f"{n - len(set(rec.keys))} webhooks received twice"
-        last = max(last, max(at for at, _ in rec.got))
+        assert len(got) == n, f"{len(got)} webhooks for {n} completions"
+        keys = {key for _, key, _ in got}
+        assert len(keys) == n, f"{n - len(keys)} webhooks received twice"
+        last = max(last, max(at for at, _, _ in got))
     return n / (last - first)
 
 
