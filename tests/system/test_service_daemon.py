@@ -167,7 +167,10 @@ def test_metrics_scraped_over_http(live: Live) -> None:
     def done() -> dict | None:
         m = live.scrape()
         key = ("flowrun_instances", (("flow", "svc"), ("status", "completed")))
-        return m if m.get(key) == N else None
+        # the worker counts a cycle's commits once the cycle is back on its loop: the
+        # instances (read from the table) may be completed a moment before
+        committed = m.get(("flowrun_committed_attempts_total", ()), 0)
+        return m if m.get(key) == N and committed >= N else None
 
     m = poll(done, 30, every=0.5, what="instance counts refreshed")
     attempts = (
