@@ -21,11 +21,13 @@ huey's task calls ``subprocess.run(["/bin/true"])``, in each of its worker confi
 (1 and 2 threads, 2 processes; storage defaults and ``synchronous=NORMAL``), and its best
 is the peer. The *spawn ceiling* is the fastest of a sequential ``subprocess.run`` loop and
 a pool of 2 x cores threads doing the same, measured in this process between the others.
-``--setup`` adds, interleaved, the same flow with each state's handler set up: ``env``
-(5 names, two of them ``{data.…}`` templates), one secret file and ``limits`` (memory,
-cpu, files), and prints its ratio to the plain flow and the CPU a transition of both
-(the daemon's and its reaped children's, start-up included: steadier than the rate
-on a shared machine).
+``--setup`` adds the same flow with each state's handler set up: ``env`` (5 names, two
+of them ``{data.…}`` templates), one secret file and ``limits`` (memory, cpu, files),
+run right after the plain flow in even repetitions and right before it in odd ones (a
+pair), and prints each pair's ratio, the median of those ratios beside the ratio of the
+medians, and the CPU a transition of both: the daemon's and its reaped children's with
+start-up (``getrusage``), and, while the attempts ran, the daemon's own and its
+handlers' apart (its ``/proc/PID/stat`` read every 10 ms).
 
 Each flowrun figure is taken twice, interleaved: at the daemon's default ``--concurrency``
 (no option given: what a user who sets nothing gets) and at this bench's best
@@ -139,7 +141,7 @@ def run_flowrun(
         env["PYTHONPATH"] = str(root)
     t0 = time.perf_counter()
     cpu0 = _children_cpu()
-    subprocess.run(
+    daemon = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -151,11 +153,13 @@ def run_flowrun(
             "json",
             *extra,
         ],
-        check=True,
         env=env,
         cwd=workdir,
         stderr=subprocess.DEVNULL,
     )
+    samples = _sample_cpu(daemon)
+    if daemon.returncode:
+        raise subprocess.CalledProcessError(daemon.returncode, daemon.args)
     wall = time.perf_counter() - t0
     cpu = _children_cpu() - cpu0  # the daemon's user + system CPU seconds, start-up included
     with engine.connect() as conn:
@@ -164,6 +168,10 @@ def run_flowrun(
         ).one()
         moved = conn.execute(select(func.count()).where(attempts.c.outcome == "moved")).scalar_one()
         total = conn.execute(select(func.count()).select_from(attempts)).scalar_one()
+    # while the attempts ran (start-up and exit left out): the daemon's own CPU and its
+    # handlers' (the children it reaped), from its /proc/PID/stat read every 10 ms
+    own = (_at(samples, last, 1) - _at(samples, first, 1)) / max(moved, 1) * 1e6
+    handlers = (_at(samples, last, 2) - _at(samples, first, 2)) / max(moved, 1) * 1e6
     secs = last - first
     return {
         "transitions": moved,
@@ -172,7 +180,37 @@ def run_flowrun(
         "per_s": moved / secs,
         "wall": wall,
         "cpu_us": cpu / max(moved, 1) * 1e6,
+        "daemon_us": own,
+        "handlers_us": handlers,
     }
+
+
+def _sample_cpu(proc: subprocess.Popen[bytes]) -> list[tuple[float, float, float]]:
+    """``(time.time(), the process's own CPU seconds, its reaped children's)`` every 10 ms
+    until ``proc`` exits (``/proc/PID/stat``: clock ticks, 10 ms); waits for it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    samples = []
+    path = f"/proc/{proc.pid}/stat"
+    while proc.poll() is None:
+        try:
+            with open(path, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            break
+        utime, stime, cutime, cstime = (int(x) / tick for x in fields[11:15])
+        samples.append((time.time(), utime + stime, cutime + cstime))
+        time.sleep(0.01)
+    proc.wait()
+    return samples or [(0.0, 0.0, 0.0)]
+
+
+def _at(samples: list[tuple[float, float, float]], when: float, i: int) -> float:
+    """Item ``i`` of ``samples`` at time ``when`` (epoch seconds), linearly interpolated."""
+    before = max((s for s in samples if s[0] <= when), default=samples[0], key=lambda s: s[0])
+    after = min((s for s in samples if s[0] >= when), default=samples[-1], key=lambda s: s[0])
+    if after[0] == before[0]:
+        return before[i]
+    return before[i] + (after[i] - before[i]) * (when - before[0]) / (after[0] - before[0])
 
 
 def _children_cpu() -> float:
@@ -245,27 +283,50 @@ def main_exec(args: argparse.Namespace) -> None:
     def add(key: str, value: float) -> None:
         rates.setdefault(key, []).append(value)
 
+    def setup_run(tmp: str, r: int) -> None:
+        su = run_flowrun(n, args.concurrency, "exec-setup", Path(tmp) / "setup")
+        add("flowrun (setup)", su["per_s"])
+        for what in ("cpu", "daemon", "handlers"):
+            add(f"flowrun (setup) {what}", su[f"{what}_us" if what != "cpu" else "cpu_us"])
+        print(
+            f"[exec {r + 1}] flowrun with env, a secret and limits: {su['per_s']:,.0f}/s; CPU a "
+            f"transition, its /bin/true included: {su['cpu_us']:,.0f} us (while running: "
+            f"daemon {su['daemon_us']:,.0f}, handlers {su['handlers_us']:,.0f})",
+            flush=True,
+        )
+
     for r in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as tmp:
+            # the set-up flow right before the plain one in every other repetition, right
+            # after it in the others: neither side always gets the later slot
+            if args.setup and r % 2 == 1:
+                setup_run(tmp, r)
             for key, conc in sides(args, r):
                 fr = run_flowrun(n, conc, "exec", Path(tmp) / key.replace(" ", "-"))
                 add(key, fr["per_s"])
                 add(f"{key} cpu", fr["cpu_us"])
+                add(f"{key} daemon", fr["daemon_us"])
+                add(f"{key} handlers", fr["handlers_us"])
                 print(
                     f"[exec {r + 1}] {key}: {fr['transitions']} transitions in "
                     f"{fr['seconds']:.2f}s = {fr['per_s']:,.0f}/s (process wall "
-                    f"{fr['wall']:.2f}s, concurrency {conc or 'default'})",
+                    f"{fr['wall']:.2f}s, concurrency {conc or 'default'}; CPU a transition "
+                    f"{fr['cpu_us']:,.0f} us, while running: daemon {fr['daemon_us']:,.0f}, "
+                    f"handlers {fr['handlers_us']:,.0f})",
                     flush=True,
                 )
+            if args.setup and r % 2 == 0:
+                setup_run(tmp, r)
             if args.setup:
-                su = run_flowrun(n, args.concurrency, "exec-setup", Path(tmp) / "setup")
-                add("flowrun (setup)", su["per_s"])
-                add("flowrun (setup) cpu", su["cpu_us"])
+                add("setup/plain", rates["flowrun (setup)"][-1] / rates["flowrun"][-1])
                 print(
-                    f"[exec {r + 1}] flowrun with env, a secret and limits: {su['per_s']:,.0f}/s"
-                    f" ({su['per_s'] / rates['flowrun'][-1]:.2f}x the plain flow; CPU a "
-                    f"transition, its /bin/true included: {su['cpu_us']:,.0f} against "
-                    f"{rates['flowrun cpu'][-1]:,.0f} us)",
+                    f"[exec {r + 1}] set-up/plain (this pair): {rates['setup/plain'][-1]:.2f}x; "
+                    f"CPU a transition {rates['flowrun (setup) cpu'][-1]:,.0f} against "
+                    f"{rates['flowrun cpu'][-1]:,.0f} us; while running, daemon "
+                    f"{rates['flowrun (setup) daemon'][-1]:,.0f} against "
+                    f"{rates['flowrun daemon'][-1]:,.0f} us, handlers "
+                    f"{rates['flowrun (setup) handlers'][-1]:,.0f} against "
+                    f"{rates['flowrun handlers'][-1]:,.0f} us",
                     flush=True,
                 )
             if args.compare:
@@ -308,14 +369,25 @@ def main_exec(args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"[exec] medians of {args.repeat} (n {n}):")
     for k, v in med.items():
-        unit = " us CPU a transition (/bin/true included)" if k.endswith(" cpu") else "/s"
+        if k == "setup/plain":
+            continue
+        unit = "/s"
+        if k.endswith(" cpu"):
+            unit = " us CPU a transition (/bin/true included, start-up too)"
+        elif k.endswith((" daemon", " handlers")):
+            unit = " us CPU a transition while running"
         print(f"  {k:>28}: {v:,.0f}{unit}")
     line = f"[exec] median ratios: flowrun/ceiling {med['flowrun'] / med['ceiling']:.2f}x"
     if DEFAULT in med:
         line += f", at the default {med[DEFAULT] / med['ceiling']:.2f}x"
     if "flowrun (setup)" in med:
-        line += f", set-up/plain {med['flowrun (setup)'] / med['flowrun']:.2f}x"
-        line += f" (CPU +{med['flowrun (setup) cpu'] - med['flowrun cpu']:,.0f} us a transition)"
+        line += f", set-up/plain {med['flowrun (setup)'] / med['flowrun']:.2f}x (median of the "
+        line += f"pairs' ratios {med['setup/plain']:.2f}x, pairs "
+        line += ", ".join(f"{x:.2f}" for x in rates["setup/plain"])
+        line += f"; CPU +{med['flowrun (setup) cpu'] - med['flowrun cpu']:,.0f} us a transition, "
+        d_own = med["flowrun (setup) daemon"] - med["flowrun daemon"]
+        d_handlers = med["flowrun (setup) handlers"] - med["flowrun handlers"]
+        line += f"while running daemon {d_own:+,.0f} us, handlers {d_handlers:+,.0f} us)"
     if "flowrun (compare)" in med:
         line += f", flowrun/compared tree {med['flowrun'] / med['flowrun (compare)']:.2f}x"
     if "huey best" in med:
