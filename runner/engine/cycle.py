@@ -39,6 +39,7 @@ from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, pools, routing, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
+from runner.store.dialect import dialect_of
 from runner.store.lifecycle_events import outcome_kind
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
@@ -352,20 +353,32 @@ def _transaction(
         if request.release:
             commit.give_back(conn, worker_id, request.release)
         ended = [o.claim for o in request.outcomes if not o.chain]
-        pools.release(conn, [*ended, *(c for c, _ in request.cancels), *request.release])
+        gone = set(lost)
+        cleared = {c.id for o in request.outcomes if o.seat_freed and (c := o.claim).id not in gone}
+        released = [*ended, *(c for c, _ in request.cancels), *request.release]
+        pools.release(conn, released, cleared=cleared)
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
             pools.sweep(conn, db_now(conn))
             routing.sweep(conn, db_now(conn))
-        claims, refused = [], [0]
+        claims: list[Claim] = []
+        refused: list[int] = []
         if limit > 0:
             claims = leases.claim_batch(
                 conn, worker_id, lease, limit, labels=request.labels, refused=refused
             )
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
         result.refused = sum(refused)
-        if request.plan and (request.recover or not (claims or chained)):
+        plan = request.plan and (request.recover or not (claims or chained))
+        # PostgreSQL: a claim the limits settled (``refused`` filled) holds a pool's or
+        # a rate's row locked to the commit, and every claim of that pool waits for it:
+        # plan after the commit, in a read of its own
+        later = plan and bool(refused) and dialect_of(engine).skip_locked
+        if plan and not later:
+            result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
+    if later:
+        with reading(engine) as conn:
             result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
     return result
 

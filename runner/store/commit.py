@@ -148,6 +148,7 @@ def _commit_rows(
                 routed.append(row)
             elif c.pool is not None:
                 seated.append(row)
+                o.seat_freed = True
             else:
                 released.append(row)
         checkpoint = av["checkpoint"]

@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Float,
     Select,
     and_,
     bindparam,
@@ -394,23 +395,33 @@ def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]
     the locked rows; a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier
     of them instead of polling.
     """
-    due_stmt, expiry_stmt = _next_times()
+    due_stmt, expiry_stmt = _next_times(dialect_of(conn).skip_locked)
     due = conn.execute(due_stmt, {"at": at}).scalar()
     expiry = conn.execute(expiry_stmt).scalar()
     return due, expiry
 
 
 @cache
-def _next_times() -> tuple[Select[Any], Select[Any]]:
+def _next_times(hidden: bool) -> tuple[Select[Any], Select[Any]]:
     """:func:`next_times`' two statements, built once (an idle worker asks at each look:
     building the union of one ``SELECT`` a status and priority was most of an idle
-    daemon's Python time)."""
+    daemon's Python time).
+
+    ``hidden`` (PostgreSQL): the time bound is a scalar subquery, so the planner does
+    not see its value. Seeing it, a custom plan looked up each range's actual end in
+    ``ix_instances_claim`` (``get_actual_variable_range``) through the dead entries of
+    a busy table: 8 ms of planning for 0.5 ms of execution, under a pool's row lock
+    when a claim with a pool found nothing (``docs/performance.md``, "Pools on
+    PostgreSQL")."""
     i = instances.c
+    at: Any = bindparam("at", type_=Float())
+    if hidden:
+        at = select(at).scalar_subquery()
     firsts = [
         select(func.min(i.due_at).label("m")).where(
             i.status == literal_column(f"'{status}'"),
             i.priority == literal_column(str(p)),
-            i.due_at > bindparam("at"),
+            i.due_at > at,
             i.locked_by.is_(None),
         )
         for status in CLAIMABLE

@@ -27,7 +27,7 @@ SQLite the commit itself rings the daemons' commit bell).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -350,18 +350,26 @@ def wake(conn: Connection, name: str, count: int, at: float) -> int:
     return max(woken, 0)
 
 
-def release(conn: Connection, claims: Iterable[Claim], at: float | None = None) -> None:
+def release(
+    conn: Connection,
+    claims: Iterable[Claim],
+    at: float | None = None,
+    cleared: Collection[int] = (),
+) -> None:
     """After the commit of finished attempts (``rows.Claim`` objects; only those holding
     a pool's slots, ``claim.pool``, matter), in the same transaction: forget their seats
     (where no attempt runs on the row any more) and wake as many waiters as slots freed
     (due at ``at``, epoch s, when their old due time is unknown; default: now); a claim
-    holding a flow limit (``claim.limit``) wakes one of its waiters."""
+    holding a flow limit (``claim.limit``) wakes one of its waiters. ``cleared``: ids of
+    claims whose commit gave up the seat already (``rows.Outcome.seat_freed``): their
+    waiters are woken, their rows not written again (a round trip less a cycle)."""
     freed: dict[str, int] = {}
     ids: list[int] = []
     for c in claims:
         if c.pool is not None:
             freed[c.pool] = freed.get(c.pool, 0) + c.pool_slots
-            ids.append(c.id)
+            if c.id not in cleared:
+                ids.append(c.id)
         if c.limit is not None:  # a flow limit: counted from the attempt running, no seat
             freed[c.limit] = freed.get(c.limit, 0) + 1
     if not freed:
