@@ -411,8 +411,7 @@ def _next_times(hidden: bool) -> tuple[Select[Any], Select[Any]]:
     not see its value. Seeing it, a custom plan looked up each range's actual end in
     ``ix_instances_claim`` (``get_actual_variable_range``) through the dead entries of
     a busy table: 8 ms of planning for 0.5 ms of execution, under a pool's row lock
-    when a claim with a pool found nothing (``docs/performance.md``, "Pools on
-    PostgreSQL")."""
+    when a claim with a pool found nothing (``docs/performance.md``, "Not done")."""
     i = instances.c
     at: Any = bindparam("at", type_=Float())
     if hidden:
