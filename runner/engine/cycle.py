@@ -354,7 +354,7 @@ def _transaction(
             commit.give_back(conn, worker_id, request.release)
         ended = [o.claim for o in request.outcomes if not o.chain]
         gone = set(lost)
-        cleared = {c.id for o in request.outcomes if o.seat_freed and (c := o.claim).id not in gone}
+        cleared = {o.claim.id for o in request.outcomes if o.seat_freed and o.claim.id not in gone}
         released = [*ended, *(c for c, _ in request.cancels), *request.release]
         pools.release(conn, released, cleared=cleared)
         recovered = []

@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 #: PostgreSQL connections checked out now: ``{id(dbapi connection): (thread id, it)}``
@@ -41,22 +42,12 @@ def interrupt(thread: int | None = None) -> int:
     closed meanwhile is skipped.
     """
     n = 0
-    for owner, conn in list(_out.values()):
-        if thread is not None and owner != thread:
-            continue
+    for sock in _sockets(thread):
         try:
-            if conn.closed:
-                continue
-            fd = conn.pgconn.socket
-        except Exception:  # noqa: BLE001 - closed or lost meanwhile: nothing to break
-            continue
-        try:
-            # shutdown() acts on the socket, not the descriptor: the copy is closed at once
-            with socket.socket(fileno=os.dup(fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-            n += 1
+            sock.shutdown(socket.SHUT_RDWR)  # acts on the socket, not on this descriptor
         except OSError:
             continue
+        n += 1
     return n
 
 
@@ -71,13 +62,10 @@ def server_wait(thread: int | None) -> float | None:
     if thread is None:
         return None
     longest: float | None = None
-    for owner, conn in list(_out.values()):
-        if owner != thread:
-            continue
+    for sock in _sockets(thread):
         try:
-            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-        except Exception:  # noqa: BLE001 - closed meanwhile, not TCP, no TCP_INFO
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except OSError:  # not TCP, no TCP_INFO
             continue
         if len(info) < _TCP_INFO_SIZE:
             continue
@@ -85,6 +73,23 @@ def server_wait(thread: int | None) -> float | None:
         waited = 0.0 if recv_ago <= sent_ago else sent_ago / 1000
         longest = waited if longest is None else max(longest, waited)
     return longest
+
+
+def _sockets(thread: int | None) -> Iterator[socket.socket]:
+    """A socket object over a copy of the descriptor of each open connection checked out
+    by ``thread`` (any thread: ``None``), closed once the caller moves on; a connection
+    closed or lost meanwhile is skipped."""
+    for owner, conn in list(_out.values()):
+        if thread is not None and owner != thread:
+            continue
+        try:
+            if conn.closed:
+                continue
+            fd = os.dup(conn.pgconn.socket)
+        except Exception:  # noqa: BLE001 - closed or lost meanwhile: nothing to look at
+            continue
+        with socket.socket(fileno=fd) as sock:
+            yield sock
 
 
 #: ``struct tcp_info`` (``linux/tcp.h``): ``tcpi_last_data_sent``, ``tcpi_last_ack_sent``
