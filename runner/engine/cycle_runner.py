@@ -11,7 +11,8 @@ the loop (its statements are network round trips). On SQLite it runs on the loop
 through a sibling engine that never waits for the write lock (``db.no_wait_engine``): a
 cycle takes about 1.5 ms for 64 attempts, and handing it to a thread and back cost more
 than the handlers lost by waiting (measured: +15-20% attempts/s); when another process
-holds the lock, that cycle goes to the database thread, which may wait.
+holds the lock, or this process's attempt-log writer is writing (``store.write_gate``), that
+cycle goes to the database thread, which may wait.
 
 On PostgreSQL a second cycle may be in flight while the first is on the server
 (``overlap``): it runs on a second database thread, over a second pooled connection, so
@@ -40,6 +41,7 @@ from runner.engine.running import Running, RunningAttempts
 from runner.handlers.attempt import AttemptResult
 from runner.store.db import no_wait_engine
 from runner.store.wal import WalCheckpointer
+from runner.store.write_gate import gate_for, gated
 
 #: The fewest finished attempts a second cycle starts for while one is in flight: a
 #: smaller batch costs the server too little to be worth overlapping, and a cycle more
@@ -89,6 +91,9 @@ class CycleRunner:
         self.attempts = attempts
         self.db = db
         self.no_wait = no_wait_engine(engine)
+        #: SQLite: the turns this loop's cycles take with the attempt logs' writer
+        #: (``store.write_gate``); a cycle on the loop never waits for it
+        self.gate = gate_for(engine) if self.no_wait is not None else None
         self.wal: WalCheckpointer | None = None
         self.flights: list[Flight] = []
         self.overlapped = 0
@@ -131,13 +136,16 @@ class CycleRunner:
         another process holds the SQLite write lock, on a database thread no other
         cycle in flight uses."""
         loop = asyncio.get_running_loop()
-        fut, thread = None, None
-        if self.no_wait is not None:
-            fut = cycle.run_inline(loop, self.no_wait, request)
+        fut, thread, gate = None, None, self.gate
+        if self.no_wait is not None and gate is not None and gate.acquire(blocking=False):
+            try:
+                fut = cycle.run_inline(loop, self.no_wait, request)
+            finally:
+                gate.release()
         if fut is None:
             busy = [f.thread for f in self.flights]
             thread = next(t for t in self._threads if t not in busy)
-            fut = thread.submit(cycle.run_cycle, self.engine, request)
+            fut = thread.submit(gated, gate, cycle.run_cycle, self.engine, request)
         fut.add_done_callback(self._ended)
         self.overlapped += bool(self.flights)
         flight = Flight(fut, request, self._sent, self._released, thread, time.monotonic())

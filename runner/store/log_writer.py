@@ -22,11 +22,14 @@ import time
 from typing import Any
 
 from sqlalchemy import Dialect, Engine
+from sqlalchemy.exc import DBAPIError
 
 from runner.log_buffer import DEFAULT_MAX, END, ROW_MAX, AttemptLog
 from runner.store.db import short_error
+from runner.store.dialect import dialect_of
 from runner.store.log_bell import notify_logs
 from runner.store.tables import attempt_logs
+from runner.store.write_gate import gate_for, gated
 
 log = logging.getLogger("flowrun.logs")
 
@@ -60,6 +63,10 @@ class LogWriter:
         #: set by :meth:`give_up`: the exit does not wait for this database
         self.given_up = False
         self._sql = _Statements(engine.dialect)
+        # SQLite: each statement its own transaction (:func:`_each_alone`)
+        self._serial = dialect_of(engine).serial_writes
+        if self._serial:
+            self._sql.max_bytes = STATEMENT_BYTES
 
     def give_up(self) -> None:
         """The database does not answer and the worker stopped without it: the flush at
@@ -128,16 +135,46 @@ class LogWriter:
             # woken by commits")
             drops = [(i.instance_id, i.attempt, i.head, keep_from) for i, keep_from in deletes]
             statements = self._sql.statements(inserts, drops)
-            with self.engine.begin() as conn:
-                for statement, args in statements:
-                    conn.exec_driver_sql(statement, args)
-                if inserts:
-                    notify_logs(conn)
+            if self._serial:
+                _each_alone(self.engine, statements)
+            else:
+                with self.engine.begin() as conn:
+                    for statement, args in statements:
+                        conn.exec_driver_sql(statement, args)
+                    if inserts:
+                        notify_logs(conn)
             for item, keep_from in deletes:
                 item.deleted_to = keep_from
             return len(inserts)
 
 
+def _each_alone(engine: Engine, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """Run each of ``statements`` (SQLite) as a transaction of its own, in autocommit on
+    the driver's connection: SQLite takes its write lock inside the statement's one call
+    and gives it up at its end, so the lock is never held while this thread waits for the
+    GIL. In one transaction (``BEGIN IMMEDIATE``, the statements, ``COMMIT``) the lock
+    was held across each call's hand-over of the GIL, which a loop busy reading 20 pipes
+    kept up to its switch interval each: the worker's claims that met it fell back to
+    their thread and SQLite's busy-wait steps, 21 ms at the median (``docs/performance.md``,
+    "Attempt logs: pipes read as data comes, followers woken by commits"). The rows of a
+    batch need no one transaction: a delete of the cap's dropped part not done is done by
+    a later batch (``AttemptLog.deleted_to`` moves only after it), and readers take rows
+    as they come. Raises the driver's errors (as ``DBAPIError``)."""
+    gate = gate_for(engine)
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        try:
+            for statement, args in statements:
+                gated(gate, raw.execute, statement, args)
+        except raw.Error as exc:
+            raise DBAPIError(statement, args, exc) from exc
+
+
+#: Bytes of log data one statement stores at most on SQLite: each statement holds the
+#: write lock (and this process's ``write_gate``) while SQLite copies them, ~1 ms for
+#: this much on a quiet machine, so a claim waits no longer than that for the writer.
+STATEMENT_BYTES = 128 << 10
 #: Rows (or attempts) one statement of the writer holds at most: within SQLite's 32,766
 #: and PostgreSQL's 65,535 parameters.
 PER_STATEMENT = 512
@@ -158,6 +195,8 @@ class _Statements:
         self._offset = q("offset")
         self._table = q(attempt_logs.name)
         self._made: dict[tuple[str, int], str] = {}
+        #: bytes of log data a statement holds at most (0: no bound); set on SQLite
+        self.max_bytes = 0
 
     def statements(
         self, inserts: list[tuple[Any, ...]], drops: list[tuple[int, int, int, int]]
@@ -165,11 +204,29 @@ class _Statements:
         """``(sql, parameters)`` of each statement storing ``inserts`` and deleting
         ``drops``, in that order."""
         out = []
-        for kind, rows in (("insert", inserts), ("delete", drops)):
-            for k in range(0, len(rows), PER_STATEMENT):
-                part = rows[k : k + PER_STATEMENT]
+        for kind, parts in (("insert", self._parts(inserts)), ("delete", self._parts(drops))):
+            for part in parts:
                 out.append((self._text(kind, len(part)), tuple(v for r in part for v in r)))
         return out
+
+    def _parts(self, rows: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+        """``rows`` in statements of at most :data:`PER_STATEMENT` rows and, with
+        :attr:`max_bytes`, about that many bytes of log data (a row's last value)."""
+        if not self.max_bytes:
+            return [rows[k : k + PER_STATEMENT] for k in range(0, len(rows), PER_STATEMENT)]
+        parts: list[list[tuple[Any, ...]]] = []
+        part: list[tuple[Any, ...]] = []
+        size = 0
+        for row in rows:
+            if part and (len(part) >= PER_STATEMENT or size >= self.max_bytes):
+                parts.append(part)
+                part, size = [], 0
+            part.append(row)
+            last = row[-1]
+            size += len(last) if isinstance(last, bytes) else 0
+        if part:
+            parts.append(part)
+        return parts
 
     def _text(self, kind: str, n: int) -> str:
         found = self._made.get((kind, n))
