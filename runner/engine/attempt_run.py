@@ -23,8 +23,8 @@ from runner.flowspec.setup import HandlerSetup
 from runner.handlers.attempt import AttemptResult, Cancel, Context, Limits
 from runner.handlers.call_handler import run_call
 from runner.handlers.capture import handler_logger
-from runner.handlers.environ import add_env
-from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.handlers.environ import add_env, handler_env
+from runner.handlers.exec_handler import render_argv, run_exec
 from runner.handlers.process_setup import ProcSetup, ids_of, proc_setup
 from runner.handlers.redact import redact_text, redact_value
 from runner.handlers.secrets import SetupError, attempt_vars, working_dir

@@ -1,7 +1,8 @@
 """A handler's environment, encoded for ``execve`` once for all the handlers that share it.
 
-Every ``exec`` handler gets the daemon's environment plus a few ``FLOWRUN_*`` variables
-(``runner.handlers.exec_handler.handler_env``, ``runner.handlers.spawn``). Encoding all
+Every ``exec`` handler gets the daemon's environment (less its credentials, or only a few
+variables with ``env_inherit: none``) plus a few ``FLOWRUN_*`` variables
+(:func:`handler_env`, ``runner.handlers.spawn``). Encoding all
 of it to ``b"key=value"`` items per spawn would be a fifth of a spawn thread's Python time
 (``docs/performance.md``, "The environment encoded once"); an :class:`Env` keeps the shared part
 apart, so that only the handler's own variables are encoded per spawn.
@@ -9,7 +10,10 @@ apart, so that only the handler's own variables are encoded per spawn.
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 #: ``id(base) -> (base, [b"key=value", ...])`` for the bases of :class:`Env` objects
@@ -116,3 +120,52 @@ def _encode_item(key: str, value: str) -> bytes:
     if "=" in key:
         raise ValueError("illegal environment variable name")
     return (key + "=" + value).encode(_FS_ENCODING, "surrogateescape")
+
+
+#: Variables of the daemon's environment that carry its credentials (the database URLs of
+#: ``--db`` and ``--listen-db``, the console's token, libpq's password): never a handler's
+#: (a handler that needs one gets it as a secret: ``secrets: {FLOWRUN_DB: {env: FLOWRUN_DB}}``).
+CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_LISTEN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
+
+#: What ``env_inherit: none`` keeps of the daemon's environment.
+MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")
+
+
+def handler_env(
+    flow: str,
+    state: str,
+    instance_id: int,
+    attempt: int,
+    cwd: Path,
+    inherit: str = "daemon",
+    strip: tuple[str, ...] = (),
+) -> Env:
+    """The environment of an ``exec`` handler: the base (``inherit``: ``"daemon"``, ours
+    less ``CREDENTIAL_VARS`` and ``strip``; ``"none"``, only ``MINIMAL_VARS`` of ours)
+    plus ``FLOWRUN_*`` and ``PYTHONPATH`` (the data, control and reaper variables are
+    added when it starts: ``spawn.spawn``)."""
+    added = {
+        "FLOWRUN_INSTANCE": str(instance_id),
+        "FLOWRUN_FLOW": flow,
+        "FLOWRUN_STATE": state,
+        "FLOWRUN_ATTEMPT": str(attempt),
+    }
+    return Env(_base_env(cwd, inherit, strip), added)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_env(cwd: Path, inherit: str = "daemon", strip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Our environment (as of the first handler started in ``cwd``; less the credentials,
+    or only the minimal variables) with ``PYTHONPATH`` extended by ``cwd`` and flowrun's
+    own folder (so ``python -m runner.control`` works).
+    Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
+    resolving paths cost more per attempt than the rest of starting it; never changed."""
+    if inherit == "none":
+        env = {k: os.environ[k] for k in MINIMAL_VARS if k in os.environ}
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS and k not in strip}
+    extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
+    if env.get("PYTHONPATH"):
+        extra.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(extra)
+    return env

@@ -19,7 +19,6 @@ registrations, which keep the order of the two streams).
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import select
 import signal
@@ -43,7 +42,6 @@ from runner.handlers.attempt import (
     supervise,
 )
 from runner.handlers.data import remove_data_file
-from runner.handlers.environ import Env
 from runner.handlers.process_setup import ProcSetup, limit_reached
 from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
@@ -414,52 +412,3 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-#: Variables of the daemon's environment that carry its credentials (the database URLs of
-#: ``--db`` and ``--listen-db``, the console's token, libpq's password): never a handler's
-#: (a handler that needs one gets it as a secret: ``secrets: {FLOWRUN_DB: {env: FLOWRUN_DB}}``).
-CREDENTIAL_VARS = ("FLOWRUN_DB", "FLOWRUN_LISTEN_DB", "FLOWRUN_SERVE_TOKEN", "PGPASSWORD")
-
-#: What ``env_inherit: none`` keeps of the daemon's environment.
-MINIMAL_VARS = ("PATH", "HOME", "LANG", "TZ")
-
-
-def handler_env(
-    flow: str,
-    state: str,
-    instance_id: int,
-    attempt: int,
-    cwd: Path,
-    inherit: str = "daemon",
-    strip: tuple[str, ...] = (),
-) -> Env:
-    """The environment of an ``exec`` handler: the base (``inherit``: ``"daemon"``, ours
-    less ``CREDENTIAL_VARS`` and ``strip``; ``"none"``, only ``MINIMAL_VARS`` of ours)
-    plus ``FLOWRUN_*`` and ``PYTHONPATH`` (the data, control and reaper variables are
-    added when it starts: ``spawn.spawn``)."""
-    added = {
-        "FLOWRUN_INSTANCE": str(instance_id),
-        "FLOWRUN_FLOW": flow,
-        "FLOWRUN_STATE": state,
-        "FLOWRUN_ATTEMPT": str(attempt),
-    }
-    return Env(_base_env(cwd, inherit, strip), added)
-
-
-@functools.lru_cache(maxsize=64)
-def _base_env(cwd: Path, inherit: str = "daemon", strip: tuple[str, ...] = ()) -> dict[str, str]:
-    """Our environment (as of the first handler started in ``cwd``; less the credentials,
-    or only the minimal variables) with ``PYTHONPATH`` extended by ``cwd`` and flowrun's
-    own folder (so ``python -m runner.control`` works).
-    Worked out once (and encoded once: ``environ.Env``): copying ``os.environ`` and
-    resolving paths cost more per attempt than the rest of starting it; never changed."""
-    if inherit == "none":
-        env = {k: os.environ[k] for k in MINIMAL_VARS if k in os.environ}
-    else:
-        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS and k not in strip}
-    extra = [str(cwd), str(Path(__file__).resolve().parents[2])]
-    if env.get("PYTHONPATH"):
-        extra.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(extra)
-    return env

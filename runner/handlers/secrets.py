@@ -2,7 +2,7 @@
 when an attempt starts.
 
 ``attempt_vars`` gives the variables an attempt's handler gets on top of its base
-environment (``runner.handlers.exec_handler.handler_env``) and the secret values to
+environment (``runner.handlers.environ.handler_env``) and the secret values to
 redact (``runner.handlers.redact``) from whatever is kept of the attempt;
 ``working_dir`` the folder an ``exec`` handler starts in.
 """

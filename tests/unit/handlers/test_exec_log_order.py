@@ -11,7 +11,8 @@ import pytest
 
 from runner.handlers import exec_handler
 from runner.handlers.attempt import Cancel, Limits
-from runner.handlers.exec_handler import handler_env, run_exec
+from runner.handlers.environ import handler_env
+from runner.handlers.exec_handler import run_exec
 from runner.log_buffer import END, STDERR, STDOUT, AttemptLog
 
 # each line is written once the previous one was read (the pipe is empty again), for at

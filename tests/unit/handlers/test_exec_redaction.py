@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runner.handlers.attempt import TAIL, Cancel, Limits
-from runner.handlers.exec_handler import handler_env, run_exec
+from runner.handlers.environ import handler_env
+from runner.handlers.exec_handler import run_exec
 
 SECRET = "s3cr3t-Zq8vTXw1"
 

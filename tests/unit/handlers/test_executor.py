@@ -20,7 +20,8 @@ from runner import control_channel
 from runner.control import Context
 from runner.handlers.attempt import TAIL, AttemptResult, Cancel, Limits
 from runner.handlers.call_handler import run_call
-from runner.handlers.exec_handler import handler_env, render_argv, run_exec
+from runner.handlers.environ import handler_env
+from runner.handlers.exec_handler import render_argv, run_exec
 from tests.support.fault import group_alive, pid_alive, poll
 
 PY = sys.executable
