@@ -1,16 +1,18 @@
 """Delivering alerts: the rules' ``exec`` and ``webhook`` actions, retried with backoff.
 
-Every daemon with sensors runs a :class:`Deliverer` (a part of the sensor hub). It claims
-due deliveries under a lease (``runner.store.deliveries.claim_due``, :data:`BATCH` at a
-time), sends them (the ``exec`` ones at once, :data:`EXECS_AT_ONCE` at most; the webhooks
-one thread per receiver, each receiver's one after the other on a kept-alive connection,
+Every daemon with sensors runs a :class:`Deliverer` (a part of the sensor hub). Its own
+rules hand it the deliveries they queue, already claimed by it in their transaction
+(:meth:`Deliverer.hand`); it claims the others due (retries, another daemon's, a dead
+one's) under a lease (``runner.store.deliveries.claim_due``, :data:`BATCH` at a time),
+sends them (the ``exec`` ones at once, :data:`EXECS_AT_ONCE` at most; the webhooks one
+thread per receiver, each receiver's one after the other on a kept-alive connection,
 ``runner.sensors.http_out``), and records the batch's results in one transaction. A
 failure (non-zero exit, connection error, timeout, HTTP 5xx, HTTP 429, honouring
 ``Retry-After``) is retried with backoff (:data:`BACKOFF_FIRST` doubling up to
 :data:`BACKOFF_MAX`) until the rule's ``retry_for`` has passed; any other HTTP status (a
-4xx) fails at once. A failed delivery is one WARNING line. Each send carries the event
-id: ``Idempotency-Key`` header, ``FLOWRUN_EVENT_ID`` environment variable, so receivers
-can drop the repeats of "at least once".
+4xx) fails at once. A failed delivery is one WARNING line. Each send carries the event id:
+``Idempotency-Key`` header, ``FLOWRUN_EVENT_ID`` environment variable, so receivers can
+drop the repeats of "at least once".
 
 ``exec`` runs its argv (never a shell) in the rule's flow folder with the event as JSON on
 stdin (:data:`EXEC_TIMEOUT` seconds at most); exit 0 is delivered.
@@ -55,6 +57,8 @@ BATCH = 200
 #: Seconds one receiver's claimed webhooks are posted one after the other; those left when
 #: they are up (a slow or silent receiver) are given back untried, due at once.
 SERIAL_FOR = 5.0
+#: Seconds a claimed delivery is held (its lease): an ``exec`` may run :data:`EXEC_TIMEOUT`.
+LEASE = EXEC_TIMEOUT + 30.0
 #: ``exec`` notifiers run at once at most.
 EXECS_AT_ONCE = 32
 #: The ``User-Agent`` of webhooks (unless the rule's ``headers`` name one).
@@ -102,10 +106,19 @@ class Deliverer:
         #: deliveries sent and delivered / failed for good (metrics, tests)
         self.delivered = 0
         self.failed = 0
+        #: deliveries this daemon's rules queued already claimed by it (:meth:`hand`)
+        self._handed: list[Claimed] = []
 
     def kick(self) -> None:
         """Look for due deliveries now (a rule of this daemon queued one)."""
         self._kick.set()
+
+    def hand(self, claimed: list[Claimed]) -> None:
+        """Send ``claimed`` (queued by this daemon's rules already claimed by it, for
+        :data:`LEASE` seconds) with the next batch, without claiming them again."""
+        if claimed:
+            self._handed += claimed
+            self._kick.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; a database error ends it (``keep`` restarts it)."""
@@ -114,11 +127,19 @@ class Deliverer:
         finally:
             self.receivers.close()
 
+    def give_back(self) -> None:
+        """Give back the handed deliveries not sent (blocking: at the daemon's stop), due
+        at once for any daemon instead of when their lease expires."""
+        handed, self._handed = self._handed, []
+        finish(self.engine, self.worker_id, [Try(c.id, "", False, tried=False) for c in handed])
+
     async def _deliver_until(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._kick.clear()
-            claimed = await asyncio.to_thread(
-                claim_due, self.engine, self.worker_id, EXEC_TIMEOUT + 30.0, BATCH
+            handed, self._handed = self._handed[:BATCH], self._handed[BATCH:]
+            # the others due too (retries, another daemon's): a read when none is
+            claimed = handed + await asyncio.to_thread(
+                claim_due, self.engine, self.worker_id, LEASE, BATCH
             )
             if claimed:
                 tries = await self._send(claimed)

@@ -24,7 +24,7 @@ from runner.labels import HOST, covers
 from runner.sensors.base import Sensor, first_of, log
 from runner.sensors.clock import ClockSensor
 from runner.sensors.deadlines import DeadlineWatch
-from runner.sensors.deliver import Deliverer
+from runner.sensors.deliver import LEASE, Deliverer
 from runner.sensors.events import LeaseLost, claim_leases, pending_events, release_leases
 from runner.sensors.files import FilesSensor
 from runner.sensors.keep import Keep, keep_retrying
@@ -115,9 +115,10 @@ class SensorHub:
         self.poll = poll
         self.ready = asyncio.Event()
         self.on_work: Callable[[], None] | None = None
-        self.rules = RuleEngine(engine, registry)
-        #: sends the rules' exec and webhook actions (``runner.sensors.deliver``)
+        #: sends the rules' exec and webhook actions (``runner.sensors.deliver``); the
+        #: rules hand it the deliveries they queue (claimed by this daemon)
         self.deliverer = Deliverer(engine, registry, worker_id)
+        self.rules = RuleEngine(engine, registry, deliver_as=(worker_id, LEASE))
         #: acts on missed deadlines (``runner.sensors.deadlines``)
         self.deadlines = DeadlineWatch(engine, registry, worker_id)
         self.deadlines.on_missed = self._deadlines_missed
@@ -181,7 +182,14 @@ class SensorHub:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            self.rules.deliver_as = None  # the deliverer has stopped: queued free
             await self._drain_rules()
+            self.deliverer.hand(self.rules.handed)
+            self.rules.handed = []
+            try:  # handed over but not sent: due at once for any daemon
+                await asyncio.to_thread(self.deliverer.give_back)
+            except DBAPIError as exc:
+                log.warning("deliveries not given back (%s); their leases expire", short_error(exc))
             try:
                 await asyncio.to_thread(release_leases, self.engine, self.worker_id)
             except DBAPIError as exc:
@@ -321,6 +329,8 @@ class SensorHub:
                 rung.clear()  # a commit from here on rings for the next look
                 looked = loop.time()
                 seen, acted = await asyncio.to_thread(self.rules.handle_pending)
+                handed, self.rules.handed = self.rules.handed, []
+                self.deliverer.hand(handed)
                 if acted:
                     self.deliverer.kick()
                 if acted and self.on_work is not None:

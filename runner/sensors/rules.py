@@ -13,8 +13,10 @@ escaped (``re.escape``), so it matches literally (e.g. ``path: "^{event.path}$"`
 
 Each rule runs in a savepoint: a rule that fails (a template naming a missing event field,
 an unknown flow) is recorded as ``error: ...`` on the event and undoes only itself. An
-``exec``/``webhook`` rule without ``once_per`` needs none (it fails, if at all, before it
-writes): the batch's delivery rows are one statement.
+``exec``/``webhook`` rule without ``once_per`` needs none (it is planned before the write
+transaction begins and fails, if at all, there): the batch's delivery rows are one
+statement, and in a daemon they are queued already claimed by its own deliverer
+(``deliver_as``: no claim's transaction to send them).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from runner.sensors.lifecycle import enrich_many
 from runner.store import create
 from runner.store.clock import db_now
 from runner.store.db import reading
-from runner.store.deliveries import queue, queue_many
+from runner.store.deliveries import Claimed, queue, queue_many
 from runner.store.flow_limits import refusal
 from runner.store.tables import JSONType, events
 from runner.templating import lookup, render, render_event_refs, render_value
@@ -66,10 +68,10 @@ def rule_error(exc: BaseException) -> str:
 
 
 _SET_ACTION = update(events).where(events.c.id == bindparam("eid")).values(action=bindparam("text"))
-_SET_PAYLOAD = (
+_SET_BOTH = (  # an enriched lifecycle event's: one statement a row, not two
     update(events)
     .where(events.c.id == bindparam("eid"))
-    .values(payload=bindparam("payload", type_=JSONType))
+    .values(action=bindparam("text"), payload=bindparam("payload", type_=JSONType))
 )
 
 
@@ -107,6 +109,23 @@ class _Queued:
     text: str = ""
 
 
+@dataclass
+class _Later:
+    """A rule acted on inside the claim's transaction, in a savepoint (it reads or writes
+    more than its delivery row): ``source`` names it (``rule:<flow>#<n>``)."""
+
+    flow: CompiledFlow
+    rule: RuleSpec
+    source: str
+
+
+@dataclass
+class _Failed:
+    """A plain delivery whose plan failed (a template naming a missing field): ``text``."""
+
+    text: str
+
+
 def _joined(texts: list[str | _Queued]) -> str:
     """An event's action text: what each matching rule did, ``; ``-separated."""
     return "; ".join(t if isinstance(t, str) else t.text for t in texts)
@@ -119,21 +138,38 @@ class RuleEngine:
         engine: the database.
         registry: the ``FlowRegistry`` (``.flows: dict[str, CompiledFlow]``, ``.get(name)``).
         batch: events handled per transaction.
+        deliver_as: ``(worker id, lease seconds)`` of this daemon's deliverer: the batch's
+            plain deliveries are queued already claimed by it and kept in
+            :attr:`handed` (``None``: queued free, for any daemon's ``claim_due``).
     """
 
-    def __init__(self, engine: Engine, registry: FlowRegistry, *, batch: int = 100) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        registry: FlowRegistry,
+        *,
+        batch: int = 100,
+        deliver_as: tuple[str, float] | None = None,
+    ) -> None:
         self.engine = engine
         self.registry = registry
         self.batch = batch
+        self.deliver_as = deliver_as
         #: Actions taken (instances started, commands applied), by event sensor (metrics).
         self.actions: Counter[str] = Counter()
+        #: Deliveries queued claimed by ``deliver_as``, for its deliverer to take
+        #: (``runner.sensors.deliver.Deliverer.hand``).
+        self.handed: list[Claimed] = []
 
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
 
-        A rule's ``exec``/``webhook`` without ``once_per`` writes nothing but its
-        delivery row, and its plan writes nothing: it needs no savepoint, and the
-        batch's delivery rows are ONE statement (``runner.store.deliveries.queue_many``).
+        Every rule is planned before the write transaction begins: a plain
+        ``exec``/``webhook`` (no ``once_per``) writes nothing but its delivery row and its
+        plan reads nothing, so inside the transaction (SQLite's write lock, which the
+        worker's commits wait for) it is only the batch's ONE ``INSERT`` of delivery rows
+        (``runner.store.deliveries.queue_many``); other rules run there, each in a
+        savepoint.
 
         Returns:
             ``(events seen, actions taken)``; fewer than ``batch`` seen means none are left.
@@ -153,6 +189,8 @@ class RuleEngine:
             return 0, 0
         at = db_now(self.engine)  # handled_at: the database's clock, as created_at
         rows, enriched = self._enrich(rows, at)
+        planned = [self._plan_rules(*row) for row in rows]
+        held_by, lease = self.deliver_as or (None, 0.0)
         with self.engine.begin() as conn:
             claimed = set(
                 conn.execute(
@@ -164,22 +202,42 @@ class RuleEngine:
             )
             done: list[tuple[int, list[str | _Queued]]] = []
             queued: list[_Queued] = []
-            for event_id, sensor, payload in rows:
+            for (event_id, sensor, payload), items in zip(rows, planned, strict=True):
                 if event_id not in claimed:
                     continue  # another daemon handled it first
-                texts, n = self._apply_rules(conn, event_id, sensor, payload or {}, queued)
+                texts, n = self._apply_rules(conn, event_id, sensor, payload or {}, items)
+                queued += (t for t in texts if isinstance(t, _Queued))
                 acted += n
                 by_sensor[sensor] += n
                 done.append((event_id, texts))
-            if queued:
-                ids = queue_many(conn, [q.row for q in queued])
-                for q, did in zip(queued, ids, strict=True):
-                    q.text = f"{q.action} queued (delivery {did})"
-            if done:
-                conn.execute(_SET_ACTION, [{"eid": e, "text": _joined(t)} for e, t in done])
-            kept = [e for e in enriched if e["eid"] in claimed]
-            if kept:
-                conn.execute(_SET_PAYLOAD, kept)
+            ids = queue_many(conn, [q.row for q in queued], at=at, held_by=held_by, lease=lease)
+            for q, did in zip(queued, ids, strict=True):
+                q.text = f"{q.action} queued (delivery {did})"
+            richer = {e["eid"]: e["payload"] for e in enriched}
+            plain = [{"eid": e, "text": _joined(t)} for e, t in done if e not in richer]
+            both = [
+                {"eid": e, "text": _joined(t), "payload": richer[e]} for e, t in done if e in richer
+            ]
+            if plain:
+                conn.execute(_SET_ACTION, plain)
+            if both:
+                conn.execute(_SET_BOTH, both)
+        if held_by is not None:
+            payloads = {r[0]: (r[1], r[2]) for r in rows}
+            self.handed += (
+                Claimed(
+                    did,
+                    q.row["rule"],
+                    q.row["target"],
+                    0,
+                    at + q.row["retry_for"],
+                    q.row["event_id"],
+                    payloads[q.row["event_id"]][0],
+                    dict(payloads[q.row["event_id"]][1] or {}),
+                    0,
+                )
+                for q, did in zip(queued, ids, strict=True)
+            )
         self.actions.update(by_sensor)
         return len(rows), acted
 
@@ -204,55 +262,71 @@ class RuleEngine:
                 out[n] = (event_id, sensor, payload)
         return out, enriched
 
+    def _plan_rules(
+        self, event_id: int, sensor: str, payload: dict[str, Any] | None
+    ) -> list[str | _Queued | _Later | _Failed]:
+        """What the rules of ``sensor`` matching ``payload`` do, before the write
+        transaction: a plain delivery planned (:class:`_Queued`) or failed
+        (:class:`_Failed`), any other rule left for the transaction (:class:`_Later`)."""
+        payload = payload or {}
+        flow_name, _, sensor_name = sensor.partition(".")
+        flow = self.registry.flows.get(flow_name)
+        if flow is None:
+            return [f"no rule: flow {flow_name} is not loaded"]
+        out: list[str | _Queued | _Later | _Failed] = []
+        for number, rule in enumerate(flow.rules, 1):
+            if rule.when != sensor_name or not matches(rule.match, payload):
+                continue
+            source = f"rule:{flow.name}#{number}"
+            if (rule.exec is None and rule.webhook is None) or rule.once_per:
+                out.append(_Later(flow, rule, source))
+                continue
+            try:  # a plain delivery: its plan reads and writes nothing
+                p = _plan_delivery(flow, rule, payload)
+            except RULE_ERRORS as exc:
+                out.append(_Failed(f"{source} error: {rule_error(exc)}"))
+                continue
+            row = {"event_id": event_id, "rule": source, "target": p.delivery}
+            out.append(_Queued(p.action, {**row, "retry_for": p.retry_for}))
+        return out or ["no rule matched"]
+
     def _apply_rules(
         self,
         conn: Connection,
         event_id: int,
         sensor: str,
         payload: dict[str, Any],
-        queued: list[_Queued],
+        items: list[str | _Queued | _Later | _Failed],
     ) -> tuple[list[str | _Queued], int]:
-        """Run the rules of ``sensor`` matching ``payload``: each in a savepoint, but a
-        plain delivery (no ``once_per``), appended to ``queued`` for the caller to write
-        with the batch's others. Returns the texts (a queued one's is set when it is
+        """Do what :meth:`_plan_rules` planned for a claimed event: a rule left for the
+        transaction acts in a savepoint; a planned delivery is returned for the caller to
+        write with the batch's others. Returns the texts (a queued one's is set when it is
         written) and the actions taken."""
-        flow_name, _, sensor_name = sensor.partition(".")
-        flow = self.registry.flows.get(flow_name)
-        if flow is None:
-            return [f"no rule: flow {flow_name} is not loaded"], 0
         texts: list[str | _Queued] = []
         acted = 0
-        for number, rule in enumerate(flow.rules, 1):
-            if rule.when != sensor_name or not matches(rule.match, payload):
+        for item in items:
+            if isinstance(item, str | _Queued):
+                texts.append(item)
+                acted += isinstance(item, _Queued)
                 continue
-            source = f"rule:{flow.name}#{number}"
-            plain = (rule.exec is not None or rule.webhook is not None) and not rule.once_per
-            savepoint = None if plain else conn.begin_nested()
-            try:
-                if savepoint is None:  # a plain delivery: its plan reads and writes nothing
-                    planned = _plan_delivery(flow, rule, payload)
-                    row = {"event_id": event_id, "rule": source, "target": planned.delivery}
-                    queued.append(_Queued(planned.action, {**row, "retry_for": planned.retry_for}))
-                    texts.append(queued[-1])
-                    acted += 1
-                    continue
-                text, n = self._act(conn, flow, rule, event_id, payload, source)
-            except RULE_ERRORS as exc:
-                if savepoint is not None:
-                    savepoint.rollback()
-                text = f"{source} error: {rule_error(exc)}"
-                log.warning(
-                    "event %d (%s): %s",
-                    event_id,
-                    sensor,
-                    text,
-                    extra={"event": event_id, "sensor": sensor},
-                )
+            if isinstance(item, _Failed):
+                text = item.text
             else:
-                savepoint.commit()
-                acted += n
+                savepoint = conn.begin_nested()
+                try:
+                    text, n = self._act(conn, item.flow, item.rule, event_id, payload, item.source)
+                except RULE_ERRORS as exc:
+                    savepoint.rollback()
+                    text = f"{item.source} error: {rule_error(exc)}"
+                else:
+                    savepoint.commit()
+                    acted += n
+                    texts.append(text)
+                    continue
+            extra = {"event": event_id, "sensor": sensor}
+            log.warning("event %d (%s): %s", event_id, sensor, text, extra=extra)
             texts.append(text)
-        return texts or ["no rule matched"], acted
+        return texts, acted
 
     def _act(
         self,

@@ -3,9 +3,11 @@ and results (the ``deliveries`` table, ``runner.store.tables.Delivery``).
 
 A delivery is queued in the rule's transaction (:func:`queue`, with the event's
 ``handled_at``), so an event handled is never without its delivery. Any daemon claims due
-deliveries under a lease (:func:`claim_due`); one whose daemon died is claimed again when
-its lease expires, or at once when the holder is provably dead (``runner.store.dead``):
-at least once. Results are written only while the lease is still the claimer's
+deliveries under a lease (:func:`claim_due`); the daemon whose rules queue one queues it
+already claimed by itself (:func:`queue_many`'s ``held_by``), so its deliverer sends it
+without a claim's transaction. One whose daemon died is claimed again when its lease
+expires, or at once when the holder is provably dead (``runner.store.dead``): at least
+once. Results are written only while the lease is still the claimer's
 (:func:`finish`).
 """
 
@@ -99,14 +101,25 @@ def queue(
     return new_id, True
 
 
-def queue_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+def queue_many(
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    *,
+    at: float | None = None,
+    held_by: str | None = None,
+    lease: float = 0.0,
+) -> list[int]:
     """Queue deliveries without ``once_per`` in the caller's transaction, in ONE
     statement (a batch of events' deliveries, not a statement each); each of ``rows``
     has ``event_id``, ``rule``, ``target`` and ``retry_for`` (seconds) as for
-    :func:`queue`. Returns the new ids, in the order of ``rows``."""
+    :func:`queue`. ``at``: the database's time, epoch s (read when ``None``). With
+    ``held_by`` they are queued already claimed by that daemon for ``lease`` seconds
+    (its rules hand them to its deliverer: no :func:`claim_due` transaction). Returns
+    the new ids, in the order of ``rows``."""
     if not rows:
         return []
-    at = db_now(conn)
+    at = db_now(conn) if at is None else at
+    until = None if held_by is None else at + lease
     d = deliveries.c
     values = [
         {
@@ -120,17 +133,36 @@ def queue_many(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
             "attempts": 0,
             "suppressed": 0,
             "folded_before": 0,
+            "locked_by": held_by,
+            "locked_until": until,
         }
         for r in rows
     ]
-    stmt = deliveries.insert().returning(d.id, sort_by_parameter_order=True)
-    return list(conn.execute(stmt, values).scalars())
+    keys = [(r["event_id"], r["rule"]) for r in rows]
+    if len(set(keys)) < len(keys):  # not one a rule and event: ids in the rows' order
+        stmt = deliveries.insert().returning(d.id, sort_by_parameter_order=True)
+        return list(conn.execute(stmt, values).scalars())
+    # matched back by (event, rule): no ``sort_by_parameter_order``, which SQLite would
+    # run one row a statement
+    got = conn.execute(deliveries.insert().returning(d.id, d.event_id, d.rule), values).all()
+    ids = {(e, r): i for i, e, r in got}
+    return [ids[k] for k in keys]
 
 
 def claim_due(engine: Engine, worker_id: str, lease: float, limit: int = 32) -> list[Claimed]:
     """Claim up to ``limit`` pending deliveries due now and not held (or held by a
-    provably dead daemon) for ``lease`` seconds; returns them with their events."""
+    provably dead daemon) for ``lease`` seconds; returns them with their events.
+
+    A read first (its index only): when no delivery is due but those ``worker_id``
+    holds (in flight), no write transaction is begun and no holder is looked at (a
+    look after each batch its own rules handed over takes no write lock on SQLite)."""
     d = deliveries.c
+    with reading(engine) as conn:
+        at = db_now(conn)
+        not_mine = or_(d.locked_by.is_(None), d.locked_by != worker_id, d.locked_until < at)
+        others = select(d.id).where(d.status == "pending", d.due_at <= at, not_mine).limit(1)
+        if conn.execute(others).first() is None:
+            return []
     with engine.begin() as conn:
         at = db_now(conn)
         free = or_(d.locked_until.is_(None), d.locked_until < at)
