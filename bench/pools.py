@@ -19,7 +19,7 @@
 
     python bench/pools.py [--n 4000] [--repeat 3] [--bound-n 2000]
                           [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--no-pg]
-                          [--max-running]
+                          [--max-running] [--no-sqlite] [--cases noop,bound]
 """
 
 from __future__ import annotations
@@ -214,9 +214,16 @@ def main() -> None:
     ap.add_argument("--bound-n", type=int, default=2000)
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--no-pg", action="store_true")
+    ap.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    ap.add_argument(
+        "--cases", default="noop,bound", help="which of noop,bound to run (default: both)"
+    )
     ap.add_argument("--max-running", action="store_true", help="only case 4 (flow limits)")
     args = ap.parse_args()
-    dbs = ["sqlite"] if args.no_pg else ["sqlite", "postgresql"]
+    dbs = (
+        ["sqlite"] if args.no_pg else ["postgresql"] if args.no_sqlite else ["sqlite", "postgresql"]
+    )
+    cases = set(args.cases.split(","))
     if args.max_running:
         for db in dbs:
             plain, capped = [], []
@@ -229,7 +236,7 @@ def main() -> None:
                 f"(medians of {args.repeat}); ratio {b / a:.2f}"
             )
         return
-    for db in dbs:
+    for db in dbs if "noop" in cases else ():
         plain, pooled = [], []
         for _ in range(args.repeat):  # interleaved
             plain.append(noop_case(db, args.n, False, args.pg))
@@ -237,9 +244,10 @@ def main() -> None:
         a, b = statistics.median(plain), statistics.median(pooled)
         print(
             f"noop {db}: no pool {a:,.0f} transitions/s, pool of 64 {b:,.0f}/s "
-            f"(medians of {args.repeat}); ratio {b / a:.2f} (goal >= 0.9)"
+            f"(medians of {args.repeat}); ratio {b / a:.2f} (goal >= 0.9); runs: "
+            + " ".join(f"{x:,.0f}/{y:,.0f}" for x, y in zip(plain, pooled, strict=True))
         )
-    if not args.no_pg:
+    if not args.no_pg and "bound" in cases:
         for pooled in (False, True):
             t0 = time.perf_counter()
             r = bound_case(args.bound_n, args.pg, pooled)
