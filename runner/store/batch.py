@@ -145,17 +145,24 @@ def _fenced_update(
 
 def commit_statement():
     """The whole commit of a batch: the fenced updates of the outcomes that release their
-    instance (rows in ``r_rows``) and of those that keep it (chained, ``k_rows``: the
-    next attempt's number is ``n``), and the finished attempts'
-    rows (``a_rows``, as ``rows.close_attempts``: an open row a checkpoint wrote is
-    completed, one already closed left as it is) written only for the instances the
-    updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
+    instance (rows in ``r_rows``; a pool's seat, ``pool``, goes with the lock) and of
+    those that keep it (chained, ``k_rows``: the next attempt's number is ``n``), and the
+    finished attempts' rows (``a_rows``, as ``rows.close_attempts``: an open row a
+    checkpoint wrote is completed, one already closed left as it is) written only for the
+    instances the updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
     params: ``w`` (worker, for the attempt rows), ``b_at`` (commit time, epoch s),
     ``b_until`` (the kept leases' end)."""
     released = _fenced_update(
         "r_",
         _RELEASED,
-        {"locked_by": null(), "locked_until": null(), "running_attempt": null()},
+        # a pool's seat goes with the lock (``pools.release`` then only wakes waiters)
+        {
+            "locked_by": null(),
+            "locked_until": null(),
+            "running_attempt": null(),
+            "pool": null(),
+            "pool_slots": null(),
+        },
     )
     kept = _fenced_update(
         "k_",
@@ -221,6 +228,7 @@ def batch_rows(
             row.update(st=v["status"], d=v["due_at"], n=c.attempt, p=v.get("priority"))
             if "runs_on" in v and v["runs_on"] != c.runs_on:  # another requirement ('': none)
                 row["ro"] = v["runs_on"] or ""
+            o.seat_freed = c.pool is not None  # the update gives up its seat
             released.append(row)
         finished.append(
             {

@@ -162,7 +162,8 @@ class Outcome:
     attempt_values: dict[str, Any]
     chain: bool = False  # keep the lease and start the next attempt at once
     unchanged: tuple[str, ...] = ()  # JSON columns equal to the stored value: not rewritten
-    #: its commit gave up the claim's pool seat in the same ``UPDATE`` (``Hot.commit_pooled``):
+    #: its commit gave up the claim's pool seat in the same ``UPDATE`` (``Hot.commit_pooled``;
+    #: on PostgreSQL ``batch.commit_statement``):
     #: ``pools.release`` has no seat of it to clear (only its waiters to wake)
     seat_freed: bool = False
 

@@ -183,6 +183,24 @@ def test_release_of_a_seat_its_commit_cleared_wakes_without_writing_it(world) ->
     assert _waiting(engine) == []
 
 
+def test_a_committed_outcome_gives_up_its_seat_in_its_own_update(world) -> None:
+    """The commit of a pooled attempt that releases its instance clears the seat in the
+    same ``UPDATE`` (SQLite: ``Hot.commit_pooled``; PostgreSQL: the batch statement) and
+    says so (``Outcome.seat_freed``): ``pools.release`` then has no row to write."""
+    from runner.engine.outcomes import decide
+    from runner.handlers.attempt import AttemptResult
+    from runner.store import commit
+
+    engine, flow = world
+    iid = new_instance(engine, flow)
+    [claim] = _claim(engine, "w1", T0)
+    outcome = decide(flow, claim, AttemptResult("moved", claim.data, to_state="done"), {}, T0)
+    with engine.begin() as conn:
+        assert commit.commit_outcomes(conn, "w1", [outcome], at=T0 + 1) == ([], [])
+    assert outcome.seat_freed
+    assert sql(engine, f"SELECT pool, pool_slots FROM instances WHERE id = {iid}") == [(None, None)]
+
+
 def test_next_times_hides_its_time_bound_from_the_postgresql_planner(world) -> None:
     """PostgreSQL: ``next_times`` compares ``due_at`` with a scalar subquery, so a custom
     plan does not look up each range's end through a busy index's dead entries (8 ms of
