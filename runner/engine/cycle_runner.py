@@ -41,7 +41,7 @@ from runner.engine.running import Running, RunningAttempts
 from runner.handlers.attempt import AttemptResult
 from runner.store.db import no_wait_engine
 from runner.store.wal import WalCheckpointer
-from runner.store.write_gate import gate_for, gated
+from runner.store.write_gate import gate_for, gated, if_free
 
 #: The fewest finished attempts a second cycle starts for while one is in flight: a
 #: smaller batch costs the server too little to be worth overlapping, and a cycle more
@@ -93,7 +93,7 @@ class CycleRunner:
         self.no_wait = no_wait_engine(engine)
         #: SQLite: the turns this loop's cycles take with the attempt logs' writer
         #: (``store.write_gate``); a cycle on the loop never waits for it
-        self.gate = gate_for(engine) if self.no_wait is not None else None
+        self.gate = gate_for(engine)
         self.wal: WalCheckpointer | None = None
         self.flights: list[Flight] = []
         self.overlapped = 0
@@ -137,11 +137,8 @@ class CycleRunner:
         cycle in flight uses."""
         loop = asyncio.get_running_loop()
         fut, thread, gate = None, None, self.gate
-        if self.no_wait is not None and gate is not None and gate.acquire(blocking=False):
-            try:
-                fut = cycle.run_inline(loop, self.no_wait, request)
-            finally:
-                gate.release()
+        if self.no_wait is not None:
+            fut = if_free(gate, cycle.run_inline, loop, self.no_wait, request)
         if fut is None:
             busy = [f.thread for f in self.flights]
             thread = next(t for t in self._threads if t not in busy)

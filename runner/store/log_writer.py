@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from threading import Lock
 from typing import Any
 
 from sqlalchemy import Dialect, Engine
@@ -65,6 +66,7 @@ class LogWriter:
         self._sql = _Statements(engine.dialect)
         # SQLite: each statement its own transaction (:func:`_each_alone`)
         self._serial = dialect_of(engine).serial_writes
+        self._gate = gate_for(engine)
         if self._serial:
             self._sql.max_bytes = STATEMENT_BYTES
 
@@ -136,7 +138,7 @@ class LogWriter:
             drops = [(i.instance_id, i.attempt, i.head, keep_from) for i, keep_from in deletes]
             statements = self._sql.statements(inserts, drops)
             if self._serial:
-                _each_alone(self.engine, statements)
+                _each_alone(self.engine, self._gate, statements)
             else:
                 with self.engine.begin() as conn:
                     for statement, args in statements:
@@ -148,7 +150,9 @@ class LogWriter:
             return len(inserts)
 
 
-def _each_alone(engine: Engine, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+def _each_alone(
+    engine: Engine, gate: Lock | None, statements: list[tuple[str, tuple[Any, ...]]]
+) -> None:
     """Run each of ``statements`` (SQLite) as a transaction of its own, in autocommit on
     the driver's connection: SQLite takes its write lock inside the statement's one call
     and gives it up at its end, so the lock is never held while this thread waits for the
@@ -159,8 +163,8 @@ def _each_alone(engine: Engine, statements: list[tuple[str, tuple[Any, ...]]]) -
     "Attempt logs: pipes read as data comes, followers woken by commits"). The rows of a
     batch need no one transaction: a delete of the cap's dropped part not done is done by
     a later batch (``AttemptLog.deleted_to`` moves only after it), and readers take rows
-    as they come. Raises the driver's errors (as ``DBAPIError``)."""
-    gate = gate_for(engine)
+    as they come. Each statement holds ``gate`` (``write_gate.gate_for``). Raises the
+    driver's errors (as ``DBAPIError``)."""
     with engine.connect() as conn:
         raw = conn.connection.driver_connection
         assert raw is not None

@@ -8,7 +8,7 @@ database cycles (``engine.cycle_runner``) and the attempt logs' writer
 one that waits is woken the moment the other is done, and a cycle on the event loop
 that finds the gate taken goes to its database thread at once instead of failing on the
 lock. Other processes, and this process's other writers, still meet at SQLite's lock
-(busy handler). Ground of ``store``: no database access here.
+(busy handler). No database access here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
+from runner.store.db import file_sibling_ok
+
 T = TypeVar("T")
 
 _gates: dict[str, threading.Lock] = {}
@@ -27,14 +29,12 @@ _gates_lock = threading.Lock()
 
 def gate_for(engine: Engine) -> threading.Lock | None:
     """The lock this process's gated writers of ``engine``'s SQLite file share (one per
-    file, whatever the engine), or ``None`` for PostgreSQL (row locks: no turns to take)
-    and an in-memory database."""
-    url = engine.url
-    if not url.get_backend_name().startswith("sqlite"):
+    file, whatever the engine), or ``None`` where no sibling engine reaches the same
+    database (``db.file_sibling_ok``: PostgreSQL, whose row locks need no turns, and an
+    in-memory database)."""
+    if not file_sibling_ok(engine):
         return None
-    path = url.database or ""
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return None
+    path = engine.url.database or ""
     with _gates_lock:
         gate = _gates.get(path)
         if gate is None:
@@ -48,3 +48,16 @@ def gated(gate: threading.Lock | None, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     with gate:
         return fn(*args)
+
+
+def if_free(gate: threading.Lock | None, fn: Callable[..., T | None], *args: Any) -> T | None:
+    """``fn(*args)`` while holding ``gate`` if it is free now (``None``: no gate), else
+    ``None`` without waiting (for the event loop)."""
+    if gate is None:
+        return fn(*args)
+    if not gate.acquire(blocking=False):
+        return None
+    try:
+        return fn(*args)
+    finally:
+        gate.release()
