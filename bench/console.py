@@ -11,6 +11,7 @@ Usage::
     .venv/bin/python bench/console.py                 # 1k, 100k, 1M
     .venv/bin/python bench/console.py --sizes 1000 --frames 50
     .venv/bin/python bench/console.py --db KEPT/big/flowrun.db   # a bench/scale.py database
+    .venv/bin/python bench/console.py --db KEPT/big/flowrun.db --at newest  # its last minute
 
 Prints p50/p95 per size of the frame (page + sparkline + render), for the top of the
 list and for the middle, and of the counts per status, which run on their own
@@ -153,12 +154,12 @@ async def _measure(
         offset = counts.total // 2 if deep else 0
         table.scroll_to(y=offset, animate=False, immediate=True)
         await pilot.pause()
-        for _ in range(frames):
+        for k in range(frames):
             t0 = time.perf_counter()
             # what the refresh worker reads (in a thread in the app; timed inline here)
             off, limit = table.window()
             page = data.page(query, off, limit, total=table.total)
-            spark = data.throughput(now)
+            spark = data.throughput(now + 0.5 * k)  # the console refreshes twice a second
             # what the UI loop does with it: install the page, render every visible line
             table.set_page(page)
             app.screen.header.set_spark(spark)
@@ -170,11 +171,25 @@ async def _measure(
     return frame_ms, count_ms, first_paint_ms
 
 
-def _measure_file(path: str, frames: int) -> int:
-    """Frame and first-paint times on an existing database file; prints one JSON line."""
-    out = {"db": path}
+def _newest_finish(path: str) -> float:
+    """Just after the newest attempt's ``finished_at`` in ``path`` (epoch s)."""
+    from sqlalchemy import func, select
+
+    engine = make_engine("sqlite:///" + path)
+    with engine.connect() as conn:
+        newest = conn.execute(select(func.max(attempts.c.finished_at))).scalar_one()
+    engine.dispose()
+    return (newest or time.time()) + 0.5
+
+
+def _measure_file(path: str, frames: int, at: str) -> int:
+    """Frame and first-paint times on an existing database file, as of ``at`` ("now", or
+    "newest": just after the newest attempt finished, so a database built a while ago
+    has its build's last minute of attempts in the sparkline); prints one JSON line."""
+    now = _newest_finish(path) if at == "newest" else time.time()
+    out: dict = {"db": path, "at": at}
     for deep in (False, True):
-        t, c, first = asyncio.run(_measure(path, frames, deep, time.time()))
+        t, c, first = asyncio.run(_measure(path, frames, deep, now))
         out["middle" if deep else "top"] = {
             "first_paint_ms": round(first, 1),
             "frame_p50_ms": round(statistics.median(t), 1),
@@ -194,9 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--db", help="measure this SQLite file instead (e.g. one bench/scale.py --keep built)"
     )
+    ap.add_argument(
+        "--at",
+        choices=["now", "newest"],
+        default="now",
+        help="with --db: the console's clock (newest: just after the newest attempt ended)",
+    )
     args = ap.parse_args(argv)
     if args.db:
-        return _measure_file(args.db, args.frames)
+        return _measure_file(args.db, args.frames, args.at)
     folder = Path(args.keep or tempfile.mkdtemp(prefix="flowrun-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     results = []

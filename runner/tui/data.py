@@ -4,9 +4,8 @@ sparkline, workers, events, flows) and its one write path (``runner.ops.commands
 Every method here blocks on the database and is meant to run in a thread worker, never
 on the UI loop. The instances view's page and counts live in ``runner.tui.paging`` (how
 they stay cheap on a million instances); the values handed to screens in
-``runner.tui.model``. The throughput sparkline reads only the last
-``SPARK_LOOKBACK`` attempt ids (rowid range) instead of scanning ``attempts`` for
-``finished_at``, which has no index.
+``runner.tui.model``. The throughput sparkline's reads are
+``runner.tui.spark``'s.
 
 On SQLite, reads go through a second engine on the same file
 (``runner.store.db.read_engine``) whose transactions are plain deferred ``BEGIN`` with
@@ -31,7 +30,6 @@ from runner.ops.pools import read_pools
 from runner.ops.queries import count_by_status, event_deliveries, shown_action
 from runner.store.db import read_engine
 from runner.store.tables import (
-    attempts,
     commands,
     events,
     flow_versions,
@@ -41,14 +39,12 @@ from runner.store.tables import (
 from runner.tui import literal
 from runner.tui.model import Counts, Detail, FlowsInfo, Page, Query
 from runner.tui.paging import read_counts, read_page
+from runner.tui.spark import Sparkline
 
 if TYPE_CHECKING:
     from runner.flowspec.compiled import CompiledFlow
     from runner.ops.commands import CommandResult
     from runner.ops.migrate import Migration
-
-#: How many of the newest attempt rows the sparkline looks at.
-SPARK_LOOKBACK = 50_000
 
 
 def _keep_undecodable(dbapi_connection: Any, _record: Any) -> None:
@@ -92,6 +88,8 @@ class ConsoleData:
         self._policies: dict[tuple[str, str], tuple[int, float] | None] = {}
         self._waits: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._lock = threading.Lock()
+        self._spark = Sparkline()
+        self._spark_lock = threading.Lock()  # looks from overlapping refresh workers
 
     def close(self) -> None:
         """Dispose of the read engine (when it is our own); raises nothing."""
@@ -139,21 +137,11 @@ class ConsoleData:
         return read_counts(self.reader, q)
 
     def throughput(self, now: float, seconds: int = 60) -> list[int]:
-        """Attempts finished per second over the ``seconds`` seconds before ``now`` (epoch
-        seconds): a list of ``seconds`` counts, oldest first."""
-        since = now - seconds
-        a = attempts.c
-        top = select(func.max(a.id)).scalar_subquery()
-        stmt = select(a.finished_at).where(
-            a.id > top - SPARK_LOOKBACK, a.finished_at >= since, a.finished_at < now
-        )
-        buckets = [0] * seconds
-        with self.reader.connect() as conn:
-            for (fin,) in conn.execute(stmt):
-                i = int(fin - since)
-                if 0 <= i < seconds:
-                    buckets[i] += 1
-        return buckets
+        """Attempts finished in each of the ``seconds`` whole seconds before ``now``
+        (epoch seconds), oldest first (``runner.tui.spark``: each look reads only the
+        rows written since the earlier ones)."""
+        with self._spark_lock, self.reader.connect() as conn:
+            return self._spark.look(conn, now, seconds)
 
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """``{id: status}`` of the given instances (unknown ids are left out)."""
