@@ -69,6 +69,8 @@ def credential_db(environ: Mapping[str, str]) -> str | None:
 def missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite ``url`` when it does not exist yet, else ``None`` (any other
     database, an in-memory one, or a URL that does not parse: ``make_engine`` reports it)."""
+    if not url.startswith("sqlite"):
+        return None  # decided without loading SQLAlchemy
     from sqlalchemy.engine import make_url
 
     from runner.store.db import normalize_url
@@ -226,10 +228,12 @@ class Ctx:
     def reader(self):
         """The read side's ``runner.store.reader.Reader`` (opened on first use).
 
-        On a SQLite file already at this flowrun's schema revision: stdlib ``sqlite3``,
-        read-only, no SQLAlchemy (``runner.store.reader.open_sqlite``). Anything else
-        (PostgreSQL, a missing, older or unmigrated file, an engine already open) reads
-        through :attr:`engine`, which creates, upgrades or refuses the database as every
+        On a database already at this flowrun's schema revision, no SQLAlchemy: a SQLite
+        file through stdlib ``sqlite3``, read-only (``runner.store.reader.open_sqlite``), a
+        PostgreSQL database through ``psycopg`` alone (``runner.store.pg_reader``).
+        Anything else (a missing, older or unmigrated database, a URL with parameters, a
+        server that does not answer, an engine already open) reads through
+        :attr:`engine`, which creates, upgrades, refuses or reports the database as every
         command does.
 
         Raises:
@@ -241,6 +245,10 @@ class Ctx:
                 from runner.store.revision import latest_revision
 
                 self._reader = open_sqlite(self.db, latest_revision())
+                if self._reader is None and self.db.startswith("postgresql"):
+                    from runner.store.pg_reader import open_postgres
+
+                    self._reader = open_postgres(self.db, latest_revision(), self.application_name)
             if self._reader is None:
                 from runner.store.reader import EngineReader
 

@@ -31,6 +31,7 @@ from runner.store.checked_out import checked_in, checked_out
 from runner.store.clock import DbClock, track_server_clock
 from runner.store.dialect import dialect_of
 from runner.store.json_codec import loads_bytes
+from runner.store.pg_settings import CONNECT_TIMEOUT, TCP_SETTINGS
 from runner.store.pooler import install as install_pooler
 from runner.store.pooler import split_pooler
 from runner.store.wal import SAFETY_PAGES, enter_wal
@@ -50,19 +51,6 @@ APPLICATION = "flowrun"
 #: ``runner.store.leases.by_index``), and the worker breaks off a call whose answer does
 #: not come (``runner.engine.db_thread``: a silent network) a little later.
 STATEMENT_TIMEOUT = 4.5
-#: libpq's TCP settings for every PostgreSQL connection flowrun opens (the URL's own win):
-#: a peer that stops answering (a black-holed network drops packets, nothing refuses
-#: them) is noticed within seconds instead of the kernel's two hours of keepalive idle
-#: and 15 minutes of retransmissions. ``tcp_user_timeout`` (ms): data sent and not
-#: acknowledged for that long closes the connection; keepalive probes after 5 s of
-#: silence, every second, 3 unanswered end it.
-TCP_SETTINGS = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 1,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 5000,
-}
 
 
 def redact(url: str) -> str:
@@ -199,7 +187,7 @@ def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> 
 
     Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
     """
-    args: dict[str, Any] = {"connect_timeout": 5} if "psycopg" in url else {}
+    args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT} if "psycopg" in url else {}
     query = make_url(url).query
     if "psycopg" in url:
         args.update({k: v for k, v in TCP_SETTINGS.items() if k not in query})

@@ -32,8 +32,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from runner.errors import ConfigError
-from runner.store.db import TCP_SETTINGS, normalize_url, redact
+from runner.store.db import normalize_url, redact
 from runner.store.dialect import dialect_of
+from runner.store.pg_settings import TCP_SETTINGS
 
 log = logging.getLogger("flowrun.notify")
 

@@ -88,14 +88,15 @@ def _row(iid: int, flow, state: str, status: str, **kw) -> dict:
     return row
 
 
-def build_db(folder: Path) -> tuple[Engine, Path, Path]:
-    """Create ``folder/flowrun.db`` with fixed data; returns (engine, db path, flows dir)."""
+def build_db(folder: Path, url: str | None = None) -> tuple[Engine, Path, Path]:
+    """Create ``folder/flowrun.db`` (or the database of ``url``, e.g. an empty PostgreSQL
+    one) with fixed data; returns (engine, db path, flows dir)."""
     flows_dir = folder / "flows"
     flows_dir.mkdir(parents=True, exist_ok=True)
     (flows_dir / "orders.yaml").write_text(ORDERS)
     (flows_dir / "reports.yaml").write_text(REPORTS)
     db = folder / "flowrun.db"
-    engine = make_engine("sqlite:///" + str(db))
+    engine = make_engine(url or "sqlite:///" + str(db))
     orders = load_flow(flows_dir / "orders.yaml")
     reports = load_flow(flows_dir / "reports.yaml")
     rows = [

@@ -518,6 +518,33 @@ def test_ls_on_a_current_database_loads_no_alembic_console_or_worker(tmp_path):
         assert not [m for m in loaded if layer(m) in ("engine", "handlers", "sensors")]
 
 
+def test_reads_on_a_current_postgresql_database_load_no_sqlalchemy(tmp_path, pg_url):
+    """PostgreSQL: the read commands run on psycopg alone (``runner.store.pg_reader``):
+    no SQLAlchemy, SQLModel or alembic before their first statement."""
+    from runner.flowspec.compiler import load_flow
+    from runner.store.create import create_instances
+    from runner.store.db import make_engine
+
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        create_instances(conn, load_flow(ROOT / "flows" / "csv_ingest.yaml"), [{}])
+    engine.dispose()
+    cache = str(tmp_path / "cache")
+    run_cli(["--db", pg_url, "show", "1"], tmp_path, XDG_CACHE_HOME=cache)  # caches facts
+    heavy = {"alembic", "textual", "sqlalchemy", "sqlmodel", "pydantic"}
+    for args in (
+        ["ls", "--limit", "50"],
+        ["ls", "--json"],
+        ["show", "1"],
+        ["explain", "1"],
+        ["events", "--limit", "50"],
+        ["workers", "--json"],
+    ):
+        loaded = tops(run_cli(["--db", pg_url, *args], tmp_path, XDG_CACHE_HOME=cache))
+        assert "psycopg" in loaded, args
+        assert loaded & heavy == set(), args
+
+
 def test_show_explain_and_ls_load_no_compiler_once_the_flow_facts_are_cached(tmp_path):
     from runner.flowspec.compiler import load_flow
     from runner.store.create import create_instances

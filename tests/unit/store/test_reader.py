@@ -21,17 +21,15 @@ from runner.ops.views import TABLE_KEYS
 from runner.store import reader as rd
 from runner.store import tables
 from runner.store.db import make_engine
+from runner.store.pg_reader import PgReader, open_postgres, pyformat
 from runner.store.reader import EngineReader, SqliteReader, open_sqlite, sqlite_file
 from runner.store.revision import latest_revision
 from tests.support.cli import flowrun
 from tests.support.console_db import NOW, build_db
 
 
-@pytest.fixture()
-def db(tmp_path: Path):
-    """The console's fixed database, with instance 1 started by an event and running an
-    attempt (so every JSON column and the running-attempt row are read)."""
-    engine, path, flows = build_db(tmp_path)
+def _start_one(engine) -> None:
+    """Instance 1 started by an event and running an attempt."""
     with engine.begin() as conn:
         conn.execute(
             update(tables.instances)
@@ -40,6 +38,14 @@ def db(tmp_path: Path):
         )
         # a heartbeat in the future: an age of 0 at any clock, so the CLI prints the same
         conn.execute(update(tables.workers).values(heartbeat_at=NOW * 3))
+
+
+@pytest.fixture()
+def db(tmp_path: Path):
+    """The console's fixed database, with instance 1 started by an event and running an
+    attempt (so every JSON column and the running-attempt row are read)."""
+    engine, path, flows = build_db(tmp_path)
+    _start_one(engine)
     yield engine, path, flows
     engine.dispose()
 
@@ -47,6 +53,30 @@ def db(tmp_path: Path):
 def typed(value) -> str:
     """``value`` spelled with the type of every leaf (1 and 1.0 and True differ)."""
     return json.dumps(value, default=lambda v: repr(v), sort_keys=False) + repr(value)
+
+
+#: Every read query, as the CLI and the console run them (both readers run each).
+QUERIES = [
+    lambda r: read_instances(r),
+    lambda r: read_instances(r, keys=TABLE_KEYS, limit=3, desc=True),
+    lambda r: read_instances(r, text="ORDER 1", order_by="attempts", desc=True),
+    lambda r: read_instances(r, text='"order": 4'),
+    lambda r: read_instances(r, flow="reports", status="sleeping", offset=0, limit=9),
+    lambda r: list_instances(r, order_by="due_at"),
+    lambda r: count_by_status(r),
+    lambda r: count_by_status(r, "orders"),
+    lambda r: read_instance(r, 1),
+    lambda r: read_instance(r, 5, history=4, commands_limit=1),
+    lambda r: read_instance(r, 404),
+    lambda r: get_instance(r, 1)["history"],
+    lambda r: {k: v for k, v in get_instance(r, 4).items() if k != "budget"},
+    lambda r: get_instance(r, 3)["commands"],
+    lambda r: instance_rows(r, 1),
+    lambda r: read_workers(r, now=NOW),
+    lambda r: list_workers(r, now=NOW + 60),
+    lambda r: list_events(r),
+    lambda r: list_events(r, limit=1),
+]
 
 
 def test_the_column_lists_are_the_tables():
@@ -67,27 +97,7 @@ def test_every_query_reads_the_same_through_sqlite3_and_sqlalchemy(db):
     assert isinstance(fast, SqliteReader)
     slow = EngineReader(engine)
     try:
-        queries = [
-            lambda r: read_instances(r),
-            lambda r: read_instances(r, keys=TABLE_KEYS, limit=3, desc=True),
-            lambda r: read_instances(r, text="ORDER 1", order_by="attempts", desc=True),
-            lambda r: read_instances(r, text='"order": 4'),
-            lambda r: read_instances(r, flow="reports", status="sleeping", offset=0, limit=9),
-            lambda r: list_instances(r, order_by="due_at"),
-            lambda r: count_by_status(r),
-            lambda r: count_by_status(r, "orders"),
-            lambda r: read_instance(r, 1),
-            lambda r: read_instance(r, 5, history=4, commands_limit=1),
-            lambda r: read_instance(r, 404),
-            lambda r: get_instance(r, 1)["history"],
-            lambda r: {k: v for k, v in get_instance(r, 4).items() if k != "budget"},
-            lambda r: get_instance(r, 3)["commands"],
-            lambda r: instance_rows(r, 1),
-            lambda r: read_workers(r, now=NOW),
-            lambda r: list_workers(r, now=NOW + 60),
-            lambda r: list_events(r),
-            lambda r: list_events(r, limit=1),
-        ]
+        queries = QUERIES
         for i, query in enumerate(queries):
             assert typed(query(fast)) == typed(query(slow)), i
         # the data of each path is real, not two empty answers
@@ -195,3 +205,77 @@ def test_an_old_database_is_upgraded_and_a_newer_one_refused_as_before(tmp_path:
         out = flowrun(env, "--db", url, *args, code=2)
         assert "'9999', unknown to this flowrun" in out.stderr, args
         assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+@pytest.fixture()
+def pg_db(tmp_path: Path, pg_url: str):
+    """The same fixed database on PostgreSQL."""
+    engine, _path, flows = build_db(tmp_path, pg_url)
+    _start_one(engine)
+    yield engine, pg_url, flows
+    engine.dispose()
+
+
+def test_every_query_reads_the_same_through_psycopg_and_sqlalchemy(pg_db):
+    """PostgreSQL: the CLI's psycopg-only reader (``runner.store.pg_reader``) and
+    SQLAlchemy give equal values of equal types for every query."""
+    engine, url, _ = pg_db
+    fast = open_postgres(url, latest_revision(), "test")
+    assert isinstance(fast, PgReader)
+    slow = EngineReader(engine)
+    try:
+        for i, query in enumerate(QUERIES):
+            assert typed(query(fast)) == typed(query(slow)), i
+        assert instance_rows(fast, 1)["event"]["payload"] == {"path": "inbox/a.csv"}
+        assert read_instance(fast, 1).attempts[2]["checkpoint"] == {"page": 3}
+        assert sum(count_by_status(fast).values()) == 12
+        assert list_events(fast)[1]["handled_at"].endswith("Z")
+        with pytest.raises(Exception, match="read-only"), fast.snapshot() as run:
+            run("DELETE FROM instances WHERE id = :id", {"id": 1})
+        assert sum(count_by_status(fast).values()) == 12  # and it still reads
+    finally:
+        fast.close()
+
+
+def test_cli_output_is_byte_identical_through_psycopg_and_sqlalchemy(pg_db, tmp_path: Path):
+    _, url, flows = pg_db
+    env = {**os.environ, "FLOWRUN_FLOWS": str(flows), "TEST_CWD": str(tmp_path)}
+    # a URL with a query string is left to SQLAlchemy (runner.store.pg_reader)
+    urls = (url, url + "?connect_timeout=9")
+    for args in (
+        ["ls"],
+        ["ls", "--json"],
+        ["ls", "--search", "refused"],
+        ["show", "1"],
+        ["show", "4", "--json"],
+        ["workers", "--json"],
+        ["explain", "4", "--json"],
+        ["events", "--json"],
+        ["pool", "ls", "--json"],
+    ):
+        fast, slow = (flowrun(env, "--db", u, *args).stdout for u in urls)
+        assert fast == slow, args
+        assert fast.strip(), args
+    for u in urls:
+        out = flowrun(env, "--db", u, "show", "404", code=1)
+        assert out.stderr == "flowrun: no instance 404\n"
+
+
+def test_only_a_current_postgresql_database_is_read_by_psycopg_alone(pg_url: str):
+    head = latest_revision()
+    assert open_postgres(pg_url, head, "t") is None  # no schema yet: make_engine's
+    make_engine(pg_url).dispose()
+    opened = open_postgres(pg_url, head, "t")
+    assert opened is not None
+    opened.close()
+    assert open_postgres(pg_url, "0001", "t") is None  # another revision
+    assert open_postgres(pg_url + "?sslmode=disable", head, "t") is None  # parameters
+    assert open_postgres("postgresql://postgres@127.0.0.1:1/test", head, "t") is None
+    assert open_postgres(f"sqlite:///{pg_url}", head, "t") is None
+
+
+def test_pyformat_keeps_casts_and_percent_signs():
+    sql = "SELECT a::jsonb, 'x%' FROM t WHERE b = :b AND c LIKE :like AND d = :d_2"
+    assert pyformat(sql) == (
+        "SELECT a::jsonb, 'x%%' FROM t WHERE b = %(b)s AND c LIKE %(like)s AND d = %(d_2)s"
+    )
