@@ -353,13 +353,20 @@ _add_novel_commands()
 
 
 def _database_errors() -> tuple[type[Exception], ...]:
-    """SQLAlchemy's ``DBAPIError`` once SQLAlchemy is loaded, and ``sqlite3.Error`` once
-    ``sqlite3`` is (the read side on a SQLite file, ``runner.store.reader``); nothing
-    raises them before, so ``flowrun --help`` and ``check`` import neither."""
-    exc = sys.modules.get("sqlalchemy.exc")
-    sqlite = sys.modules.get("sqlite3")
-    found = (exc.DBAPIError,) if exc is not None else ()
-    return found + ((sqlite.Error,) if sqlite is not None else ())
+    """SQLAlchemy's ``DBAPIError`` once SQLAlchemy is loaded, ``sqlite3.Error`` once
+    ``sqlite3`` is (the read side on a SQLite file, ``runner.store.reader``) and
+    ``psycopg.Error`` once psycopg is (on PostgreSQL, ``runner.store.pg_reader``); nothing
+    raises them before, so ``flowrun --help`` and ``check`` import none of them."""
+    found: tuple[type[Exception], ...] = ()
+    for module, name in (
+        ("sqlalchemy.exc", "DBAPIError"),
+        ("sqlite3", "Error"),
+        ("psycopg", "Error"),
+    ):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            found += (getattr(loaded, name),)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

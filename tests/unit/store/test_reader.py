@@ -279,3 +279,15 @@ def test_pyformat_keeps_casts_and_percent_signs():
     assert pyformat(sql) == (
         "SELECT a::jsonb, 'x%%' FROM t WHERE b = %(b)s AND c LIKE %(like)s AND d = %(d_2)s"
     )
+
+
+def test_a_read_failing_on_postgresql_is_one_line(pg_db, tmp_path: Path):
+    """A statement of the psycopg reader that fails (here: a table gone from a database
+    still stamped with this revision) is one line and exit 75, like any driver's."""
+    engine, url, flows = pg_db
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE events CASCADE"))
+    env = {**os.environ, "FLOWRUN_FLOWS": str(flows), "TEST_CWD": str(tmp_path)}
+    out = flowrun(env, "--db", url, "events", code=75)
+    assert out.stderr.startswith("flowrun: database error: ") and out.stderr.count("\n") == 1
+    assert 'relation "events" does not exist' in out.stderr
