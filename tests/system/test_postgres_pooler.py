@@ -350,3 +350,27 @@ async def test_a_listener_through_a_pooler_says_it_may_hear_nothing(
         await asyncio.wait_for(task, 10)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "its connection goes through a pooler" in said[0], said
+
+
+def test_the_read_commands_through_pgbouncer_read_what_they_read_directly(
+    tmp_path: Path, pg_url: str, pgbouncer_url: str
+):
+    """The CLI's psycopg-only read side (``runner.store.pg_reader``: explicit read-only
+    transactions, nothing prepared) through a transaction-pooling pgbouncer prints what
+    it prints on a direct connection, run after run (so on pooled server connections
+    other sessions used)."""
+    from tests.support.cli import flowrun
+
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    path = write_flow(flows, "pool", FLOW, {"pool_tasks": _tasks(tmp_path / "calls.txt")})
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        create_instances(conn, load_flow(path), [{"n": n} for n in range(7)])
+    engine.dispose()
+    env = {**os.environ, "FLOWRUN_FLOWS": str(flows), "TEST_CWD": str(tmp_path)}
+    for args in (["ls", "--json"], ["show", "3", "--json"], ["events"], ["workers", "--json"]):
+        direct = flowrun(env, "--db", pg_url, *args).stdout
+        for _ in range(3):
+            assert flowrun(env, "--db", pgbouncer_url, *args).stdout == direct, args
+        assert direct.strip(), args
