@@ -12,6 +12,7 @@ Usage::
     .venv/bin/python bench/console.py --sizes 1000 --frames 50
     .venv/bin/python bench/console.py --db KEPT/big/flowrun.db   # a bench/scale.py database
     .venv/bin/python bench/console.py --db KEPT/big/flowrun.db --at newest  # its last minute
+    .venv/bin/python bench/console.py --db postgresql+psycopg://...  # a PostgreSQL database
 
 Prints p50/p95 per size of the frame (page + sparkline + render), for the top of the
 list and for the middle, and of the counts per status, which run on their own
@@ -134,7 +135,7 @@ async def _measure(
     from runner.tui.widgets.instance_table import InstanceTable
 
     t_open = time.perf_counter()
-    engine = make_engine("sqlite:///" + path)
+    engine = make_engine(_url(path))
     app = FlowrunApp(engine, clock=lambda: now, live=False)
     frame_ms: list[float] = []
     count_ms: list[float] = []
@@ -171,11 +172,16 @@ async def _measure(
     return frame_ms, count_ms, first_paint_ms
 
 
+def _url(db: str) -> str:
+    """A database URL as given, or a SQLite file's."""
+    return db if "://" in db else "sqlite:///" + db
+
+
 def _newest_finish(path: str) -> float:
     """Just after the newest attempt's ``finished_at`` in ``path`` (epoch s)."""
     from sqlalchemy import func, select
 
-    engine = make_engine("sqlite:///" + path)
+    engine = make_engine(_url(path))
     with engine.connect() as conn:
         newest = conn.execute(select(func.max(attempts.c.finished_at))).scalar_one()
     engine.dispose()
@@ -207,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--keep", help="folder to keep the databases in (reused if present)")
     ap.add_argument(
-        "--db", help="measure this SQLite file instead (e.g. one bench/scale.py --keep built)"
+        "--db",
+        help="measure this SQLite file or database URL instead (e.g. one bench/scale.py built)",
     )
     ap.add_argument(
         "--at",
