@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Integer, cast, func, select
 
+from runner.store.dialect import dialect_of
 from runner.store.tables import attempts
 
 #: The newest attempt rows a first look reads (a rowid range, not a scan).
@@ -62,7 +63,7 @@ class Sparkline:
         first = end - seconds
         a = attempts.c
         top = conn.execute(select(func.max(a.id))).scalar() or 0
-        if conn.dialect.name == "sqlite":
+        if dialect_of(conn).serial_writes:  # SQLite: one writer at a time
             return self._added(conn, first, end, top)
         start, floor = self._plan(now, first, top)
         self.floor = floor
