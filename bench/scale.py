@@ -281,11 +281,6 @@ def build(url: str, flows: Path, size: int, concurrency: int) -> dict:
     }
 
 
-#: The pace of a build through flowrun's own code (``record_events``, the rule engine, a
-#: daemon at ``--concurrency 64``), s an instance, at 1,000,000 on the shared 2-core
-#: machine: 41 min to store the events and start the instances, 18 min to drain them.
-MADE_S, DRAINED_S = 41 * 60 / 1e6, 18 * 60 / 1e6
-
 #: The columns :func:`build` fills (the others stay NULL, as flowrun leaves them).
 EVENTS = "events (id, sensor, key, payload, created_at, handled_at, action)"
 INSTANCES = (

@@ -77,8 +77,7 @@ class Sparkline:
         closed = end - MARGIN
         for s in range(start, closed):
             self.done[s] = fresh.get(s, 0)
-        for s in [s for s in self.done if s < first]:
-            del self.done[s]
+        self._forget_before(first)
         self.done_before = max(closed, start)
         self.marks.append((now, top))
         while self.marks and self.marks[0][0] < now - seconds - 10:
@@ -105,12 +104,16 @@ class Sparkline:
         )
         for s, n in conn.execute(stmt):
             self.done[int(s)] = self.done.get(int(s), 0) + n
-        for s in [s for s in self.done if s < first]:
-            del self.done[s]
+        self._forget_before(first)
         self.done_before = first
         self.marks.clear()
         self.marks.append((float(end), top))
         return [self.done.get(s, 0) for s in range(first, end)]
+
+    def _forget_before(self, first: int) -> None:
+        """Drop the counts of the seconds before ``first`` (out of the window)."""
+        for s in [s for s in self.done if s < first]:
+            del self.done[s]
 
     def _plan(self, now: float, first: int, top: int) -> tuple[int, int]:
         """``(start, floor)``: recount the seconds from ``start`` on, reading the rows
