@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -153,6 +154,16 @@ def run(a: argparse.Namespace, work: Path) -> dict:
     with engine.connect() as conn:
         first_id = conn.execute(select(func.max(instances.c.id))).scalar_one() + 1
     engine.dispose()
+    with ExitStack() as stack:
+        if a.db == "postgresql":
+            report["autovacuum"] = stack.enter_context(scale.autovacuum_on(url))
+        return _phases(a, url, flows, home, first_id, report)
+
+
+def _phases(
+    a: argparse.Namespace, url: str, flows: Path, home: Path, first_id: int, report: dict
+) -> dict:
+    """The three phases on one daemon (see the module docstring); fills ``report``."""
     feeder = Feeder(url, flows, a.backlog, a.chunk)
     feeder.start()
     env = {**os.environ, "FLOWRUN_DB": url, "FLOWRUN_FLOWS": str(flows)}

@@ -59,6 +59,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -466,6 +468,31 @@ def vacuum_if_off(url: str) -> str:
             return "on"
         conn.execute("VACUUM ANALYZE")
     return "off: VACUUM ANALYZE after the build"
+
+
+@contextmanager
+def autovacuum_on(url: str) -> Iterator[str]:
+    """PostgreSQL: the server's ``autovacuum`` on for the block (``ALTER SYSTEM``, reloaded;
+    put back as it was after), as flowrun runs in production (``docs/cli.md``, "Retention":
+    it relies on autovacuum). A test server with it off measures the bloat of dead row
+    versions (every update of an instance leaves one), which grows with time whether or not
+    a prune runs. Yields what the report says."""
+    import psycopg
+
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        was_on = row is not None and row[0] == "on"
+        if not was_on:
+            conn.execute("ALTER SYSTEM SET autovacuum = on")
+            conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield "on" if was_on else "on for this run (the server's setting is off)"
+    finally:
+        if not was_on:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM RESET autovacuum")
+                conn.execute("SELECT pg_reload_conf()")
 
 
 #: PostgreSQL databases this run made (dropped at the end unless ``--keep``).

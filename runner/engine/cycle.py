@@ -41,6 +41,7 @@ from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.dialect import dialect_of
 from runner.store.lifecycle_events import outcome_kind
+from runner.store.notify import notify_due
 from runner.store.rows import Claim, Outcome
 from runner.store.tables import events, instances
 from runner.warn_line import warn
@@ -356,7 +357,7 @@ def _transaction(
         gone = set(lost)
         cleared = {o.claim.id for o in request.outcomes if o.seat_freed and o.claim.id not in gone}
         released = [*ended, *(c for c, _ in request.cancels), *request.release]
-        pools.release(conn, released, cleared=cleared)
+        woken = pools.release(conn, released, cleared=cleared)
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
@@ -368,6 +369,8 @@ def _transaction(
             claims = leases.claim_batch(
                 conn, worker_id, lease, limit, labels=request.labels, refused=refused
             )
+        if woken and not set(woken) <= {c.id for c in claims}:
+            notify_due(conn)  # waiters woken above that this claim did not take
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
         result.refused = sum(refused)
         plan = request.plan and (request.recover or not (claims or chained))

@@ -47,13 +47,13 @@ class Pacing:
             instance of the last one). ``None``: :func:`default_batch` of the database.
         rest: after a write transaction of ``t`` seconds, sleep ``rest * t`` (at least
             ``min_rest``): the pruner holds the database at most ``1 / (1 + rest)`` of
-            the time.
+            the time. ``None``: :func:`default_rest` of the database.
         sleep: the sleep function (the daemon passes one that a stop interrupts).
         stopped: asked between transactions; ``True`` ends the prune early.
     """
 
     batch: int | None = None
-    rest: float = 3.0
+    rest: float | None = None
     min_rest: float = 0.002
     sleep: Callable[[float], Any] = time.sleep
     stopped: Callable[[], bool] = lambda: False
@@ -80,6 +80,12 @@ class _Run:
         assert self.pacing.batch is not None
         return self.pacing.batch
 
+    @property
+    def rest(self) -> float:
+        """The rest after a transaction, per second of it (resolved before the run)."""
+        assert self.pacing.rest is not None
+        return self.pacing.rest
+
     def wrote(self, step: Callable[[], Counter[str] | int], kind: str | None = None) -> None:
         """Run one write ``step`` (its counts, or an int of ``kind``), count it, rest."""
         t0 = time.monotonic()
@@ -91,7 +97,7 @@ class _Run:
         if got and self.on_step is not None:
             self.on_step(got)
         if not self.dry_run:
-            self.pacing.sleep(max(self.pacing.min_rest, took * self.pacing.rest))
+            self.pacing.sleep(max(self.pacing.min_rest, took * self.rest))
 
     def pages(
         self, read: Callable[[int], list[tuple[Any, ...]]]
@@ -129,6 +135,31 @@ def default_batch(engine: Engine) -> int:
     one write transaction holds the whole database (``Dialect.serial_writes``), else
     :data:`BATCH`."""
     return BATCH_SERIAL if dialect_of(engine).serial_writes else BATCH
+
+
+#: Rest after a write transaction, per second of it, by default. SQLite: the claims wait
+#: for the write lock, so the rest is their turn. PostgreSQL: no claim waits for the
+#: pruner's row locks; what they share is the machine: with a rest of 3 the server's
+#: work for a prune raised the claim latency's p99 on the 2-core machine 1.41-1.42×,
+#: with 9 0.98-1.02× (``docs/performance.md``, "Prune batches compiled once").
+REST_SERIAL, REST = 3.0, 9.0
+
+
+def default_rest(engine: Engine) -> float:
+    """:attr:`Pacing.rest` on ``engine``'s database: :data:`REST_SERIAL` where one write
+    transaction holds the whole database, else :data:`REST`."""
+    return REST_SERIAL if dialect_of(engine).serial_writes else REST
+
+
+def resolved(pacing: Pacing | None, engine: Engine) -> Pacing:
+    """``pacing`` (default: :class:`Pacing`) with its batch and rest set for ``engine``'s
+    database where they are ``None``."""
+    pacing = pacing or Pacing()
+    if pacing.batch is None:
+        pacing = replace(pacing, batch=default_batch(engine))
+    if pacing.rest is None:
+        pacing = replace(pacing, rest=default_rest(engine))
+    return pacing
 
 
 def rules_for(
@@ -179,9 +210,7 @@ def prune(
     Returns ``{kind: rows}`` for every kind of ``runner.retention.KINDS``. Raises
     SQLAlchemy's ``DBAPIError`` when the database fails (what went before is committed).
     """
-    pacing = pacing or Pacing()
-    if pacing.batch is None:
-        pacing = replace(pacing, batch=default_batch(engine))
+    pacing = resolved(pacing, engine)
     run = _Run(engine, rules, db_now(engine) if now is None else now, dry_run, pacing, on_step)
     names = sorted(set(sql.flows_stored(engine)) | set(rules.flows or {}))
     if flow is not None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from runner.ops.prune import Pacing, prune, rules_for, text
+from runner.ops.prune import Pacing, prune, resolved, rules_for, text
 from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.sensors.events import claim_leases, release_leases
 from runner.store import space
@@ -89,7 +89,7 @@ class Pruner:
         self.engine, self.registry, self.worker_id = engine, registry, worker_id
         self.lease, self.default, self.events = lease, default, events
         self.every, self.first_after = every, first_after
-        self.pacing = pacing or Pacing()
+        self.pacing = resolved(pacing, engine)
         if log_store_max is None and dialect_of(engine).in_process:  # SQLite: one file
             log_store_max = LOG_STORE_MAX
         self.log_store_max = log_store_max or None
@@ -185,4 +185,5 @@ class Pruner:
             t0 = time.monotonic()
             if space.vacuum_step(self.engine, VACUUM_PAGES) <= VACUUM_PAGES:
                 return
-            self._halt.wait(max(self.pacing.min_rest, (time.monotonic() - t0) * self.pacing.rest))
+            rest = (time.monotonic() - t0) * (self.pacing.rest or 0.0)
+            self._halt.wait(max(self.pacing.min_rest, rest))

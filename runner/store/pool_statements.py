@@ -166,12 +166,14 @@ class PoolStatements:
         )
         if d.skip_locked:
             pick = pick.with_for_update(skip_locked=True)
-        #: up to ``k`` waiters of pool ``name`` due again (params: name, k, at)
+        #: up to ``k`` waiters of pool ``name`` due again; returns their ids (params:
+        #: name, k, at)
         self.wake = Prepared(
             engine,
             update(instances)
             .where(i.id.in_(pick.scalar_subquery()))
-            .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null()),
+            .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null())
+            .returning(i.id),
         )
         #: forget the seats of ``ids`` where no attempt runs any more (params: ids; a
         #: row its commit released already holds none and is not written again)

@@ -22,7 +22,8 @@ attempt, in the commit's transaction), :func:`set_slots` (an operator), and
 :func:`sweep` (with the worker's periodic look for lost attempts: a holder whose lease
 lapsed, an attempt a command ended) wake as many waiters as slots freed, highest
 priority first, then oldest due, telling the listening daemons (``notify_due``; on
-SQLite the commit itself rings the daemons' commit bell).
+SQLite the commit itself rings the daemons' commit bell). A release tells them only of
+the woken waiters its own cycle's claim did not take (``runner.engine.cycle``).
 """
 
 from __future__ import annotations
@@ -337,17 +338,18 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     return [r for r in rows if r[0] not in gone], seats
 
 
-def wake(conn: Connection, name: str, count: int, at: float) -> int:
+def wake(conn: Connection, name: str, count: int, at: float, tell: bool = True) -> list[int]:
     """Make up to ``count`` waiters of pool ``name`` due again (highest priority first,
-    then oldest due), at the
-    due time they had (``at`` when unknown); returns how many. Waiters another transaction
-    has locked are skipped (PostgreSQL), so two releases wake two different waiters."""
+    then oldest due), at the due time they had (``at`` when unknown); returns their ids.
+    Waiters another transaction has locked are skipped (PostgreSQL), so two releases wake
+    two different waiters. ``tell``: notify the listening daemons when the transaction
+    commits (``notify_due``); without it the caller does, for the ones it leaves."""
     if count <= 0:
-        return 0
-    woken = statements(conn).wake.executemany(conn, [{"name": name, "k": count, "at": at}])
-    if woken:
+        return []
+    rows = statements(conn).wake.fetch(conn, {"name": name, "k": count, "at": at})
+    if rows and tell:
         notify_due(conn)
-    return max(woken, 0)
+    return [r[0] for r in rows]
 
 
 def release(
@@ -355,14 +357,19 @@ def release(
     claims: Iterable[Claim],
     at: float | None = None,
     cleared: Collection[int] = (),
-) -> None:
+) -> list[int]:
     """After the commit of finished attempts (``rows.Claim`` objects; only those holding
     a pool's slots, ``claim.pool``, matter), in the same transaction: forget their seats
     (where no attempt runs on the row any more) and wake as many waiters as slots freed
     (due at ``at``, epoch s, when their old due time is unknown; default: now); a claim
     holding a flow limit (``claim.limit``) wakes one of its waiters. ``cleared``: ids of
     claims whose commit gave up the seat already (``rows.Outcome.seat_freed``): their
-    waiters are woken, their rows not written again (a round trip less a cycle)."""
+    waiters are woken, their rows not written again (a round trip less a cycle).
+
+    Returns the ids woken. Nobody is told of them here: the caller's transaction claims
+    next and calls ``notify_due`` only for the woken rows it did not take itself (a
+    release that wakes the waiter its own claim then takes, the common case of a busy
+    pool, would otherwise send every daemon to claim for nothing)."""
     freed: dict[str, int] = {}
     ids: list[int] = []
     for c in claims:
@@ -373,13 +380,15 @@ def release(
         if c.limit is not None:  # a flow limit: counted from the attempt running, no seat
             freed[c.limit] = freed.get(c.limit, 0) + 1
     if not freed:
-        return
+        return []
     at = db_now(conn) if at is None else at
     st = statements(conn)
     if ids:
         st.clear.executemany(conn, [{"ids": st.ids(ids)}])
+    woken: list[int] = []
     for name in sorted(freed):
-        wake(conn, name, freed[name], at)
+        woken += wake(conn, name, freed[name], at, tell=False)
+    return woken
 
 
 def size_of(conn: Connection, name: str) -> int | None:
@@ -409,7 +418,7 @@ def sweep(conn: Connection, at: float) -> int:
         size = size_of(conn, name)
         held = running(conn, name, at) if is_limit(name) else in_use(conn, name, at)
         free = (1 if size is None else size) - held
-        woken += wake(conn, name, free, at)
+        woken += len(wake(conn, name, free, at))
     return woken
 
 

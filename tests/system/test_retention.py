@@ -459,6 +459,21 @@ def test_upgrade_from_the_current_release_keeps_every_row(tmp_path, db_url) -> N
         engine.dispose()
 
 
+def test_the_pacing_rests_longer_where_claims_share_only_the_machine(db_url) -> None:
+    """The default pacing per database (``docs/performance.md``, "Prune batches compiled
+    once"): SQLite, whose claims wait for the pruner's write lock, short batches and a
+    rest of 3x; PostgreSQL, where only the machine is shared, longer batches and 9x.
+    What a caller sets is kept."""
+    engine = make_engine(db_url)
+    try:
+        pacing = ops_prune.resolved(None, engine)
+        sqlite = db_url.startswith("sqlite")
+        assert (pacing.batch, pacing.rest) == ((100, 3.0) if sqlite else (500, 9.0))
+        assert ops_prune.resolved(Pacing(batch=7, rest=0.5), engine).rest == 0.5
+    finally:
+        engine.dispose()
+
+
 def test_text_names_every_kind() -> None:
     line = ops_prune.text({"instances": 3}, dry_run=True)
     assert line.startswith("would prune 3 instances, 0 attempts")
