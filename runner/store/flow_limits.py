@@ -8,7 +8,7 @@ instance is made, stored in ``instances.limit_key``). Its size is the limit (a r
 instance holds one slot of it while one of its attempts runs under a valid lease (a
 chained move keeps it: the attempt row is still running); it is counted from the
 ``limit_key`` column, never written per claim. The claim keeps the limit in its own
-transaction exactly as it keeps a pool's slots (``pools.settle``); a refused claim waits
+transaction exactly as it keeps a pool's slots (``pool_settle.settle``); a refused claim waits
 (``waiting_for`` the limit's name, not due) until a holder's attempt ends.
 
 ``on_limit: skip``: a rule's start is refused (:func:`refusal`) when ``limit`` instances

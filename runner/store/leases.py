@@ -48,7 +48,8 @@ from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import Dialect, dialect_of
 from runner.store.lifecycle_events import emit_lost
-from runner.store.pools import Seat, seat_of, settle
+from runner.store.pool_settle import settle
+from runner.store.pools import Seat, seat_of
 from runner.store.rows import (
     CLAIMABLE,
     PRIORITIES,

@@ -6,8 +6,8 @@ instances whose row names the pool (``pool``, ``pool_slots``) with an attempt ru
 (``running_attempt``) under a lease not expired (``locked_until``). A crashed holder's
 slots are free when its lease lapses.
 
-The limit is kept inside the claim's own transaction (:func:`settle`, called by
-``runner.store.leases.claim_batch`` after its ``UPDATE``): for each pool among the rows
+The limit is kept inside the claim's own transaction (``runner.store.pool_settle.settle``,
+called by ``runner.store.leases.claim_batch`` after its ``UPDATE``): for each pool among the rows
 just claimed it locks the pool's row (an upsert: on PostgreSQL the row lock is held to
 the end of the transaction, so the claims of one pool are serialised across daemons, and
 each counts the holders in a snapshot taken after the previous one committed; on SQLite
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import (
     Connection,
@@ -41,15 +41,13 @@ from sqlalchemy import (
 )
 
 from runner.errors import UserError
-from runner.flowspec.spec_types import parse_rate
 from runner.store import versions
 from runner.store.clock import db_now
 from runner.store.dialect import dialect_of
 from runner.store.flow_limits import running
-from runner.store.limit_names import is_limit, limit_name
+from runner.store.limit_names import is_limit
 from runner.store.notify import notify_due
 from runner.store.pool_statements import statements
-from runner.store.rows import LIMIT_KEY_AT
 from runner.store.tables import instances, pools
 
 if TYPE_CHECKING:
@@ -174,168 +172,13 @@ def in_use(conn: Connection, name: str, at: float, besides: Sequence[int] = ()) 
     return int(rows[0][0])
 
 
-def _in_use_waiting(
+def in_use_waiting(
     conn: Connection, name: str, at: float, besides: Sequence[int]
 ) -> tuple[int, bool]:
     """:func:`in_use` and whether any instance waits for pool ``name``, in one read."""
     st = statements(conn)
     rows = st.in_use_waiting.fetch(conn, {"name": name, "at": at, "ids": st.ids(list(besides))})
     return int(rows[0][0]), bool(rows[0][1])
-
-
-@dataclass
-class _Limit:
-    """One locked row of ``pools`` while a claim is settled: slots ``free`` (``None``: no
-    slot limit), its rate as ``(count, seconds)`` and the ``starts`` within the window."""
-
-    free: int | None
-    rate: tuple[int, float] | None
-    starts: list[float]
-    text: str = ""
-    used: bool = False  # a start was added
-    waiters: bool = True  # some instance may wait for it (``False``: read none waiting)
-
-    def room(self) -> bool:
-        """Another start fits the rate (or there is none)."""
-        return self.rate is None or len(self.starts) < self.rate[0]
-
-    def next_start(self, k: int) -> float:
-        """When the ``k``-th (0-based) start refused now may start: the window moved."""
-        assert self.rate is not None
-        n, window = self.rate
-        ordered = sorted(self.starts)[-n:]
-        return ordered[k % len(ordered)] + window * (1 + k // len(ordered))
-
-
-def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
-    """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
-    transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
-    ..., pool, due_at, priority`` at indexes 0, 1, 2, 3, 4, 13, 14, 15, ``limit_key`` at
-    ``rows.LIMIT_KEY_AT``) at ``at`` (epoch s, the claim's time). The claims that fit are
-    kept highest priority first, then earliest due. A flow's ``max_running`` is kept here
-    too, as a pool named by ``runner.store.flow_limits`` whose holders are counted from
-    the attempts running.
-
-    Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
-    each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
-    refused for its pool's slots is unclaimed in place and waits (see the module
-    docstring); one refused for a rate is unclaimed and due when the window lets it
-    start (``waiting_for`` says which rate). A row whose stored ``pool`` is stale (its
-    state holds none now) has it cleared.
-    """
-    asks: list[tuple[Any, Seat]] = []
-    stale: list[int] = []
-    for r in rows:
-        seat = seat_of(conn, r[2], r[3])
-        if seat is None or seat.pool is None:
-            if r[13] is not None:
-                stale.append(r[0])
-        if seat is not None:
-            asks.append((r, seat))
-    st = statements(conn)
-    if stale:  # not running now (``clear``'s condition): write the NULLs directly
-        conn.execute(update(instances).where(i.id.in_(stale)).values(pool=None, pool_slots=None))
-    if not asks:
-        return list(rows), {}
-    ids = [r[0] for r in rows]
-    wanted: dict[str, tuple[int | None, str | None, bool]] = {}  # name: declared, rate, slots?
-    named: dict[int, str] = {}  # id: the flow limit its claim holds
-    unkeyed: dict[str, list[int]] = {}  # made before its flow had a limit: no key stored
-    for r, seat in asks:
-        if seat.limit is not None:
-            name = r[LIMIT_KEY_AT]
-            if name is None:
-                data = st.load(r[4]) if isinstance(r[4], (str, bytes)) else r[4]
-                name = limit_name(r[1], seat.limit_key, data or {})
-                unkeyed.setdefault(name, []).append(r[0])
-            named[r[0]] = name
-            wanted[name] = (seat.limit, None, True)
-        if seat.pool is not None:
-            old = wanted.get(seat.pool, (None, None, True))
-            wanted[seat.pool] = (old[0] or seat.declared, old[1] or seat.pool_rate, True)
-        if seat.rate is not None:
-            wanted[seat.key] = (None, seat.rate, False)
-    limits: dict[str, _Limit] = {}
-    for name in sorted(wanted):  # one lock order for every daemon: no deadlock
-        declared, rate, slotted = wanted[name]
-        if is_limit(name):
-            assert declared is not None  # a limit's size
-            size = lock_limit(conn, name, declared, at)
-            limits[name] = _Limit(size - running(conn, name, at, ids), None, [])
-            continue
-        size, rate_text, starts = lock(conn, name, declared, at, rate)
-        free, waiters = None, True
-        if slotted:
-            used, waiters = _in_use_waiting(conn, name, at, ids)
-            free = size - used
-        parsed = parse_rate(rate_text) if rate_text else None
-        window = parsed[1] if parsed else 0.0
-        kept = [t for t in starts or [] if t > at - window]
-        limits[name] = _Limit(free, parsed, kept, rate_text or "", waiters=waiters)
-    seats: dict[int, Seat] = {}
-    full: dict[str, list[int]] = {}
-    delayed: list[dict[str, Any]] = []
-    refused: dict[str, int] = {}
-    for r, seat in sorted(asks, key=lambda a: (-a[0][15], a[0][14] or 0.0)):
-        pool = limits.get(seat.pool) if seat.pool is not None else None
-        rated = [limits[k] for k in (seat.pool, seat.key if seat.rate else None) if k in limits]
-        if pool is not None and pool.free is not None and seat.slots > pool.free:
-            assert seat.pool is not None  # pool is its limit
-            full.setdefault(seat.pool, []).append(r[0])
-            continue
-        capped = named.get(r[0])
-        cap = limits[capped] if capped is not None else None
-        if capped is not None and cap is not None and (cap.free or 0) < 1:
-            full.setdefault(capped, []).append(r[0])
-            continue
-        over = next(
-            (k for k in (seat.pool, seat.key) if k in limits and not limits[k].room()), None
-        )
-        if over is not None:
-            lim = limits[over]
-            k = refused[over] = refused.get(over, -1) + 1
-            what = f"pool {over}" if over == seat.pool else f"state {seat.key}"
-            delayed.append(
-                {"i": r[0], "due": lim.next_start(k), "why": f"rate {lim.text} ({what})"}
-            )
-            continue
-        if pool is not None and pool.free is not None:
-            pool.free -= seat.slots
-        if cap is not None and cap.free is not None:
-            cap.free -= 1
-        for lim in rated:
-            if lim.rate is not None:
-                lim.starts.append(at)
-                lim.used = True
-        rated_pool = pool is not None and pool.rate is not None
-        if rated_pool or capped is not None:  # (a remembered seat has neither set)
-            seat = replace(seat, pool_rated=rated_pool, holds=capped)
-        seats[r[0]] = seat
-    held: dict[tuple[str, int], list[int]] = {}
-    plain: list[int] = []
-    for r, seat in asks:
-        if r[0] in seats:
-            if seat.pool is not None:
-                held.setdefault((seat.pool, seat.slots), []).append(r[0])
-            elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
-                plain.append(r[0])
-    for (name, n), held_ids in held.items():
-        st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
-    if plain:  # a rate's mark, if any, is over
-        st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
-    for name, keyless in unkeyed.items():
-        st.keyed.executemany(conn, [{"ids": st.ids(keyless), "name": name}])
-    for name, late in full.items():
-        st.wait.executemany(conn, [{"ids": st.ids(late), "name": name}])
-    if delayed:
-        st.delay.executemany(conn, delayed)
-    for name, lim in limits.items():
-        if lim.used:
-            st.save_starts.executemany(conn, [{"name": name, "starts": st.json(lim.starts)}])
-        if lim.free is not None and lim.free > 0 and lim.waiters and name not in full:
-            wake(conn, name, lim.free, at)  # room left over: waiters not woken yet
-    gone = {d["i"] for d in delayed} | {x for late in full.values() for x in late}
-    return [r for r in rows if r[0] not in gone], seats
 
 
 def wake(conn: Connection, name: str, count: int, at: float, tell: bool = True) -> list[int]:
