@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -136,9 +135,9 @@ def run(a: argparse.Namespace, work: Path) -> dict:
     (flows / "scale_tasks.py").write_text(scale.TASKS)
     url = f"sqlite:///{home / 'flowrun.db'}" if a.db == "sqlite" else scale.pg_database(a.pg_url)
     report: dict = {"db": a.db, "rate": a.rate}
-    with ExitStack() as stack:
-        if a.db == "postgresql":
-            report["autovacuum"] = stack.enter_context(scale.autovacuum_on(url))
+    with scale.autovacuum_on(url) as autovacuum:
+        if autovacuum is not None:
+            report["autovacuum"] = autovacuum
         return _phases(a, url, flows, home, report)
 
 

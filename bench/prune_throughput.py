@@ -42,7 +42,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -154,9 +153,9 @@ def run(a: argparse.Namespace, work: Path) -> dict:
     with engine.connect() as conn:
         first_id = conn.execute(select(func.max(instances.c.id))).scalar_one() + 1
     engine.dispose()
-    with ExitStack() as stack:
-        if a.db == "postgresql":
-            report["autovacuum"] = stack.enter_context(scale.autovacuum_on(url))
+    with scale.autovacuum_on(url) as autovacuum:
+        if autovacuum is not None:
+            report["autovacuum"] = autovacuum
         return _phases(a, url, flows, home, first_id, report)
 
 

@@ -329,7 +329,7 @@ def bulk(url: str, tables: list) -> None:
         return
     import psycopg
 
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as db:
+    with psycopg.connect(libpq(url)) as db:
         for target, rows in tables:
             with db.cursor().copy(f"COPY {target} FROM STDIN") as copy:
                 for row in rows:
@@ -461,7 +461,7 @@ def vacuum_if_off(url: str) -> str:
     run, not big tables."""
     import psycopg
 
-    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    conninfo = libpq(url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute("SHOW autovacuum").fetchone()
         if row is not None and row[0] == "on":
@@ -470,16 +470,24 @@ def vacuum_if_off(url: str) -> str:
     return "off: VACUUM ANALYZE after the build"
 
 
+def libpq(url: str) -> str:
+    """A SQLAlchemy ``postgresql+psycopg://`` URL as psycopg's own conninfo."""
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
 @contextmanager
-def autovacuum_on(url: str) -> Iterator[str]:
+def autovacuum_on(url: str) -> Iterator[str | None]:
     """PostgreSQL: the server's ``autovacuum`` on for the block (``ALTER SYSTEM``, reloaded;
     put back as it was after), as flowrun runs in production (``docs/cli.md``, "Retention":
     it relies on autovacuum). A test server with it off measures the bloat of dead row
     versions (every update of an instance leaves one), which grows with time whether or not
-    a prune runs. Yields what the report says."""
+    a prune runs. Yields what the report says; ``None`` and nothing done for SQLite."""
+    if not url.startswith("postgresql"):
+        yield None
+        return
     import psycopg
 
-    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    conninfo = libpq(url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute("SHOW autovacuum").fetchone()
         was_on = row is not None and row[0] == "on"
@@ -502,7 +510,7 @@ MADE: list[str] = []
 def _admin(admin_url: str, sql: str) -> None:
     import psycopg
 
-    conninfo = admin_url.replace("postgresql+psycopg://", "postgresql://")
+    conninfo = libpq(admin_url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(sql)
 

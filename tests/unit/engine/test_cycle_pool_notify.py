@@ -15,13 +15,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from runner.engine.cycle import CycleRequest, decide_finished, run_cycle
-from runner.engine.running import Running
 from runner.flowspec.compiled import CompiledFlow
-from runner.handlers.attempt import AttemptResult, Cancel
 from runner.store.db import make_engine
 from runner.store.notify import CHANNEL
 from tests.support.fault import load, new_instance, row, write_flow
+from tests.unit.engine.test_cycle import cycle, finished
 
 pytestmark = pytest.mark.postgres
 
@@ -47,16 +45,6 @@ def world(pg_url: str, tmp_path: Path) -> Iterator[tuple[Engine, CompiledFlow, p
         engine.dispose()
 
 
-def _cycle(engine: Engine, batch=(), free: int = 0):
-    request = CycleRequest("w1", 30.0, free, False, False)
-    return run_cycle(engine, decide_finished(engine, list(batch), request, stopping=False))
-
-
-def _done(claim):
-    run = Running(claim, None, Cancel(), [claim.data])  # type: ignore[arg-type]
-    return run, AttemptResult("moved", claim.data, to_state="done")
-
-
 def _heard(listener: psycopg.Connection) -> int:
     """Notifications received on the due channel since the last call (none waits)."""
     return sum(1 for _ in listener.notifies(timeout=0.3, stop_after=None))
@@ -65,11 +53,11 @@ def _heard(listener: psycopg.Connection) -> int:
 def test_a_release_whose_own_claim_takes_the_waiter_tells_nobody(world) -> None:
     engine, flow, listener = world
     first, second = new_instance(engine, flow), new_instance(engine, flow)
-    [holder] = _cycle(engine, free=4).claims  # the pool of 1: the second waits
+    [holder] = cycle(engine, free=4).claims  # the pool of 1: the second waits
     assert holder.id == first and row(engine, second)["waiting_for"] == "warehouse"
     _heard(listener)
 
-    got = _cycle(engine, [_done(holder)], free=4)
+    got = cycle(engine, [finished(holder, "moved", "done")], free=4)
     assert [c.id for c in got.claims] == [second], "the woken waiter, claimed at once"
     assert _heard(listener) == 0, "nobody else could take it: no daemon is sent to claim"
 
@@ -77,11 +65,13 @@ def test_a_release_whose_own_claim_takes_the_waiter_tells_nobody(world) -> None:
 def test_a_release_that_leaves_the_waiter_to_others_tells_them(world) -> None:
     engine, flow, listener = world
     first, second = new_instance(engine, flow), new_instance(engine, flow)
-    [holder] = _cycle(engine, free=4).claims
+    [holder] = cycle(engine, free=4).claims
     assert holder.id == first
     _heard(listener)
 
-    got = _cycle(engine, [_done(holder)], free=0)  # no room here: others must take it
+    got = cycle(
+        engine, [finished(holder, "moved", "done")], free=0
+    )  # no room here: others must take it
     assert got.claims == []
     r = row(engine, second)
     assert r["waiting_for"] is None and r["due_at"] is not None, "woken: due again"
