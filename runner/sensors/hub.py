@@ -159,7 +159,9 @@ class SensorHub:
         Each part (the sensor leases, each sensor, the rules, the watcher with flow
         reload) runs through ``keep``, which restarts it when it fails: the daemon passes
         its supervisor's (``runner.service.supervisor.Supervisor.keep``); the default
-        retries every second. A database outage stops no part for good.
+        retries every second. A database outage stops no part for good. Cancelled (the
+        daemon aborts, or its stop's moment is over), it cancels its parts and returns at
+        once, waiting for no database: what it held expires.
         """
         self._keep = keep or keep_retrying
         rules_task = asyncio.ensure_future(
@@ -174,26 +176,34 @@ class SensorHub:
         deadline_task = asyncio.ensure_future(
             self._keep("deadlines", lambda: self.deadlines.run(stop), stop)
         )
+        parts = [watch_task, rules_task, deliver_task, deadline_task]
         try:
             await self._keep("sensor leases", lambda: self._lease_loop(stop), stop)
-        finally:
-            await self._stop_sensors(list(self._running))
-            for task in (watch_task, rules_task, deliver_task, deadline_task):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            self.rules.deliver_as = None  # the deliverer has stopped: queued free
-            await self._drain_rules()
-            self.deliverer.hand(self.rules.handed)
-            self.rules.handed = []
-            try:  # handed over but not sent: due at once for any daemon
-                await asyncio.to_thread(self.deliverer.give_back)
-            except DBAPIError as exc:
-                log.warning("deliveries not given back (%s); their leases expire", short_error(exc))
-            try:
-                await asyncio.to_thread(release_leases, self.engine, self.worker_id)
-            except DBAPIError as exc:
-                log.warning("sensor leases not released (%s); they expire", short_error(exc))
+        except BaseException:  # aborted (cancelled): nothing is waited for, nothing
+            for task in parts + [r.task for r in self._running.values()]:  # handed back
+                task.cancel()  # (leases and deliveries expire; stored events wait)
+            raise
+        await self._stop_sensors(list(self._running))
+        for task in parts:
+            task.cancel()
+        # not ``await task`` each: an abort (this task cancelled) while stopping must end
+        # the stop at once, not be taken for the part's own cancellation
+        await asyncio.wait(parts)
+        for task in parts:
+            if not task.cancelled():
+                task.exception()  # retrieved: the part's keep logged it
+        self.rules.deliver_as = None  # the deliverer has stopped: queued free
+        await self._drain_rules()
+        self.deliverer.hand(self.rules.handed)
+        self.rules.handed = []
+        try:  # handed over but not sent: due at once for any daemon
+            await asyncio.to_thread(self.deliverer.give_back)
+        except DBAPIError as exc:
+            log.warning("deliveries not given back (%s); their leases expire", short_error(exc))
+        try:
+            await asyncio.to_thread(release_leases, self.engine, self.worker_id)
+        except DBAPIError as exc:
+            log.warning("sensor leases not released (%s); they expire", short_error(exc))
 
     async def _lease_loop(self, stop: asyncio.Event) -> None:
         """Claim and renew sensor leases every ``lease / 3`` s; set :attr:`ready` once the
@@ -292,11 +302,15 @@ class SensorHub:
         for r in stopping:
             r.stop.set()
             r.sensor.kick()
-        for r in stopping:
-            try:
-                await asyncio.wait_for(r.task, 10)
-            except (TimeoutError, asyncio.CancelledError):
+        try:
+            for r in stopping:
+                done, _ = await asyncio.wait([r.task], timeout=10)
+                if not done:
+                    r.task.cancel()
+        except asyncio.CancelledError:  # aborted: none is waited for
+            for r in stopping:
                 r.task.cancel()
+            raise
 
     # -- rules -----------------------------------------------------------------------
 
