@@ -158,9 +158,17 @@ class PoolStatements:
             ),
         )
         statuses: list[ColumnElement[Any]] = [literal_column(f"'{s}'") for s in CLAIMABLE]
+        # ``status || ''``: no index serves the status test, so the waiters are read in
+        # ``ix_instances_waiting`` order (with the status indexed, PostgreSQL planned a scan
+        # of every runnable row of ``ix_instances_claim`` for ``due_at IS NULL``: 1.5 ms
+        # at 16,000 queued, in every release of a pooled attempt)
         pick = (
             select(i.id)
-            .where(i.waiting_for == bindparam("name"), i.due_at.is_(None), i.status.in_(statuses))
+            .where(
+                i.waiting_for == bindparam("name"),
+                i.due_at.is_(None),
+                i.status.concat("").in_(statuses),
+            )
             .order_by(i.priority.desc(), i.wait_due)
             .limit(bindparam("k", type_=Integer()))
         )
