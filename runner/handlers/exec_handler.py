@@ -24,6 +24,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,6 +44,7 @@ from runner.handlers.attempt import (
 )
 from runner.handlers.data import remove_data_file
 from runner.handlers.process_setup import ProcSetup, limit_reached
+from runner.handlers.read_pace import pace_of
 from runner.handlers.redact import Redactor
 from runner.handlers.spawn import Child, spawn
 from runner.log_buffer import STDERR, STDOUT, AttemptLog
@@ -202,6 +204,8 @@ class _Supervised:
         # is kept (read at the exit, what was left in both could not be ordered).
         self._live: set[int] = set()
         self._raw: set[int] = set()  # of those, watched through the exit set
+        self._pace = pace_of(self.loop)  # the loop's budget for reading output
+        self._held = False  # stdout and stderr not watched until the next window
         if log is not None:
             self._watch_live()
         self._timer = self.loop.call_later(READ_AFTER, self._start_reading)
@@ -212,13 +216,15 @@ class _Supervised:
             if exits.watch_pipe(self.loop, fd, self._ready):
                 self._raw.add(fd)
             else:
-                self.loop.add_reader(fd, self._readable, fd)
+                self.loop.add_reader(fd, self._paced, fd)
 
     def _start_reading(self) -> None:
         if not self._reading:
             self._reading = True
             for fd in self._open - self._live:
-                self.loop.add_reader(fd, self._readable, fd)
+                # the control channel unpaced: its lines are few and short
+                read = self._readable if fd == self.child.control else self._paced
+                self.loop.add_reader(fd, read, fd)
 
     # -- exit ------------------------------------------------------------------------
 
@@ -242,9 +248,50 @@ class _Supervised:
     def _ready(self, fd: int, events: int) -> None:
         """``fd`` (a live pipe) is readable, or its writers are gone: no read needed."""
         if events & select.EPOLLIN:
-            self._readable(fd)
+            self._paced(fd)
         else:
             self._close_fd(fd)
+
+    def _paced(self, fd: int) -> None:
+        """Read one chunk from ``fd`` (stdout or stderr) within the loop's budget for
+        reading output (``runner.handlers.read_pace``); past it, read nothing and hold
+        this handler's output pipes until the next window (what is written meanwhile
+        waits in the pipe)."""
+        pace = self._pace
+        if pace.over():
+            self._hold()
+            return
+        began = time.perf_counter()
+        self._readable(fd)
+        pace.spent(time.perf_counter() - began)
+
+    def _outputs(self) -> list[int]:
+        """stdout and stderr, where open and watched."""
+        child = self.child
+        return [
+            fd
+            for fd in (child.out, child.err)
+            if fd in self._open and (fd in self._live or self._reading)
+        ]
+
+    def _hold(self) -> None:
+        if self._held:
+            return
+        self._held = True
+        for fd in self._outputs():
+            if fd in self._raw:
+                exits.unwatch_pipe(self.loop, fd)
+            else:
+                self.loop.remove_reader(fd)
+        self._pace.later(self._unhold)
+
+    def _unhold(self) -> None:
+        self._held = False
+        for fd in self._outputs():  # a closed one left _open (its number may be reused)
+            if fd in self._raw and exits.watch_pipe(self.loop, fd, self._ready):
+                continue
+            self._raw.discard(fd)  # (the loop's exit set closed meanwhile)
+            self.loop.add_reader(fd, self._paced, fd)
 
     def _readable(self, fd: int) -> bool:
         """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);

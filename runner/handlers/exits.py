@@ -98,11 +98,12 @@ class _ExitSet:
                 continue
             with _lock:
                 entry = self.waiting.pop(fd, None)
+            if entry is None:  # a pipe unwatched by a callback of this same batch
+                continue  # (``unwatch_pipe``): not ours to close
             os.close(fd)
-            if entry is not None:
-                code = _reap(entry[0])
-                if deliver:
-                    entry[1](code)
+            code = _reap(entry[0])
+            if deliver:
+                entry[1](code)
 
 
 def prepare(loop: asyncio.AbstractEventLoop) -> None:

@@ -40,15 +40,10 @@ class _Kept:
         self.logs.append(item)
 
 
-@pytest.mark.usefixtures("spawn_path")
-async def test_interleaved_writes_from_the_first_millisecond_keep_their_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the pipes are not looked at before the exit but for the log's own reading
-    monkeypatch.setattr(exec_handler, "READ_AFTER", 3600.0)
-    log = AttemptLog(_Kept(), 1, 1, 1 << 20)
+async def run_logged(script: str, tmp_path: Path, log: AttemptLog) -> None:
+    """Run ``python -c script`` as an ``exec`` handler into ``log``; it must succeed."""
     result = await run_exec(
-        [sys.executable, "-c", SCRIPT],
+        [sys.executable, "-c", script],
         cwd=tmp_path,
         env=handler_env("f", "s", 1, 1, tmp_path),
         data={},
@@ -59,6 +54,16 @@ async def test_interleaved_writes_from_the_first_millisecond_keep_their_order(
         log=log,
     )
     assert result.outcome == "moved", result.error
+
+
+@pytest.mark.usefixtures("spawn_path")
+async def test_interleaved_writes_from_the_first_millisecond_keep_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the pipes are not looked at before the exit but for the log's own reading
+    monkeypatch.setattr(exec_handler, "READ_AFTER", 3600.0)
+    log = AttemptLog(_Kept(), 1, 1, 1 << 20)
+    await run_logged(SCRIPT, tmp_path, log)
     rows, _, _ = log.take()
     names = {STDOUT: "out", STDERR: "err"}
     lines = [
