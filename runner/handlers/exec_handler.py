@@ -11,9 +11,10 @@ that left the group are ended by ``runner.handlers.reaper``.
 Per attempt the cost outside the process itself is one spawn on a spawn thread
 (``runner.handlers.spawn``), its exit from its pidfd in an epoll set the loop reads
 (``runner.handlers.exits``), and one ``poll`` of its pipes at the exit; no asyncio
-transport, stream or task, and no selector registration of its own unless it runs longer
-than ``READ_AFTER`` (with an attempt log, stdout and stderr are read from the start: two
-registrations, which keep the order of the two streams).
+transport, stream or task, and no pipe watched unless it runs longer than ``READ_AFTER``
+(stdout and stderr in the exit set, the control channel a selector registration; with an
+attempt log, stdout and stderr are watched from the start, which keeps the order of the
+two streams).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class _Supervised:
         # stderr are read from the start, as data comes, so the order of the two streams
         # is kept (read at the exit, what was left in both could not be ordered).
         self._live: set[int] = set()
-        self._raw: set[int] = set()  # of those, watched through the exit set
+        self._raw: set[int] = set()  # stdout, stderr watched through the exit set
         self._pace = pace_of(self.loop)  # the loop's budget for reading output
         self._held = False  # stdout and stderr not watched until the next window
         if log is not None:
@@ -213,18 +214,32 @@ class _Supervised:
     def _watch_live(self) -> None:
         for fd in (self.child.out, self.child.err):
             self._live.add(fd)
-            if exits.watch_pipe(self.loop, fd, self._ready):
-                self._raw.add(fd)
-            else:
-                self.loop.add_reader(fd, self._paced, fd)
+            self._watch(fd)
+
+    def _watch(self, fd: int) -> None:
+        """Read stdout or stderr (``fd``) as data comes: through the loop's exit set
+        (``exits.watch_pipe``), else the loop's own reader."""
+        if exits.watch_pipe(self.loop, fd, self._ready):
+            self._raw.add(fd)
+        else:
+            self._raw.discard(fd)
+            self.loop.add_reader(fd, self._paced, fd)
+
+    def _unwatch(self, fd: int) -> None:
+        """Stop reading ``fd`` (nothing when it was not watched)."""
+        if fd in self._raw:
+            exits.unwatch_pipe(self.loop, fd)
+        else:
+            self.loop.remove_reader(fd)
 
     def _start_reading(self) -> None:
         if not self._reading:
             self._reading = True
             for fd in self._open - self._live:
-                # the control channel unpaced: its lines are few and short
-                read = self._readable if fd == self.child.control else self._paced
-                self.loop.add_reader(fd, read, fd)
+                if fd == self.child.control:  # unpaced: its lines are few and short
+                    self.loop.add_reader(fd, self._readable, fd)
+                else:
+                    self._watch(fd)
 
     # -- exit ------------------------------------------------------------------------
 
@@ -279,19 +294,13 @@ class _Supervised:
             return
         self._held = True
         for fd in self._outputs():
-            if fd in self._raw:
-                exits.unwatch_pipe(self.loop, fd)
-            else:
-                self.loop.remove_reader(fd)
+            self._unwatch(fd)
         self._pace.later(self._unhold)
 
     def _unhold(self) -> None:
         self._held = False
         for fd in self._outputs():  # a closed one left _open (its number may be reused)
-            if fd in self._raw and exits.watch_pipe(self.loop, fd, self._ready):
-                continue
-            self._raw.discard(fd)  # (the loop's exit set closed meanwhile)
-            self.loop.add_reader(fd, self._paced, fd)
+            self._watch(fd)
 
     def _readable(self, fd: int) -> bool:
         """Read one chunk from ``fd`` (known to be readable: the read ends are blocking);
@@ -365,10 +374,8 @@ class _Supervised:
     def _close_fd(self, fd: int) -> None:
         if fd in self._open:
             self._open.discard(fd)
-            if fd in self._raw:
-                exits.unwatch_pipe(self.loop, fd)
-            elif self._reading or fd in self._live:
-                self.loop.remove_reader(fd)
+            if fd in self._raw or self._reading or fd in self._live:
+                self._unwatch(fd)
             os.close(fd)
             if fd in self._redactors:  # what was held back: no secret completes it now
                 self._append(fd, self._redactors.pop(fd).end())

@@ -302,15 +302,13 @@ class SensorHub:
         for r in stopping:
             r.stop.set()
             r.sensor.kick()
+        tasks = [r.task for r in stopping]
         try:
-            for r in stopping:
-                done, _ = await asyncio.wait([r.task], timeout=10)
-                if not done:
-                    r.task.cancel()
-        except asyncio.CancelledError:  # aborted: none is waited for
-            for r in stopping:
-                r.task.cancel()
-            raise
+            if tasks:
+                await asyncio.wait(tasks, timeout=10)
+        finally:  # the late ones, or all of them when this stop is aborted (cancelled)
+            for task in tasks:
+                task.cancel()
 
     # -- rules -----------------------------------------------------------------------
 

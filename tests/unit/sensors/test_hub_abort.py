@@ -29,10 +29,10 @@ async def test_a_cancelled_hub_waits_for_no_database_call(tmp_path: Path) -> Non
     stop = asyncio.Event()
     task = asyncio.ensure_future(hub.run(stop))
     frozen = threading.Event()  # a database that never answers (a frozen network)
-    calls: list[float] = []
+    calls: list[int] = []
 
     def handle_pending() -> tuple[int, int]:
-        calls.append(1.0)
+        calls.append(1)
         frozen.wait(30)
         return 0, 0
 
