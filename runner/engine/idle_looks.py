@@ -23,6 +23,14 @@ from runner.store.data_version import CommitBell, DataVersion, commit_bell, data
 #: Seconds between two looks for due work while an idle SQLite worker waits for its
 #: commit bell (a safety net: a commit rings the bell at once).
 BELL_FALLBACK = 1.0
+#: After a ring, the counter is read again this soon (seconds), then at doubling waits up
+#: to :data:`RECHECK_LAST`: a commit rings the bell as it writes its frames to the
+#: ``-wal``, a moment before it counts them in the WAL index; a look at the ring may find
+#: the counter unmoved, and a committer descheduled in between (a busy machine) publishes
+#: its commit ms later, with no ring of its own. Without the rechecks such work waited
+#: for the next commit or the fallback (53 ms p99 with 20 handlers writing at full speed).
+RECHECK_FIRST = 0.001
+RECHECK_LAST = 0.128
 
 
 @dataclass
@@ -71,6 +79,8 @@ class IdleLooks:
             held or waiting (``leases.may_recover``, which reads only what commits change:
             no lease to lapse, no holder to die).
         listening: the loop reads the bell now.
+        recheck: seconds until the next read of the counter after the last ring
+            (:data:`RECHECK_FIRST`, doubling), ``None`` once past :data:`RECHECK_LAST`.
     """
 
     changes: DataVersion | None = None
@@ -78,6 +88,7 @@ class IdleLooks:
     due: Skip = field(default_factory=Skip)
     recover: Skip = field(default_factory=Skip)
     listening: bool = False
+    recheck: float | None = None
 
     @classmethod
     def open(cls, engine: Engine) -> IdleLooks:
@@ -99,9 +110,21 @@ class IdleLooks:
         return self.recover.unchanged(self.changes)
 
     def next_look(self, interval: float) -> float:
-        """Seconds until the next look while skipping: ``BELL_FALLBACK`` while the bell
-        is read, else the worker's poll ``interval``."""
+        """Seconds until the next look while skipping: the next recheck after a ring
+        (:meth:`take_recheck`), else ``BELL_FALLBACK`` while the bell is read, else the
+        worker's poll ``interval``."""
+        recheck = self.take_recheck()
+        if recheck is not None:
+            return recheck
         return BELL_FALLBACK if self.listening else interval
+
+    def take_recheck(self) -> float | None:
+        """Seconds until the counter is to be read again after the last ring (the wait
+        after it doubles), or ``None`` when no recheck is left."""
+        wait = self.recheck
+        if wait is not None:
+            self.recheck = wait * 2 if wait < RECHECK_LAST else None
+        return wait
 
     def looked(
         self,
@@ -131,9 +154,11 @@ class IdleLooks:
         self.listening = on
 
     def ring(self, rung: Callable[[], None]) -> None:
-        """The bell rang (a commit, anyone's): drain it and call ``rung``."""
+        """The bell rang (a commit, anyone's): drain it, recheck the counter from
+        :data:`RECHECK_FIRST` on, and call ``rung``."""
         if self.bell is not None:
             self.bell.drain()
+        self.recheck = RECHECK_FIRST
         rung()
 
     def close(self, loop: asyncio.AbstractEventLoop | None) -> None:

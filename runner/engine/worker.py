@@ -327,6 +327,9 @@ class Worker:
         self._want_claim = step.split  # the second cycle claims the other half
         if step.probe:
             self._probe.restart(now)
+            recheck = self._looks.take_recheck()  # a commit rung for may not show yet
+            if recheck is not None:
+                self._probe.next_at = now + recheck
         if recover:
             self._recover.restart(now)
         return True

@@ -7,7 +7,8 @@ found nothing locked, for lost attempts (its looks read SQLite's change counter 
 as often as its timers say, never in a busy loop; the rule engine does not look for
 pending events; the WAL checkpointer checkpoints nothing; the reaper's thread does not
 sweep while no attempt runs and no child is left. A commit by another connection still
-ends the worker's wait at its next look (the latency of ``flowrun start`` on SQLite).
+ends the worker's wait at its next look (the latency of ``flowrun start`` on SQLite),
+even one counted a moment after the bell it rang.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from sqlalchemy import Engine, event
 
 from runner.engine.config import WorkerConfig
+from runner.engine.idle_looks import BELL_FALLBACK, RECHECK_FIRST, RECHECK_LAST, IdleLooks
 from runner.engine.worker import Worker
 from runner.flowspec.compiler import load_flow
 from runner.handlers import reaper
@@ -55,13 +57,18 @@ class Statements:
         event.remove(Engine, "before_cursor_execute", self._note)
 
 
-def test_an_idle_worker_sends_no_statement_to_look_for_work(tmp_path: Path) -> None:
+def _later_world(tmp_path: Path) -> tuple[str, Path, Engine]:
+    """A SQLite file's URL, the ``later`` flow's file and an engine on the file."""
     url = f"sqlite:///{tmp_path / 'flowrun.db'}"
     flows = tmp_path / "flows"
     flows.mkdir()
     path = flows / "later.yaml"
     path.write_text(WORK)
-    engine = make_engine(url)
+    return url, path, make_engine(url)
+
+
+def test_an_idle_worker_sends_no_statement_to_look_for_work(tmp_path: Path) -> None:
+    url, path, engine = _later_world(tmp_path)
     turns = [0]
     # a long lease: no lease renewal or heartbeat in the window; the looks for lost
     # attempts come due every second (min(1, lease / 4)) and are skipped
@@ -105,6 +112,59 @@ def test_an_idle_worker_sends_no_statement_to_look_for_work(tmp_path: Path) -> N
     # a 50 ms look and the 1 s chores: ~20 turns a second; a busy loop would be thousands
     assert idle_turns <= 40 * WINDOW, f"{idle_turns} loop turns in {WINDOW}s idle"
     assert latency < 0.5, f"the claim came {latency:.2f}s after the commit"
+
+
+def test_a_commit_counted_after_its_ring_is_claimed_at_a_recheck(tmp_path: Path) -> None:
+    """A commit rings the bell as it writes the ``-wal``, a moment before SQLite counts it;
+    a committer descheduled in between (a busy machine) publishes it with no ring of
+    its own. Here: a ring with nothing counted yet, then a commit whose own ring is not
+    heard. The worker must claim it at a recheck, not at its next look (2 s here)."""
+    url, path, engine = _later_world(tmp_path)
+    # looks between rings every 2 s (0.05 by default): a missed commit waits for it
+    worker = Worker(engine, WorkerConfig(worker_id="idler", lease=600, poll=2.0))
+
+    async def scenario() -> float:
+        task = asyncio.ensure_future(worker.run())
+        await wait_until(lambda: worker._looks.listening, timeout=10, every=0.01)
+        looks = worker._looks
+        assert looks.bell is not None
+        loop = asyncio.get_running_loop()
+        other, flow = make_engine(url), load_flow(path)
+        with other.connect() as conn:  # connected before the ring: the commit is quick
+            conn.exec_driver_sql("SELECT 1")
+        looks.ring(worker._rung)  # the -wal written, the commit not counted yet
+        await asyncio.sleep(0.02)  # the look at the ring found the counter unmoved
+        loop.remove_reader(looks.bell.fd)  # the commit's own ring is not heard
+        with other.begin() as conn:
+            create_instances(conn, flow, [{}])
+        other.dispose()
+        looks.bell.drain()
+        loop.add_reader(looks.bell.fd, looks.ring, worker._rung)
+        started = time.monotonic()
+        await wait_until(lambda: worker.stats.claimed >= 1, timeout=10, every=0.005)
+        latency = time.monotonic() - started
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        return latency
+
+    try:
+        latency = asyncio.run(scenario())
+    finally:
+        engine.dispose()
+    assert latency < 0.5, f"claimed {latency:.2f}s after the commit"
+
+
+def test_rechecks_after_a_ring_double_then_give_way_to_the_fallback() -> None:
+    looks = IdleLooks(listening=True)
+    assert looks.next_look(0.05) == BELL_FALLBACK  # no ring: the fallback
+    looks.ring(lambda: None)
+    waits = []
+    while (wait := looks.next_look(0.05)) != BELL_FALLBACK:
+        waits.append(wait)
+    assert waits[0] == RECHECK_FIRST and waits[-1] == RECHECK_LAST
+    assert all(b == 2 * a for a, b in zip(waits, waits[1:], strict=False))
+    looks.ring(lambda: None)  # a new ring starts them again
+    assert looks.next_look(0.05) == RECHECK_FIRST
 
 
 def test_an_idle_rule_engine_does_not_look_for_events(tmp_path: Path) -> None:
