@@ -10,9 +10,13 @@ On PostgreSQL a cycle runs on the worker's database thread while handlers keep r
 the loop (its statements are network round trips). On SQLite it runs on the loop itself,
 through a sibling engine that never waits for the write lock (``db.no_wait_engine``): a
 cycle takes about 1.5 ms for 64 attempts, and handing it to a thread and back cost more
-than the handlers lost by waiting (measured: +15-20% attempts/s); when another process
-holds the lock, or this process's attempt-log writer is writing (``store.write_gate``), that
-cycle goes to the database thread, which may wait.
+than the handlers lost by waiting (measured: +15-20% attempts/s). When another
+connection holds the lock (another process, or this one's attempt-log writer in one of
+its short statements), the cycle tries again on the loop every millisecond, up to
+:data:`INLINE_TRIES` times, and only then goes to the database thread, which waits in
+SQLite's busy handler. A cycle on the thread, its statements each waiting for the GIL
+held by a loop busy with handlers, took 5-10 ms where one on the loop takes about 1 (it
+was the whole tail of new work's start latency with 20 handlers writing at full speed).
 
 On PostgreSQL a second cycle may be in flight while the first is on the server
 (``overlap``): it runs on a second database thread, over a second pooled connection, so
@@ -41,12 +45,16 @@ from runner.engine.running import Running, RunningAttempts
 from runner.handlers.attempt import AttemptResult
 from runner.store.db import no_wait_engine
 from runner.store.wal import WalCheckpointer
-from runner.store.write_gate import gate_for, gated, if_free
 
 #: The fewest finished attempts a second cycle starts for while one is in flight: a
 #: smaller batch costs the server too little to be worth overlapping, and a cycle more
 #: costs its fixed share on both sides (I/O-bound attempts end a few at a time).
 OVERLAP_MIN = 32
+#: Times a SQLite cycle is tried on the loop, a millisecond apart, while another
+#: connection holds the write lock, before it goes to the database thread.
+INLINE_TRIES = 5
+#: Seconds between those tries.
+INLINE_AGAIN = 0.001
 
 
 @dataclass(slots=True)
@@ -91,9 +99,6 @@ class CycleRunner:
         self.attempts = attempts
         self.db = db
         self.no_wait = no_wait_engine(engine)
-        #: SQLite: the turns this loop's cycles take with the attempt logs' writer
-        #: (``store.write_gate``); a cycle on the loop never waits for it
-        self.gate = gate_for(engine)
         self.wal: WalCheckpointer | None = None
         self.flights: list[Flight] = []
         self.overlapped = 0
@@ -136,19 +141,37 @@ class CycleRunner:
         another process holds the SQLite write lock, on a database thread no other
         cycle in flight uses."""
         loop = asyncio.get_running_loop()
-        fut, thread, gate = None, None, self.gate
+        fut, thread = None, None
         if self.no_wait is not None:
-            fut = if_free(gate, cycle.run_inline, loop, self.no_wait, request)
+            fut = cycle.run_inline(loop, self.no_wait, request)
+            if fut is None:  # the write lock is taken: again on the loop in a moment
+                fut, thread = loop.create_future(), self.db
+                loop.call_later(INLINE_AGAIN, self._again, fut, request, INLINE_TRIES - 1)
         if fut is None:
             busy = [f.thread for f in self.flights]
             thread = next(t for t in self._threads if t not in busy)
-            fut = thread.submit(gated, gate, cycle.run_cycle, self.engine, request)
+            fut = thread.submit(cycle.run_cycle, self.engine, request)
         fut.add_done_callback(self._ended)
         self.overlapped += bool(self.flights)
         flight = Flight(fut, request, self._sent, self._released, thread, time.monotonic())
         self.flights.append(flight)
         self._sent, self._released = [], []
         return fut
+
+    def _again(self, fut: asyncio.Future[CycleResult], request: CycleRequest, tries: int) -> None:
+        """Try the cycle of ``fut`` on the loop again (SQLite); after ``tries`` more, on
+        the database thread (where SQLite's busy handler waits for the lock)."""
+        if fut.done() or self.no_wait is None:
+            return
+        loop = fut.get_loop()
+        done = cycle.run_inline(loop, self.no_wait, request)
+        if done is not None:
+            _copy(done, fut)
+        elif tries > 0:
+            loop.call_later(INLINE_AGAIN, self._again, fut, request, tries - 1)
+        else:
+            later = self.db.submit(cycle.run_cycle, self.engine, request)
+            later.add_done_callback(lambda f: _copy(f, fut))
 
     def _ended(self, _fut: asyncio.Future[CycleResult]) -> None:
         if self.on_done is not None:
@@ -240,6 +263,18 @@ class CycleRunner:
             thread.shutdown()
         if self.no_wait is not None:
             self.no_wait.dispose()
+
+
+def _copy(src: asyncio.Future[CycleResult], dst: asyncio.Future[CycleResult]) -> None:
+    """``dst`` ends as ``src`` did (unless it ended already)."""
+    if dst.done():
+        return
+    if src.cancelled():
+        dst.cancel()
+    elif (exc := src.exception()) is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(src.result())
 
 
 def _forget(fut: asyncio.Future[CycleResult]) -> None:

@@ -3,6 +3,7 @@ deleted with their instance, evicted past ``--log-store-max``. Real SQLite files
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from sqlalchemy import update
@@ -13,7 +14,7 @@ from runner.store import prune as store_prune
 from runner.store import prune_instances
 from runner.store.db import make_engine
 from runner.store.log_reader import Pieces, chunks
-from runner.store.log_writer import LogWriter, flush_all, writer_for
+from runner.store.log_writer import STATEMENT_BYTES, LogWriter, flush_all, writer_for
 from runner.store.tables import instances
 from tests.support.fault import db_url, flow_world, new_instance, sql
 
@@ -157,3 +158,24 @@ def test_a_writer_given_up_is_not_waited_for_at_exit(tmp_path: Path, caplog) -> 
         pass
     assert _read(engine, iid)[0] == b"never stored\n"
     other.dispose()
+
+
+def test_a_big_batch_is_stored_in_short_statements(tmp_path: Path) -> None:
+    """On SQLite each statement of the writer is a transaction of its own of about
+    ``STATEMENT_BYTES``: a worker's cycle meets the write lock for one at most."""
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    iid = new_instance(engine, flow)
+    writer = LogWriter(engine)
+    log = writer.open(iid, 1)
+    for _ in range(16):
+        log.write(STDOUT, b"x" * (64 << 10))
+    inserts = [(iid, 1, i, STDOUT, 0.0, 0, b"x" * (64 << 10)) for i in range(16)]
+    statements = writer._sql.statements(inserts, [])
+    assert len(statements) == 16 * (64 << 10) // STATEMENT_BYTES  # ~128 KiB each
+    log.end()
+    deadline = time.monotonic() + 20  # stored by the writer's thread, or by this flush
+    while writer.flush() or time.monotonic() < deadline:
+        if sum(len(c.data) for c in chunks(engine, iid, 1, 0, 100)) == 16 << 16:
+            break
+        time.sleep(0.05)
+    assert sum(len(c.data) for c in chunks(engine, iid, 1, 0, 100)) == 16 << 16
