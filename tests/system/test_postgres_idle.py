@@ -83,3 +83,21 @@ def test_an_idle_daemon_commits_less_than_one_transaction_a_second(tmp_path: Pat
     finally:
         daemon.stop()
         engine.dispose()
+
+
+def test_exit_when_idle_exits_at_its_own_look_not_at_the_next_heartbeat(
+    tmp_path: Path, pg_url
+) -> None:
+    """A worker woken by notifications sleeps until its next timer: its look for
+    anything left (every 0.2 s) must be one of them, or ``--exit-when-idle`` waits for
+    the heartbeat (a third of the lease: 40 s here)."""
+    fr = Flowrun(tmp_path)
+    write_flow(fr.flows, "idle", FLOW, {"idle_tasks": "def run(ctx):\n    return True\n"})
+    fr.db = pg_url
+    assert fr("start", "idle").returncode == 0
+    started = time.monotonic()
+    res = fr("--daemon", "--exit-when-idle", "--lease", "120", timeout=120)
+    took = time.monotonic() - started
+    assert res.returncode == 0, res.stderr
+    assert "1 attempt committed" in res.stderr, res.stderr
+    assert took < 20, f"exited {took:.1f}s after it started"
