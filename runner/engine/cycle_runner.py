@@ -103,6 +103,8 @@ class CycleRunner:
         self.flights: list[Flight] = []
         self.overlapped = 0
         self.on_done: Callable[[], None] | None = None
+        #: SQLite: the next try on the loop of a cycle that met the write lock, by future
+        self._tries: dict[asyncio.Future[CycleResult], asyncio.TimerHandle] = {}
         self._threads = [db]
         # a pool of two connections or more (PostgreSQL's ``QueuePool``; an in-memory
         # SQLite engine's pool has no ``size()``, and one connection)
@@ -146,7 +148,7 @@ class CycleRunner:
             fut = cycle.run_inline(loop, self.no_wait, request)
             if fut is None:  # the write lock is taken: again on the loop in a moment
                 fut, thread = loop.create_future(), self.db
-                loop.call_later(INLINE_AGAIN, self._again, fut, request, INLINE_TRIES - 1)
+                self._try_again(fut, request, INLINE_TRIES - 1)
         if fut is None:
             busy = [f.thread for f in self.flights]
             thread = next(t for t in self._threads if t not in busy)
@@ -158,17 +160,24 @@ class CycleRunner:
         self._sent, self._released = [], []
         return fut
 
+    def _try_again(
+        self, fut: asyncio.Future[CycleResult], request: CycleRequest, tries: int
+    ) -> None:
+        """Try the cycle of ``fut`` on the loop again in :data:`INLINE_AGAIN` s."""
+        loop = fut.get_loop()
+        self._tries[fut] = loop.call_later(INLINE_AGAIN, self._again, fut, request, tries)
+
     def _again(self, fut: asyncio.Future[CycleResult], request: CycleRequest, tries: int) -> None:
         """Try the cycle of ``fut`` on the loop again (SQLite); after ``tries`` more, on
         the database thread (where SQLite's busy handler waits for the lock)."""
+        self._tries.pop(fut, None)
         if fut.done() or self.no_wait is None:
             return
-        loop = fut.get_loop()
-        done = cycle.run_inline(loop, self.no_wait, request)
+        done = cycle.run_inline(fut.get_loop(), self.no_wait, request)
         if done is not None:
             _copy(done, fut)
         elif tries > 0:
-            loop.call_later(INLINE_AGAIN, self._again, fut, request, tries - 1)
+            self._try_again(fut, request, tries - 1)
         else:
             later = self.db.submit(cycle.run_cycle, self.engine, request)
             later.add_done_callback(lambda f: _copy(f, fut))
@@ -256,7 +265,12 @@ class CycleRunner:
 
     def close(self) -> None:
         """Stop the checkpointer, the second database thread and dispose of the no-wait
-        engine."""
+        engine; a cycle waiting for its next try on the loop is cancelled (it claimed
+        nothing)."""
+        for fut, handle in self._tries.items():
+            handle.cancel()
+            fut.cancel()
+        self._tries.clear()
         if self.wal is not None:
             self.wal.stop()
         for thread in self._threads[1:]:

@@ -374,7 +374,7 @@ class Worker:
             timeout = cfg.fence_poll
         if self.running or self.attempts.waiting:
             timeout = min(timeout, cfg.fence_poll)
-        if cfg.exit_when_idle:  # its look for anything left is a timer of its own
+        if cfg.exit_when_idle and self.quiet():  # its look for anything left: a timer too
             timeout = min(timeout, max(0.0, self._chores.idle_check.next_at - time.monotonic()))
         return timeout
 

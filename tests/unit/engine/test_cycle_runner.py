@@ -18,7 +18,7 @@ from runner.engine.cycle_runner import INLINE_AGAIN, INLINE_TRIES, CycleRunner
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import RunningAttempts
 from runner.store import heartbeat
-from tests.support.fault import flow_world, new_instance
+from tests.support.fault import flow_world, new_instance, sql
 
 FLOW = """\
 initial: a
@@ -92,3 +92,34 @@ def test_a_cycle_meeting_a_long_write_goes_to_the_database_thread(
     loop_thread = threading.current_thread().name
     assert ran_on[:INLINE_TRIES] == [loop_thread] * INLINE_TRIES, ran_on
     assert ran_on[-1] != loop_thread, ran_on
+
+
+def test_a_cycle_waiting_for_its_next_try_is_cancelled_by_close(tmp_path: Path) -> None:
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    new_instance(engine, flow)
+    heartbeat.register(engine, "w")
+
+    async def scenario() -> asyncio.Future[CycleResult]:
+        db = DatabaseThread()
+        attempts = RunningAttempts(engine, "w", concurrency=4, kill_grace=1.0, in_db=db.call)
+        runner = CycleRunner(engine, attempts, db)
+        blocker = sqlite3.connect(engine.url.database or "", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            request = runner.request(CycleRequest("w", 30.0, free=4), stopping=False)
+            fut = runner.submit(request)
+            runner.close()  # the worker ends before the next try
+        finally:
+            blocker.execute("COMMIT")
+            blocker.close()
+            db.shutdown()
+        await asyncio.sleep(INLINE_AGAIN * (INLINE_TRIES + 2))
+        return fut
+
+    try:
+        fut = asyncio.run(scenario())
+        assert fut.cancelled()
+        locked = sql(engine, "SELECT count(*) FROM instances WHERE locked_by IS NOT NULL")
+        assert locked[0][0] == 0, "a cycle claimed after its worker closed"
+    finally:
+        engine.dispose()

@@ -123,3 +123,21 @@ def test_a_held_write_lock_sends_the_cycle_to_the_database_thread(tmp_path: Path
     _drain(engine, reg)  # w0 "died" holding its claim: the lease (0.2 s) runs out first
     item = detail.get_instance(engine, iid)
     assert (item["status"], item["restarts"]) == ("completed", 1)
+
+
+def test_exit_when_idle_does_not_spin_while_an_attempt_runs(tmp_path: Path) -> None:
+    """The look for anything left is one of the loop's timers only while the worker is
+    quiet: an attempt running 1 s turns the loop a few times (its fence polls), not in a
+    busy loop."""
+    engine, reg = _setup(
+        tmp_path,
+        "  a: {{call: '{mod}:nap', next: done}}\n  done: {{terminal: true}}\n",
+        "import asyncio\nasync def nap(ctx):\n    await asyncio.sleep(1.0)\n    return True\n",
+    )
+    with engine.begin() as conn:
+        create_instance(conn, reg.get("w"), {})
+    turns = [0]
+    worker = _drain(engine, reg, on_tick=lambda: turns.__setitem__(0, turns[0] + 1))
+    assert worker.stats.committed == 1
+    # ~4 fence polls a second and a few cycles; a spinning loop turns thousands of times
+    assert turns[0] < 200, f"{turns[0]} loop turns for one 1 s attempt"
