@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
 from runner.engine import cycle
 from runner.engine.cycle import CycleRequest, CycleResult
@@ -28,15 +29,35 @@ states:
 """
 
 
+def _world(tmp_path: Path) -> tuple[Engine, int]:
+    """A SQLite file with one runnable instance (its id) and worker ``w`` registered."""
+    engine, flow = flow_world(tmp_path, "f", FLOW)
+    iid = new_instance(engine, flow)
+    heartbeat.register(engine, "w")
+    return engine, iid
+
+
+def _submit_while_locked(
+    engine: Engine,
+) -> tuple[DatabaseThread, CycleRunner, sqlite3.Connection, asyncio.Future[CycleResult]]:
+    """On the running loop: a claiming cycle submitted while a second connection (returned,
+    to ``COMMIT``) holds the write lock; its database thread, runner and future."""
+    db = DatabaseThread()
+    attempts = RunningAttempts(engine, "w", concurrency=4, kill_grace=1.0, in_db=db.call)
+    runner = CycleRunner(engine, attempts, db)
+    blocker = sqlite3.connect(engine.url.database or "", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    request = runner.request(CycleRequest("w", 30.0, free=4), stopping=False)
+    return db, runner, blocker, runner.submit(request)
+
+
 def _claim_while_locked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: float | None
 ) -> tuple[CycleResult, list[str], int]:
     """Submit a claiming cycle while another connection holds the write lock for ``held``
     seconds (``None``: until the loop's next turn, before the cycle's next try); its
     result, the threads ``run_cycle`` ran on, and the instance's id."""
-    engine, flow = flow_world(tmp_path, "f", FLOW)
-    iid = new_instance(engine, flow)
-    heartbeat.register(engine, "w")
+    engine, iid = _world(tmp_path)
     ran_on: list[str] = []
     real = cycle.run_cycle
 
@@ -47,13 +68,7 @@ def _claim_while_locked(
     monkeypatch.setattr(cycle, "run_cycle", spied)
 
     async def scenario() -> CycleResult:
-        db = DatabaseThread()
-        attempts = RunningAttempts(engine, "w", concurrency=4, kill_grace=1.0, in_db=db.call)
-        runner = CycleRunner(engine, attempts, db)
-        blocker = sqlite3.connect(engine.url.database or "", isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-        request = runner.request(CycleRequest("w", 30.0, free=4), stopping=False)
-        fut = runner.submit(request)
+        db, runner, blocker, fut = _submit_while_locked(engine)
         if held is None:  # call_soon runs before the next try's timer
             asyncio.get_running_loop().call_soon(blocker.execute, "COMMIT")
         else:
@@ -95,19 +110,11 @@ def test_a_cycle_meeting_a_long_write_goes_to_the_database_thread(
 
 
 def test_a_cycle_waiting_for_its_next_try_is_cancelled_by_close(tmp_path: Path) -> None:
-    engine, flow = flow_world(tmp_path, "f", FLOW)
-    new_instance(engine, flow)
-    heartbeat.register(engine, "w")
+    engine, _ = _world(tmp_path)
 
     async def scenario() -> asyncio.Future[CycleResult]:
-        db = DatabaseThread()
-        attempts = RunningAttempts(engine, "w", concurrency=4, kill_grace=1.0, in_db=db.call)
-        runner = CycleRunner(engine, attempts, db)
-        blocker = sqlite3.connect(engine.url.database or "", isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
+        db, runner, blocker, fut = _submit_while_locked(engine)
         try:
-            request = runner.request(CycleRequest("w", 30.0, free=4), stopping=False)
-            fut = runner.submit(request)
             runner.close()  # the worker ends before the next try
         finally:
             blocker.execute("COMMIT")
