@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.handlers import exec_handler
+from runner.handlers import supervised
 from runner.handlers.attempt import Cancel, Limits
 from runner.handlers.environ import handler_env
 from runner.handlers.exec_handler import run_exec
@@ -61,7 +61,7 @@ async def test_interleaved_writes_from_the_first_millisecond_keep_their_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the pipes are not looked at before the exit but for the log's own reading
-    monkeypatch.setattr(exec_handler, "READ_AFTER", 3600.0)
+    monkeypatch.setattr(supervised, "READ_AFTER", 3600.0)
     log = AttemptLog(_Kept(), 1, 1, 1 << 20)
     await run_logged(SCRIPT, tmp_path, log)
     rows, _, _ = log.take()
