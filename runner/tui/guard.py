@@ -18,13 +18,15 @@ traceback. Anything else is logged with its traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from textual import work
+from textual.app import App
 from textual.screen import Screen
 from textual.widgets import Static
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from runner.errors import database_failure
 from runner.tui import literal
@@ -42,6 +44,18 @@ def background(group: str, *, exclusive: bool = False) -> Any:
     ``group`` (``exclusive``: a new call cancels the running one), that never exits the
     app on an exception (see the module docstring)."""
     return work(thread=True, group=group, exclusive=exclusive, exit_on_error=False)
+
+
+def deliver(app: App[Any], show: Callable[..., Any], *args: Any) -> None:
+    """From inside a :func:`background` thread worker: run ``show(*args)`` on the UI loop
+    (``call_from_thread``, waiting for it) unless the worker was cancelled meanwhile.
+
+    An ``exclusive`` worker is cancelled when a newer load of its group starts, but a
+    thread cannot be stopped: its asyncio task ends at once (``wait_for_complete`` no
+    longer waits for it) while the thread reads on. Its result, stale, would otherwise be
+    shown whenever the thread finishes, over the newer one. Raises what ``show`` raises."""
+    if not get_current_worker().is_cancelled:
+        app.call_from_thread(show, *args)
 
 
 def failure_line(error: BaseException) -> str:

@@ -30,15 +30,7 @@ from runner.tui.app import FlowrunApp
 from runner.tui.guard import FailureLine
 from runner.tui.screens.detail import DetailScreen
 from runner.tui.screens.instances import InstancesScreen
-from tests.support.console_db import build_db, clock
 from tests.support.hostile_console import assert_alive, assert_literal, settle
-
-
-@pytest.fixture
-def app(tmp_path: Path):
-    engine, _path, flows = build_db(tmp_path)
-    yield FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
-    engine.dispose()
 
 
 def failure(app: FlowrunApp) -> FailureLine:

@@ -20,14 +20,6 @@ SIZE = (150, 40)
 
 
 @pytest.fixture
-def app(tmp_path: Path):
-    engine, _path, flows = build_db(tmp_path)
-    # flows_dir is shown in the flows view; give a stable relative-looking name
-    yield FlowrunApp(engine, flows_dir=flows, clock=clock, live=False)
-    engine.dispose()
-
-
-@pytest.fixture
 def hostile_app(tmp_path: Path):
     """The same data with the hostile corpus written into it (``hostile_console``)."""
     engine, _path, flows = build_db(tmp_path)

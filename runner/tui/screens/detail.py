@@ -15,7 +15,7 @@ from runner.error_line import error_line
 from runner.flowspec import deadlines
 from runner.store.deadlines import LIVE
 from runner.tui import fmt, literal
-from runner.tui.guard import FailureLine, GuardedScreen, background
+from runner.tui.guard import FailureLine, GuardedScreen, background, deliver
 from runner.tui.model import Detail
 from runner.tui.widgets.status_header import STATUS_STYLES
 
@@ -222,7 +222,7 @@ class DetailScreen(GuardedScreen):
     @background("detail", exclusive=True)
     def _load(self) -> None:
         d = self.app.data.detail(self.instance_id)
-        self.app.call_from_thread(self._show, d)
+        deliver(self.app, self._show, d)
 
     def _show(self, d: Detail | None) -> None:
         if d is None:

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from runner.tui import literal
-from runner.tui.guard import FailureLine, GuardedScreen, background
+from runner.tui.guard import FailureLine, GuardedScreen, background, deliver
 
 #: Longest line of an explanation shown, in characters.
 EXPLAIN_LIMIT = 2000
@@ -45,7 +45,7 @@ class ExplainScreen(GuardedScreen):
     @background("explain", exclusive=True)
     def _load(self) -> None:
         text = self.app.data.explain(self.instance_id)
-        self.app.call_from_thread(self._show, text)
+        deliver(self.app, self._show, text)
 
     def _show(self, text: str | None) -> None:
         self.text = text if text is not None else f"no instance {self.instance_id}"

@@ -13,10 +13,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.timer import Timer
 from textual.widgets import Footer, Input
-from textual.worker import get_current_worker
 
 from runner.lifecycle import STATUSES
-from runner.tui.guard import FailureLine, GuardedScreen, background
+from runner.tui.guard import FailureLine, GuardedScreen, background, deliver
 from runner.tui.model import SORTS, Counts, Page, Query
 from runner.tui.screens.dialogs import ChoiceScreen
 from runner.tui.widgets.instance_table import InstanceTable
@@ -108,8 +107,7 @@ class InstancesScreen(GuardedScreen):
         data = self.app.data
         page = data.page(query, offset, limit, total=total or None, anchor=anchor)
         spark = data.throughput(data.clock())
-        if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self._show_page, page, spark)
+        deliver(self.app, self._show_page, page, spark)
 
     def _show_page(self, page: Page, spark: list[int]) -> None:
         self.table.set_page(page)

@@ -27,7 +27,7 @@ from textual.widgets import Footer, Input, Static
 
 from runner.literal import literal
 from runner.log_buffer import END_GRACE
-from runner.tui.guard import FailureLine, GuardedScreen, background
+from runner.tui.guard import FailureLine, GuardedScreen, background, deliver
 
 #: Seconds between two looks for new output of a running attempt.
 POLL = 0.5
@@ -225,7 +225,7 @@ class LogScreen(GuardedScreen):
                 after = batch[-1].seq
         info = next((a for a in found if a.attempt == attempt), None)
         running = info is not None and info.outcome is None
-        self.app.call_from_thread(self._show, generation, numbers, attempt, chunks, info, running)
+        deliver(self.app, self._show, generation, numbers, attempt, chunks, info, running)
 
     def _show(self, generation, numbers, attempt, chunks, info, running) -> None:
         if generation != self._generation:

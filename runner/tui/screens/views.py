@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Static
 
 from runner.tui import fmt, literal
-from runner.tui.guard import FailureLine, GuardedScreen, background
+from runner.tui.guard import FailureLine, GuardedScreen, background, deliver
 from runner.tui.model import FlowsInfo
 
 
@@ -46,7 +46,8 @@ class TableView(GuardedScreen):
             table = self.query_one(f"#{table_id}", DataTable)
             table.border_title = title
             table.add_columns(*cols)
-        self.refresh_data()
+        # the first load comes from ``on_screen_resume``: Textual posts ScreenResume on
+        # every push, the first one included
         if self.app.refresh_interval > 0:
             self.set_interval(max(self.REFRESH, self.app.refresh_interval), self.refresh_data)
 
@@ -60,7 +61,7 @@ class TableView(GuardedScreen):
     @background("view", exclusive=True)
     def _reload(self) -> None:
         result = self.load()
-        self.app.call_from_thread(self._apply, result)
+        deliver(self.app, self._apply, result)
 
     def _apply(self, result: Any) -> None:
         if self.is_attached:
