@@ -30,16 +30,21 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Float,
+    Integer,
     Select,
+    String,
     and_,
     bindparam,
+    column,
     exists,
     func,
     literal_column,
     or_,
     select,
+    true,
     union_all,
     update,
+    values,
 )
 
 from runner.flowspec import faults
@@ -396,27 +401,51 @@ def next_times(conn: Connection, at: float) -> tuple[float | None, float | None]
     the locked rows; a worker woken through ``LISTEN/NOTIFY`` sleeps until the earlier
     of them instead of polling.
     """
-    due_stmt, expiry_stmt = _next_times(dialect_of(conn).skip_locked)
-    due = conn.execute(due_stmt, {"at": at}).scalar()
-    expiry = conn.execute(expiry_stmt).scalar()
+    due, expiry = conn.execute(_next_times(dialect_of(conn).skip_locked), {"at": at}).one()
     return due, expiry
 
 
 @cache
-def _next_times(hidden: bool) -> tuple[Select[Any], Select[Any]]:
-    """:func:`next_times`' two statements, built once (an idle worker asks at each look:
+def _next_times(lateral: bool) -> Select[Any]:
+    """:func:`next_times`' statement, built once (an idle worker asks at each look:
     building the union of one ``SELECT`` a status and priority was most of an idle
-    daemon's Python time).
+    daemon's Python time): both times in one round trip, as two scalar subqueries.
 
-    ``hidden`` (PostgreSQL): the time bound is a scalar subquery, so the planner does
-    not see its value. Seeing it, a custom plan looked up each range's actual end in
-    ``ix_instances_claim`` (``get_actual_variable_range``) through the dead entries of
-    a busy table: 8 ms of planning for 0.5 ms of execution, under a pool's row lock
-    when a claim with a pool found nothing (``docs/performance.md``, "Not done")."""
+    ``lateral`` (PostgreSQL): one ``LATERAL`` subquery over the 18 ``(status,
+    priority)`` pairs (a ``VALUES`` list, as the claim reads them: ``rows.claim_stmt``),
+    each the first entry after ``at`` of one range of ``ix_instances_claim``. The union
+    of 18 ``SELECT min(...)`` it replaces took 5.4 ms to plan for 0.7 ms of execution
+    (``EXPLAIN ANALYZE`` during ``bench/pools.py``'s pool-bound run, where every cycle
+    that claims nothing plans), before psycopg prepares it on a connection's sixth run.
+    The time bound is a scalar subquery, so the planner does not see its value: seeing
+    it, a custom plan looked up each range's actual end in the index
+    (``get_actual_variable_range``) through the dead entries of a busy table. SQLite plans
+    the union in microseconds."""
     i = instances.c
     at: Any = bindparam("at", type_=Float())
-    if hidden:
+    expiry = (
+        select(func.min(i.locked_until))
+        .where(i.locked_by.is_not(None), i.running_attempt.is_not(None))
+        .scalar_subquery()
+    )
+    if lateral:
         at = select(at).scalar_subquery()
+        keys = values(column("s", String()), column("p", Integer()), name="k", literal_binds=True)
+        keys = keys.data([(status, p) for status in CLAIMABLE for p in PRIORITIES])
+        first = (
+            select(i.due_at)
+            .where(
+                i.status == keys.c.s,
+                i.priority == keys.c.p,
+                i.due_at > at,
+                i.locked_by.is_(None),
+            )
+            .order_by(i.due_at)
+            .limit(1)
+            .lateral("first")
+        )
+        due = select(func.min(first.c.due_at)).select_from(keys).join(first, true())
+        return select(due.scalar_subquery(), expiry)
     firsts = [
         select(func.min(i.due_at).label("m")).where(
             i.status == literal_column(f"'{status}'"),
@@ -428,7 +457,4 @@ def _next_times(hidden: bool) -> tuple[Select[Any], Select[Any]]:
         for p in PRIORITIES
     ]
     each = union_all(*firsts).subquery()
-    expiry = select(func.min(i.locked_until)).where(
-        i.locked_by.is_not(None), i.running_attempt.is_not(None)
-    )
-    return select(func.min(each.c.m)), expiry
+    return select(select(func.min(each.c.m)).scalar_subquery(), expiry)

@@ -189,7 +189,9 @@ def test_the_claim_reads_the_index_in_order_on_100k_rows(tmp_path: Path) -> None
             statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
             plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params).all()
         steps = [r[-1] for r in plan if "instances" in r[-1]]
-        assert len(steps) == 18 and all(range_.replace("<", ">") in d for d in steps), steps
+        ranges = [d for d in steps if "ix_instances_claim" in d]
+        assert len(ranges) == 18 and all(range_.replace("<", ">") in d for d in ranges), steps
+        assert not any(d.startswith("SCAN instances") for d in steps), steps
     finally:
         engine.dispose()
 
@@ -242,7 +244,10 @@ def test_the_claim_plans_an_ordered_index_scan_per_priority_on_postgresql(
             leases.by_index(conn)
             statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
             plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + statement, params).scalars())
-        assert plan.count("Index Scan using ix_instances_claim") == 18, plan
+        # one ordered range per pair again, each its first entry (LIMIT 1): the union of
+        # 18 SELECTs it replaced cost 5.4 ms to plan
+        assert plan.count("Index Scan using ix_instances_claim") == 1, plan
+        assert "Values Scan" in plan and "Limit" in plan, plan
         assert "Seq Scan on instances" not in plan, plan
     finally:
         engine.dispose()
