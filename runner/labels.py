@@ -9,7 +9,7 @@ started it (``{data.x}``, ``{event.host}``), rendered when the instance enters t
 
 The resolved requirement is stored as canonical JSON text (:func:`canonical`: keys
 sorted, no spaces), ``None`` for none; the claim compares it with the worker's labels
-inside its own statement (``runner.store.rows.claim_statement``). Pure: no I/O, nothing of
+inside its own statement (``runner.store.hot.claim_statement``). Pure: no I/O, nothing of
 flowrun but ``templating``.
 """
 

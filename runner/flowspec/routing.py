@@ -5,7 +5,7 @@ A handler state's ``runs_on`` is ``defaults.runs_on`` with the state's own merge
 (a value ``""`` removes a default's label); its ``routing_timeout`` is the state's, else
 the defaults' (``None``: an instance waits for a matching worker for ever). The
 requirement is resolved when an instance enters the state (``runner.labels.resolve``) and
-kept by the claim (``runner.store.rows.claim_statement``); the timeout is acted on by
+kept by the claim (``runner.store.hot.claim_statement``); the timeout is acted on by
 ``runner.store.routing``.
 """
 

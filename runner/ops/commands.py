@@ -29,10 +29,11 @@ from runner.errors import IllegalMove, UserError
 from runner.store.clock import db_now
 from runner.store.db import reading
 from runner.store.deadlines import entered
+from runner.store.hot import hot_for
 from runner.store.leases import decode_event
 from runner.store.lifecycle_events import emit, transition
 from runner.store.notify import notify_due
-from runner.store.rows import hot_for, running_attempt_row
+from runner.store.rows import running_attempt_row
 from runner.store.tables import commands, instances
 from runner.store.versions import compiled
 from runner.warn_line import warn

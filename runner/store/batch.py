@@ -42,8 +42,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
+from runner.store.hot import completing_open
 from runner.store.prepared import Prepared
-from runner.store.rows import Claim, Outcome, completing_open, next_claim
+from runner.store.rows import Claim, Outcome, next_claim
 from runner.store.tables import attempts, instances
 
 #: the per-row columns of an outcome (short keys: PostgreSQL lexes every byte of the
@@ -147,7 +148,7 @@ def commit_statement():
     """The whole commit of a batch: the fenced updates of the outcomes that release their
     instance (rows in ``r_rows``; a pool's seat, ``pool``, goes with the lock) and of
     those that keep it (chained, ``k_rows``: the next attempt's number is ``n``), and the
-    finished attempts' rows (``a_rows``, as ``rows.close_attempts``: an open row a
+    finished attempts' rows (``a_rows``, as ``hot.close_attempts``: an open row a
     checkpoint wrote is completed, one already closed left as it is) written only for the
     instances the updates held; selects the ids held. Rows as :func:`batch_rows` makes them; scalar
     params: ``w`` (worker, for the attempt rows), ``b_at`` (commit time, epoch s),

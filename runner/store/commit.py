@@ -15,9 +15,10 @@ from sqlalchemy import Connection, update
 from runner.store.clock import db_now
 from runner.store.deadlines import entered
 from runner.store.dialect import dialect_of
+from runner.store.hot import Hot, hot_for
 from runner.store.lifecycle_events import emit, outcome_events, wanted
 from runner.store.notify import notify_due
-from runner.store.rows import CLAIMABLE, Claim, Hot, Outcome, attempt_row, hot_for, next_claim
+from runner.store.rows import CLAIMABLE, Claim, Outcome, attempt_row, next_claim
 from runner.store.tables import attempts, instances
 
 

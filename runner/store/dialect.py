@@ -10,7 +10,7 @@ is huey's ``BaseStorage``: one interface, one implementation per backend, chosen
 There are two: :data:`SQLITE` (a file with WAL, one writer at a time under ``BEGIN
 IMMEDIATE``, see ``runner.store.db``) and :data:`POSTGRESQL` (``psycopg`` 3, row locks
 with ``FOR UPDATE SKIP LOCKED``). Both are module-level singletons: ``dialect_of`` is a
-dict lookup, and the worker's hot statements (``runner.store.rows.Hot``) keep the one
+dict lookup, and the worker's hot statements (``runner.store.hot.Hot``) keep the one
 they resolved, so the claim and commit path pays nothing per call.
 """
 

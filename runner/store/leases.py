@@ -52,6 +52,7 @@ from runner.flowspec.policy import Policy
 from runner.store.clock import db_now
 from runner.store.dead import dead_holders
 from runner.store.dialect import Dialect, dialect_of
+from runner.store.hot import hot_for
 from runner.store.lifecycle_events import emit_lost
 from runner.store.pool_settle import settle
 from runner.store.pools import Seat, seat_of
@@ -60,7 +61,6 @@ from runner.store.rows import (
     PRIORITIES,
     Claim,
     due_clause,
-    hot_for,
     running_attempt_row,
 )
 from runner.store.tables import instances

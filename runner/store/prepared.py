@@ -1,6 +1,6 @@
 """Statements prepared for one engine: compiled once, run through the driver.
 
-One responsibility: :class:`Prepared`, the worker's hot statements (``rows.Hot``,
+One responsibility: :class:`Prepared`, the worker's hot statements (``hot.Hot``,
 ``batch``, ``pool_statements``) without SQLAlchemy's per-call statement building.
 """
 

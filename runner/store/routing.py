@@ -1,7 +1,7 @@
 """Routing by label, the store's side: which live workers match a requirement, and the
 ``routing_timeout`` of instances no live worker has matched.
 
-The claim itself keeps the requirement (``runner.store.rows.claim_statement``: a worker
+The claim itself keeps the requirement (``runner.store.hot.claim_statement``: a worker
 claims only instances whose ``runs_on`` its labels cover), so an instance waiting for a
 matching worker is never claimed by another one: nothing is spent. This module is the
 rest, run by every worker with its periodic look for lost attempts (:func:`sweep`, at

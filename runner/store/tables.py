@@ -438,7 +438,7 @@ pools = _table(PoolRow)
 
 # priority descending: one status, ``priority IN (9, ..., 1)`` and ``ORDER BY priority
 # DESC, due_at`` are read in index order, one range of due rows per priority
-# (``runner.store.rows.claim_statement``); a pool's waiters the same way
+# (``runner.store.hot.claim_statement``); a pool's waiters the same way
 # (``runner.store.pool_statements``); partial on PostgreSQL too (migrations 0007, 0011)
 Index("ix_instances_claim", instances.c.status, instances.c.priority.desc(), instances.c.due_at)
 Index(

@@ -19,7 +19,7 @@ from runner.handlers.attempt import AttemptResult
 from runner.store import commit, leases, pools
 from runner.store.create import create_instance, initial_row
 from runner.store.db import make_engine
-from runner.store.rows import hot_for
+from runner.store.hot import hot_for
 from runner.store.tables import instances
 from tests.support.fault import either_world, engine_at, flow_world, load, sql, write_flow
 

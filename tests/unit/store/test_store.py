@@ -443,7 +443,8 @@ def test_a_driver_error_in_a_hot_statement_is_a_dbapi_error(world) -> None:
     arrive as SQLAlchemy's DBAPIError (what the worker's retry and fallback look for)."""
     from sqlalchemy.exc import DBAPIError, IntegrityError
 
-    from runner.store.rows import attempt_row, hot_for
+    from runner.store.hot import hot_for
+    from runner.store.rows import attempt_row
 
     engine, flow = world
     iid = new_instance(engine, flow)
@@ -572,7 +573,7 @@ def test_the_cycle_plans_by_index_without_statistics(pg_url: str, tmp_path) -> N
     every due row, of ``ix_instances_locked_by`` or of the table (``leases.by_index``);
     the setting ends with the transaction."""
     from runner.store.batch import batch_for, batch_rows
-    from runner.store.rows import hot_for
+    from runner.store.hot import hot_for
 
     flow = load(write_flow(tmp_path / "flows", "st", FLOW))
     engine = make_engine(pg_url)
