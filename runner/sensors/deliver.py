@@ -35,7 +35,7 @@ from sqlalchemy import Engine
 
 from runner.sensors.base import first_of, log
 from runner.sensors.http_out import Receivers, receiver
-from runner.sensors.rules import describe_target
+from runner.sensors.rule_actions import describe_target
 from runner.store.clock import db_now
 from runner.store.deliveries import Claimed, Try, claim_due, finish, next_due
 from runner.templating import render

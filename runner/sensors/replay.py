@@ -4,7 +4,7 @@ never happened (``flowrun rules test``).
 A replay is idempotent: an action a rule already took for an event is not taken twice
 unless forced. A rule's ``start`` is taken when the event already started an instance of
 that flow (``instances.event_id``); a rule's command is taken when a command row of that
-rule names the event (``commands.args.event_id``, written by ``rules.act``). A dry run
+rule names the event (``commands.args.event_id``, written by ``rule_actions.act``). A dry run
 and a rules test only read: they say which rule matches (and why the others do not) and
 what each would do, with its data rendered.
 """
@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, func, select, update
 
 from runner.errors import UserError
 from runner.ops.views import iso
-from runner.sensors.rules import RULE_ERRORS, Planned, act, event_field, plan, rule_error
+from runner.sensors.rule_actions import RULE_ERRORS, Planned, act, event_field, plan, rule_error
 from runner.store.db import reading
 from runner.store.tables import commands, events, instances
 
@@ -43,7 +43,7 @@ class RuleVerdict:
         matched: whether the rule applies to the event.
         why: what decided it (``"sensor is x, not y"``, ``"field 'name' does not match
             '^a'"``, ``"matches"``).
-        planned: what it would do (``rules.Planned``), when matched and plannable.
+        planned: what it would do (``rule_actions.Planned``), when matched and plannable.
         error: why it could not be planned (a missing event field ...), else ``None``.
         taken: for a replay: the action already taken for this event, else ``None``.
         done: for a replay that ran: what was done, else ``None``.

@@ -16,7 +16,7 @@ from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import compile_source
 from runner.ops.forecast import pool_wait
 from runner.ops.pools import read_pools
-from runner.sensors.rules import Planned, act
+from runner.sensors.rule_actions import Planned, act
 from runner.store import leases, pools
 from runner.store.db import make_engine
 from runner.store.limit_names import describe, limit_name
