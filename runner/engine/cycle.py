@@ -21,18 +21,17 @@ engine) is :class:`runner.engine.worker.Worker`, which this module never imports
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError
 
 from runner import lifecycle
+from runner.engine.cycle_log import log_ended
 from runner.engine.outcomes import decide
-from runner.error_line import error_line
 from runner.errors import UserError
 from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
@@ -40,19 +39,12 @@ from runner.store import commit, leases, pools, routing, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.dialect import dialect_of
-from runner.store.lifecycle_events import outcome_kind
 from runner.store.notify import notify_due
 from runner.store.rows import Claim, Outcome
-from runner.store.tables import events, instances
-from runner.warn_line import warn
+from runner.store.tables import events
 
 if TYPE_CHECKING:
     from runner.engine.running import Running
-
-#: The lifecycle kinds of an attempt's outcome that are one WARNING line (``log_ended``).
-WARNED = ("failed", "budget_spent", "restarts_spent")
-
-log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 
 #: Moves one claim may chain through before its instance is released and claimed anew.
 MAX_CHAIN = 16
@@ -258,65 +250,6 @@ def run_cycle(engine: Engine, request: CycleRequest) -> CycleResult:
     return result
 
 
-def log_ended(engine: Engine, request: CycleRequest, lost: Sequence[int]) -> None:
-    """One WARNING line per instance a committed cycle left for an operator, naming it,
-    its flow and state (``runner.warn_line``; fields ``instance``, ``flow``, ``state``,
-    ``kind``): ``budget_spent`` (failed, paused or another state entered),
-    ``restarts_spent``, ``failed`` (the lifecycle kinds of
-    ``store.lifecycle_events.outcome_kind``), ``killed`` (a command killed it:
-    its running attempt was cancelled, or its outcome fenced out), ``fenced_out`` (the
-    outcome not committed: another worker or a command took the instance; ``holder`` and
-    ``worker`` fields). ``lost``: the ids whose outcome the fence refused."""
-    gone = set(lost)
-    for o in request.outcomes:
-        status = o.values["status"]
-        kind = outcome_kind(o.attempt_values["outcome"], status)
-        if kind in WARNED and o.claim.id not in gone:
-            why = error_line(o.values["last_error"], 300, spent=True)
-            to = "" if status != "runnable" else f"entered {o.values['state']!r}"
-            _warn(o.claim, kind, f"{to or status}: {why}")
-    cancelled = [c for c, _ in request.cancels]
-    if not (gone or cancelled):
-        return
-    try:  # who holds them now, and were they killed; rare: only after a command
-        with reading(engine) as conn:
-            rows = conn.execute(
-                select(instances.c.id, instances.c.status, instances.c.locked_by).where(
-                    instances.c.id.in_([*gone, *(c.id for c in cancelled)])
-                )
-            ).all()
-    except DBAPIError:
-        rows = []
-    now = {iid: (status, holder) for iid, status, holder in rows}
-    for c in cancelled:
-        if now.get(c.id, ("",))[0] == "killed":
-            _warn(c, "killed", f"killed by a command; its attempt {c.attempt} was cancelled")
-    for o in request.outcomes:
-        if o.claim.id not in gone:
-            continue
-        c, (status, holder) = o.claim, now.get(o.claim.id, ("", None))
-        if status == "killed":
-            _warn(
-                c,
-                "killed",
-                f"killed by a command; the outcome of attempt {c.attempt} was not committed",
-            )
-            continue
-        holder = holder or "nobody (released)"
-        _warn(
-            c,
-            "fenced_out",
-            f"fenced out: the outcome of attempt {c.attempt} was not committed by "
-            f"{request.worker_id}; held now by {holder}",
-            worker=request.worker_id,
-            holder=holder,
-        )
-
-
-def _warn(claim: Claim, kind: str, text: str, **fields: Any) -> None:
-    warn(log, claim.id, claim.flow, claim.state, kind, text, **fields)
-
-
 def run_inline(
     loop: asyncio.AbstractEventLoop, no_wait: Engine, request: CycleRequest
 ) -> asyncio.Future[CycleResult] | None:
@@ -421,28 +354,6 @@ def nothing_pending(engine: Engine) -> bool:
             return False
         pending = conn.execute(select(events.c.id).where(events.c.handled_at.is_(None)).limit(1))
         return pending.first() is None
-
-
-def log_lost(recovered: list[leases.Lost]) -> None:
-    """Log each attempt a cycle recorded as lost by a dead worker (``leases.Lost`` list):
-    one WARNING each, its ``kind`` ``restarts_spent`` when that spent the restarts (the
-    instance failed), else ``lost``."""
-    for lost in recovered:
-        warn(
-            log,
-            lost.instance_id,
-            lost.flow,
-            lost.state,
-            "restarts_spent" if lost.failed else "lost",
-            f"attempt lost by worker {lost.worker} (attempt {lost.attempt}); "
-            + (
-                "restarts spent: instance failed"
-                if lost.failed
-                else "restarting from its last checkpoint"
-            ),
-            worker=lost.worker,
-            attempt=lost.attempt,
-        )
 
 
 def _policy(conn, version: str, state: str) -> Policy | None:

@@ -40,11 +40,12 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from runner.engine import batching, cycle
+from runner.engine import batching
 from runner.engine.ahead import WAIT_MAX, ClaimAhead
 from runner.engine.chores import Chores
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
+from runner.engine.cycle_log import log_lost
 from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
@@ -419,7 +420,7 @@ class Worker:
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
-        cycle.log_lost(result.recovered)
+        log_lost(result.recovered)
         if result.refused:
             self._ahead.refused(time.monotonic())
         if self._notified or self._looks.active:
