@@ -35,7 +35,7 @@ from runner.engine.outcomes import decide
 from runner.errors import UserError
 from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, leases, pools, routing, versions
+from runner.store import commit, due, leases, pools, routing, versions
 from runner.store.clock import db_now
 from runner.store.db import is_busy, reading
 from runner.store.dialect import dialect_of
@@ -63,7 +63,7 @@ class CycleRequest:
     looks for due work, so an idle cycle first checks cheaply whether anything is due;
     ``recover`` asks it to record the attempts lost by dead workers (``leases.recover_lost``);
     ``plan`` asks, when the claim leaves slots free, when work next appears by itself
-    (``leases.next_times``: a worker woken by notifications sleeps until then);
+    (``due.next_times``: a worker woken by notifications sleeps until then);
     ``labels`` are the worker's (``runner.labels.canonical``): it claims only what they
     cover.
     """
@@ -312,10 +312,10 @@ def _transaction(
         # plan after the commit, in a read of its own
         later = plan and bool(refused) and dialect_of(engine).skip_locked
         if plan and not later:
-            result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
+            result.next_due, result.next_expiry = due.next_times(conn, db_now(conn))
     if later:
         with reading(engine) as conn:
-            result.next_due, result.next_expiry = leases.next_times(conn, db_now(conn))
+            result.next_due, result.next_expiry = due.next_times(conn, db_now(conn))
     return result
 
 
@@ -330,27 +330,27 @@ def _idle_probe(
     ``probe``, something a worker with ``labels`` may claim is due now (claim it) or,
     with ``recover``, lost attempts may be found (``leases.may_recover``), else an
     empty :class:`CycleResult`, which with ``plan`` says when work next appears by
-    itself (``leases.next_times``), read in the same snapshot. A look for lost attempts
+    itself (``due.next_times``), read in the same snapshot. A look for lost attempts
     alone (no ``probe``) does not look for due work: the worker's idle probe does, when
     it may find some."""
     with reading(engine) as conn:
         if recover and leases.may_recover(conn):
             return None
         at = db_now(conn)
-        if probe and leases.has_due(conn, at, labels):
+        if probe and due.has_due(conn, at, labels):
             return None
         result = CycleResult(nothing_held=recover)
         if plan:
-            result.next_due, result.next_expiry = leases.next_times(conn, at)
+            result.next_due, result.next_expiry = due.next_times(conn, at)
         return result
 
 
 def nothing_pending(engine: Engine) -> bool:
-    """True when no instance has work left (``store.busy_count``: due, or an attempt
+    """True when no instance has work left (``due.busy_count``: due, or an attempt
     running under a valid lease) and no event awaits handling (``--exit-when-idle``); a
     read on ``engine``, run on the worker's database thread."""
     with reading(engine) as conn:
-        if leases.busy_count(conn):
+        if due.busy_count(conn):
             return False
         pending = conn.execute(select(events.c.id).where(events.c.handled_at.is_(None)).limit(1))
         return pending.first() is None

@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from runner.errors import UserError
 from runner.flowspec.compiled import CompiledFlow
-from runner.store import leases, pools
+from runner.store import due, leases, pools
 from tests.support.fault import either_world, load, new_instance, sql, write_flow
 
 FLOW = """\
@@ -209,8 +209,8 @@ def test_next_times_hides_its_time_bound_from_the_postgresql_planner(world) -> N
     ids = [new_instance(engine, flow) for _ in range(2)]
     sql(engine, f"UPDATE instances SET due_at = {T0 + 60} WHERE id = {ids[1]}")
     with engine.begin() as conn:
-        due, _ = leases.next_times(conn, T0)
-        stmt = leases._next_times(conn.dialect.name == "postgresql")
-    assert due == T0 + 60
+        first, _ = due.next_times(conn, T0)
+        stmt = due._next_times(conn.dialect.name == "postgresql")
+    assert first == T0 + 60
     text = str(stmt.compile(dialect=engine.dialect))
     assert ("> (SELECT" in text) == (engine.dialect.name == "postgresql")

@@ -16,7 +16,7 @@ from runner.errors import FlowErrors
 from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import compile_source
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, leases, pools
+from runner.store import commit, due, leases, pools
 from runner.store.create import create_instance, initial_row
 from runner.store.db import make_engine
 from runner.store.hot import hot_for
@@ -185,8 +185,8 @@ def test_the_claim_reads_the_index_in_order_on_100k_rows(tmp_path: Path) -> None
         assert len(got) == 64 and {c.priority for c in got} == {9}
         assert [c.started_at for c in got] == [T0 + 500] * 64
         with engine.connect() as conn:  # an idle worker's look for the next due time
-            assert leases.next_times(conn, T0 + 500)[0] == pytest.approx(T0 + 1000.001)
-            statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
+            assert due.next_times(conn, T0 + 500)[0] == pytest.approx(T0 + 1000.001)
+            statement, params = _first_statement(conn, lambda: due.next_times(conn, T0 + 500))
             plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params).all()
         steps = [r[-1] for r in plan if "instances" in r[-1]]
         ranges = [d for d in steps if "ix_instances_claim" in d]
@@ -242,7 +242,7 @@ def test_the_claim_plans_an_ordered_index_scan_per_priority_on_postgresql(
         assert len(got) == 64 and {c.priority for c in got} == {9}
         with engine.begin() as conn:  # an idle worker's look for the next due time
             leases.by_index(conn)
-            statement, params = _first_statement(conn, lambda: leases.next_times(conn, T0 + 500))
+            statement, params = _first_statement(conn, lambda: due.next_times(conn, T0 + 500))
             plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + statement, params).scalars())
         # one ordered range per pair again, each its first entry (LIMIT 1): the union of
         # 18 SELECTs it replaced cost 5.4 ms to plan

@@ -17,7 +17,7 @@ from runner.errors import FlowErrors
 from runner.flowspec.compiled import CompiledFlow
 from runner.flowspec.compiler import compile_source
 from runner.handlers.attempt import AttemptResult
-from runner.store import commit, heartbeat, leases, routing
+from runner.store import commit, due, heartbeat, leases, routing
 from runner.store.create import create_instance
 from runner.store.tables import instances, workers
 from tests.support.fault import either_world, sql
@@ -93,7 +93,7 @@ def test_claim_takes_only_what_the_labels_cover(world) -> None:
     claims = _claim(engine, "w1", GPU)
     assert [c.id for c in claims] == [gpu] and claims[0].runs_on == '{"gpu":"1"}'
     with engine.connect() as conn:
-        assert not leases.has_due(conn, T0, PLAIN)
+        assert not due.has_due(conn, T0, PLAIN)
 
 
 def test_a_move_writes_the_next_requirement_and_is_not_chained(world) -> None:

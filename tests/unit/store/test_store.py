@@ -302,7 +302,7 @@ def test_orphan_on_a_paused_instance_is_not_work(tmp_path: Path) -> None:
     from sqlalchemy import insert
 
     from runner.store.db import make_engine
-    from runner.store.leases import busy_count
+    from runner.store.due import busy_count
     from runner.store.tables import instances
 
     engine = make_engine(f"sqlite:///{tmp_path / 'o.db'}")
