@@ -29,7 +29,8 @@ def hostile_app(tmp_path: Path):
 
 
 def settle_then(*keys: str, row: int | None = None):
-    """A ``run_before`` that waits for data, optionally moves to a row, presses keys."""
+    """A ``run_before`` that waits for data, optionally moves to a row, presses keys, then
+    waits until the screen stops changing (:func:`until_still`)."""
 
     async def run_before(pilot) -> None:
         app = pilot.app
@@ -43,9 +44,24 @@ def settle_then(*keys: str, row: int | None = None):
             for _ in range(3):
                 await pilot.pause()
                 await app.workers.wait_for_complete()
-        await pilot.pause()
+        await until_still(pilot)
 
     return run_before
+
+
+async def until_still(pilot, most: int = 50) -> None:
+    """Pause until two screenshots in a row are the same (a view's data installed, its
+    footer recomposed, its layout refreshed), ``most`` pauses at most: on a loaded machine
+    a fixed number of pauses can end before the screen has settled."""
+    app = pilot.app
+    before = None
+    for _ in range(most):
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        now = app.export_screenshot()
+        if now == before:
+            return
+        before = now
 
 
 def test_instances_screen(snap_compare, app):
