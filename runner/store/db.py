@@ -51,6 +51,14 @@ APPLICATION = "flowrun"
 #: ``runner.store.leases.by_index``), and the worker breaks off a call whose answer does
 #: not come (``runner.engine.db_thread``: a silent network) a little later.
 STATEMENT_TIMEOUT = 4.5
+#: Seconds a worker cycle's transaction may sit idle between statements on PostgreSQL
+#: before the server ends its session (``idle_in_transaction_session_timeout``, set for
+#: each cycle's transaction with ``STATEMENT_TIMEOUT``): a daemon frozen mid-cycle
+#: (SIGSTOP, a VM paused) would otherwise hold its row locks, a pool's among them, and
+#: stall every other daemon's claims of that pool until it resumed. The transaction is
+#: rolled back; the frozen daemon, once resumed, meets a closed connection, backs off and
+#: retries the cycle (its outcomes are kept; its claims are fenced like any others).
+IDLE_IN_TRANSACTION = 5.0
 
 
 def redact(url: str) -> str:

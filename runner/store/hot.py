@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnClause
 
 from runner.store.clock import clock_of
-from runner.store.db import STATEMENT_TIMEOUT
+from runner.store.db import IDLE_IN_TRANSACTION, STATEMENT_TIMEOUT
 from runner.store.dialect import dialect_of
 from runner.store.prepared import Prepared
 from runner.store.rows import CLAIM_COLS, CLAIMABLE, PRIORITIES, due_clause
@@ -158,18 +158,21 @@ class Hot:
         self.close_attempts = Prepared(engine, close_attempts(engine))
         #: the database's clock as this process reads it (``runner.store.clock``)
         self.clock = clock_of(engine)
-        #: PostgreSQL: the rest of the transaction plans index scans only and cancels
-        #: a statement past ``db.STATEMENT_TIMEOUT``, and the server's clock is read in
-        #: the same round trip (no params; the clock is the last column)
+        #: PostgreSQL: the rest of the transaction plans index scans only, cancels a
+        #: statement past ``db.STATEMENT_TIMEOUT``, and ends the session when it sits idle
+        #: past ``db.IDLE_IN_TRANSACTION`` (a frozen daemon's locks); the server's clock is
+        #: read in the same round trip (no params; the clock is the last column)
         self.by_index = None
         if d.skip_locked:
             ms = str(int(STATEMENT_TIMEOUT * 1000))
+            idle = str(int(IDLE_IN_TRANSACTION * 1000))
             self.by_index = Prepared(
                 engine,
                 select(
                     func.set_config("enable_seqscan", "off", True),
                     func.set_config("enable_bitmapscan", "off", True),
                     func.set_config("statement_timeout", ms, True),
+                    func.set_config("idle_in_transaction_session_timeout", idle, True),
                     literal_column(d.server_clock or "NULL"),
                 ),
             )

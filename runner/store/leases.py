@@ -63,9 +63,11 @@ def now() -> float:
 def by_index(conn: Connection) -> None:
     """PostgreSQL: plan the rest of the caller's transaction (a worker's cycle) with index
     scans only (``SET LOCAL enable_seqscan, enable_bitmapscan = off``, one round trip),
-    with a ``statement_timeout`` (``db.STATEMENT_TIMEOUT``), and read the server's clock
-    in the same statement (``runner.store.clock``: leases are judged by the database's
-    time); nothing on SQLite.
+    with a ``statement_timeout`` (``db.STATEMENT_TIMEOUT``) and an
+    ``idle_in_transaction_session_timeout`` (``db.IDLE_IN_TRANSACTION``: a daemon frozen
+    inside the transaction loses it, and its locks, instead of stalling the fleet), and
+    read the server's clock in the same statement (``runner.store.clock``: leases are
+    judged by the database's time); nothing on SQLite.
 
     The cycle's statements each touch a few rows, found by an index: the claim reads the
     oldest due rows in ``(status, due_at)`` order and stops after ``n``, the commit looks

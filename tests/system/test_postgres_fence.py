@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,9 +22,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from runner.store import leases
+from runner.store import leases, pools
 from runner.store.clock import clock_of
-from runner.store.db import STATEMENT_TIMEOUT, make_engine
+from runner.store.db import IDLE_IN_TRANSACTION, STATEMENT_TIMEOUT, make_engine
 from tests.support.fault import flowrun_cmd, poll
 from tests.support.tcp_proxy import TcpProxy
 
@@ -321,4 +322,48 @@ def test_a_cycle_statement_is_cancelled_by_the_server_past_its_timeout(pg_url: s
         assert time.monotonic() - t0 < STATEMENT_TIMEOUT + 2
         assert clock_of(engine).error < 0.5  # read, with a round trip's error
     finally:
+        engine.dispose()
+
+
+# a worker's cycle, stopped while it holds a pool's row: the transaction is begun as the
+# cycle begins it (``leases.by_index``), and the pool is locked as a claim settles it
+HOLDER = """\
+import sys, time
+from runner.store import leases, pools
+from runner.store.db import make_engine
+
+engine = make_engine(sys.argv[1])
+with engine.begin() as conn:
+    leases.by_index(conn)
+    pools.lock(conn, "warehouse", 2, time.time())
+    print("locked", flush=True)
+    time.sleep(600)  # SIGSTOPped here
+"""
+
+
+def test_a_daemon_frozen_inside_its_cycle_loses_its_locks_to_the_server(pg_url: str) -> None:
+    """A daemon stopped (SIGSTOP) in the middle of a cycle's transaction, holding a pool's
+    row, does not stall the other daemons' claims of that pool until it resumes: the
+    server ends its idle transaction after ``IDLE_IN_TRANSACTION`` seconds and the row is
+    free."""
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:  # the pool's row, made before the holder locks it
+        pools.lock(conn, "warehouse", 2, time.time())
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, pg_url], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with engine.begin() as conn:  # another daemon's claim of the same pool
+            conn.execute(text("SET LOCAL lock_timeout = '30s'"))
+            locked = conn.execute(
+                text("SELECT name FROM pools WHERE name = 'warehouse' FOR UPDATE")
+            ).scalar_one()
+        waited = time.monotonic() - t0
+        assert locked == "warehouse"
+        assert IDLE_IN_TRANSACTION - 1 < waited < IDLE_IN_TRANSACTION + 5, waited
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()
+        holder.wait()
         engine.dispose()
