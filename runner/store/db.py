@@ -58,7 +58,9 @@ STATEMENT_TIMEOUT = 4.5
 #: stall every other daemon's claims of that pool until it resumed. The transaction is
 #: rolled back; the frozen daemon, once resumed, meets a closed connection, backs off and
 #: retries the cycle (its outcomes are kept; its claims are fenced like any others).
-IDLE_IN_TRANSACTION = 5.0
+#: 15 s: a process starved of CPU (32 daemons starting on 2 cores) is given as long to
+#: finish a database call (``engine.db_thread``: ``CALL_TIMEOUT`` x ``STARVED``).
+IDLE_IN_TRANSACTION = 15.0
 
 
 def redact(url: str) -> str:
