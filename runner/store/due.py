@@ -95,7 +95,7 @@ def _next_times(lateral: bool) -> Select[Any]:
     daemon's Python time): both times in one round trip, as two scalar subqueries.
 
     ``lateral`` (PostgreSQL): one ``LATERAL`` subquery over the 18 ``(status,
-    priority)`` pairs (a ``VALUES`` list, as the claim reads them: ``rows.claim_stmt``),
+    priority)`` pairs (a ``VALUES`` list, as the claim reads them: ``hot.claim_statement``),
     each the first entry after ``at`` of one range of ``ix_instances_claim``. The union
     of 18 ``SELECT min(...)`` it replaces took 5.4 ms to plan for 0.7 ms of execution
     (``EXPLAIN ANALYZE`` during ``bench/pools.py``'s pool-bound run, where every cycle
