@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -61,6 +61,20 @@ STATEMENT_TIMEOUT = 4.5
 #: 15 s: a process starved of CPU (32 daemons starting on 2 cores) is given as long to
 #: finish a database call (``engine.db_thread``: ``CALL_TIMEOUT`` x ``STARVED``).
 IDLE_IN_TRANSACTION = 15.0
+
+
+def bound_idle(conn: Connection) -> None:
+    """PostgreSQL: the rest of the caller's transaction ends its session when it sits idle
+    past :data:`IDLE_IN_TRANSACTION` (``SET LOCAL``, one round trip); nothing on SQLite.
+    For a transaction outside a worker's cycle that locks a row other daemons' claims
+    wait for: a flow limit's, locked by a rule starting an instance under ``on_limit:
+    skip`` (``store.flow_limits.refusal``). A worker's cycle sets it in the statement it
+    sends first (``leases.by_index``)."""
+    if dialect_of(conn).skip_locked:
+        ms = str(int(IDLE_IN_TRANSACTION * 1000))
+        conn.exec_driver_sql(
+            "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)", {"ms": ms}
+        )
 
 
 def redact(url: str) -> str:

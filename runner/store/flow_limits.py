@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, or_, select
 
+from runner.store.db import bound_idle
 from runner.store.limit_names import PREFIX, describe, limit_name
 from runner.store.pool_statements import statements
 from runner.store.rows import CLAIMABLE
@@ -72,13 +73,15 @@ def refusal(conn: Connection, flow: CompiledFlow, data: Mapping[str, Any], at: f
     """For a rule about to start an instance of ``flow`` with ``data`` (the rule's data;
     merged over the flow's defaults here), in the rule's transaction: why the start is
     skipped (``on_limit: skip`` and the key's limit reached), or ``None`` to start it.
-    Locks the limit's ``pools`` row until the transaction ends."""
+    Locks the limit's ``pools`` row until the transaction ends, or until the transaction
+    sits idle past ``db.IDLE_IN_TRANSACTION`` (``db.bound_idle``)."""
     from runner.store.pools import lock  # pools imports this module
 
     spec = getattr(flow, "max_running", None)
     if spec is None or getattr(flow, "on_limit", "queue") != "skip":
         return None
     name = limit_name(flow.name, spec[1], {**(flow.data or {}), **dict(data)})
+    bound_idle(conn)  # a daemon frozen holding the limit's row must not stall the claims
     size, _, _ = lock(conn, name, spec[0], at)
     ids = live(conn, name)
     if len(ids) < size:

@@ -22,10 +22,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from runner.store import leases, pools
+from runner.flowspec.compiler import load_flow
+from runner.store import flow_limits, leases, pools
 from runner.store.clock import clock_of
 from runner.store.db import IDLE_IN_TRANSACTION, STATEMENT_TIMEOUT, make_engine
-from tests.support.fault import flowrun_cmd, poll
+from tests.support.fault import flowrun_cmd, poll, write_flow
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -325,31 +326,56 @@ def test_a_cycle_statement_is_cancelled_by_the_server_past_its_timeout(pg_url: s
         engine.dispose()
 
 
-# a worker's cycle, stopped while it holds a pool's row: the transaction is begun as the
-# cycle begins it (``leases.by_index``), and the pool is locked as a claim settles it
+# a daemon stopped while it holds a pool's row: in a worker's cycle (the transaction
+# begun as the cycle begins it, ``leases.by_index``, the pool locked as a claim settles
+# it), or in a rule starting an instance of a flow with ``on_limit: skip`` (the flow
+# limit's row, ``flow_limits.refusal``)
 HOLDER = """\
 import sys, time
-from runner.store import leases, pools
+from pathlib import Path
+from runner.flowspec.compiler import load_flow
+from runner.store import flow_limits, leases, pools
 from runner.store.db import make_engine
 
 engine = make_engine(sys.argv[1])
 with engine.begin() as conn:
-    leases.by_index(conn)
-    pools.lock(conn, "warehouse", 2, time.time())
+    if sys.argv[2] == "cycle":
+        leases.by_index(conn)
+        pools.lock(conn, "warehouse", 2, time.time())
+    else:
+        assert flow_limits.refusal(conn, load_flow(Path(sys.argv[3])), {}, time.time()) is None
     print("locked", flush=True)
     time.sleep(600)  # SIGSTOPped here
 """
 
+NIGHTLY = """\
+max_running: 1
+on_limit: skip
+initial: work
+states:
+  work: {exec: [/bin/true], next: done}
+  done: {terminal: true}
+"""
 
-def test_a_daemon_frozen_inside_its_cycle_loses_its_locks_to_the_server(pg_url: str) -> None:
-    """A daemon stopped (SIGSTOP) in the middle of a cycle's transaction, holding a pool's
-    row, does not stall the other daemons' claims of that pool until it resumes: the
-    server ends its idle transaction after ``IDLE_IN_TRANSACTION`` seconds and the row is
-    free."""
+
+@pytest.mark.parametrize("where", ["cycle", "rule"])
+def test_a_daemon_frozen_holding_a_pool_loses_its_locks_to_the_server(
+    pg_url: str, tmp_path: Path, where: str
+) -> None:
+    """A daemon stopped (SIGSTOP) in the middle of a transaction that holds a pool's row
+    (a cycle's claim, a rule's start under a flow limit) does not stall the other daemons'
+    claims of that pool until it resumes: the server ends its idle transaction after
+    ``IDLE_IN_TRANSACTION`` seconds and the row is free."""
+    flow = write_flow(tmp_path, "nightly", NIGHTLY)
+    name = "warehouse" if where == "cycle" else "flow:nightly"
     engine = make_engine(pg_url)
     with engine.begin() as conn:  # the pool's row, made before the holder locks it
-        pools.lock(conn, "warehouse", 2, time.time())
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, pg_url], stdout=subprocess.PIPE)
+        if where == "cycle":
+            pools.lock(conn, name, 2, time.time())
+        else:
+            assert flow_limits.refusal(conn, load_flow(flow), {}, time.time()) is None
+    argv = [sys.executable, "-c", HOLDER, pg_url, where, str(flow)]
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
         os.kill(holder.pid, signal.SIGSTOP)
@@ -357,10 +383,10 @@ def test_a_daemon_frozen_inside_its_cycle_loses_its_locks_to_the_server(pg_url: 
         with engine.begin() as conn:  # another daemon's claim of the same pool
             conn.execute(text("SET LOCAL lock_timeout = '30s'"))
             locked = conn.execute(
-                text("SELECT name FROM pools WHERE name = 'warehouse' FOR UPDATE")
+                text("SELECT name FROM pools WHERE name = :n FOR UPDATE"), {"n": name}
             ).scalar_one()
         waited = time.monotonic() - t0
-        assert locked == "warehouse"
+        assert locked == name
         assert IDLE_IN_TRANSACTION - 1 < waited < IDLE_IN_TRANSACTION + 5, waited
     finally:
         os.kill(holder.pid, signal.SIGCONT)
