@@ -53,7 +53,7 @@ async def test_a_load_that_finishes_after_a_newer_one_is_not_shown(app: FlowrunA
         await settle(app, pilot)
         app.data.flows = flows  # type: ignore[method-assign]
         await pilot.press("4")
-        for _ in range(200):  # until the first load is under way in its thread
+        for _ in range(2000):  # until the first load is under way in its thread
             if first:
                 break
             await pilot.pause(0.01)
@@ -62,7 +62,7 @@ async def test_a_load_that_finishes_after_a_newer_one_is_not_shown(app: FlowrunA
         await settle(app, pilot)
         assert "fresh load" in _errors_text(app)
         release.set()
-        for _ in range(500):  # until the first load's thread has left _reload
+        for _ in range(2000):  # until the first load's thread has left _reload
             if not _in_reload(first[0]):
                 break
             await pilot.pause(0.01)
