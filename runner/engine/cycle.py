@@ -37,7 +37,8 @@ from runner.flowspec.policy import Policy
 from runner.handlers.attempt import AttemptResult
 from runner.store import commit, due, leases, pools, routing, versions
 from runner.store.clock import db_now
-from runner.store.db import is_busy, reading
+from runner.store.db import reading
+from runner.store.db_errors import is_busy
 from runner.store.dialect import dialect_of
 from runner.store.notify import notify_due
 from runner.store.rows import Claim, Outcome

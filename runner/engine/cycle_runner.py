@@ -75,7 +75,7 @@ class Flight:
 class CycleRunner:
     """The database cycles of one worker over ``engine``, committing the attempts that
     ``attempts`` finished; blocking cycles go to ``db`` (and, with ``overlap``, on
-    PostgreSQL with a pool that keeps two connections, ``store.db.pg_engine``, a second
+    PostgreSQL with a pool that keeps two connections, ``store.pg_engine.pg_engine``, a second
     cycle to a second database thread, whose calls get ``timeout`` seconds like
     ``db``'s, ``db_thread.DatabaseThread``).
 

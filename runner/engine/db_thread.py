@@ -33,7 +33,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from runner.engine.timers import OutageBackoff, OutageLog
 from runner.store.checked_out import interrupt, server_wait
-from runner.store.db import STATEMENT_TIMEOUT, trust_fresh_connections
+from runner.store.db import STATEMENT_TIMEOUT
+from runner.store.pg_engine import trust_fresh_connections
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 

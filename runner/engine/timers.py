@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 
 log = logging.getLogger("flowrun.worker")  # the worker's own log: these are its messages
 

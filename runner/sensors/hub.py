@@ -34,7 +34,7 @@ from runner.sensors.tail import TailSensor
 from runner.sensors.watch import FlowWatch
 from runner.sensors.webhook import WebhookSensor
 from runner.store.data_version import CommitBell, commit_bell, data_version
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 from runner.store.deliveries import untried
 from runner.store.lifecycle_events import declare_flows, forget
 

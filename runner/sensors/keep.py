@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.exc import DBAPIError
 
 from runner.sensors.base import first_of, log
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 
 #: ``keep(name, run, stop)``: runs the coroutine function ``run`` until it returns or
 #: ``stop`` is set, restarting it when it fails (``runner.service.supervisor``).

@@ -30,7 +30,7 @@ from runner.ops.prune import Pacing, prune, resolved, rules_for, text
 from runner.retention import DEFAULT, EVENT_WINDOW, Retention
 from runner.sensors.events import claim_leases, release_leases
 from runner.store import space
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 from runner.store.dialect import dialect_of
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import logging
 from sqlalchemy.exc import DBAPIError
 
 from runner.store.checked_out import interrupt
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 
 log = logging.getLogger("flowrun.daemon")
 

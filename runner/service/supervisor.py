@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
 
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 
 log = logging.getLogger("flowrun.supervisor")
 

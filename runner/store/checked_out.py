@@ -1,7 +1,7 @@
 """PostgreSQL connections checked out now, by thread, and what can be done to one from
 another thread: see how long it has waited for the server (:func:`server_wait`), or
 break off its wait (:func:`interrupt`). Fed by the pool's events
-(``runner.store.db.pg_engine``); used by the worker's per-call time limit
+(``runner.store.pg_engine.pg_engine``); used by the worker's per-call time limit
 (``runner.engine.db_thread``) and at a stop.
 """
 

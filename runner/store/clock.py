@@ -6,7 +6,7 @@ another takes the instance over once ``locked_until < now``. Each "now" must be 
 clock, or a host whose clock runs ahead takes over healthy attempts and one whose clock
 lags has its own claims taken. flowrun therefore reads the server's clock
 (``Dialect.server_clock``) and keeps the difference to this host's clock (the
-*offset*): when a connection opens (``runner.store.db.pg_engine``) and in every worker
+*offset*): when a connection opens (``runner.store.pg_engine.pg_engine``) and in every worker
 cycle, in the statement the cycle already sends first (``runner.store.leases.by_index``),
 so no round trip is added. :func:`db_now` is then ``time.time() + offset``. A reading
 is bracketed by this host's clock just before and after its statement; the server read

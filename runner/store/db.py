@@ -12,8 +12,6 @@ read lock to a write lock; its siblings on the same file are the worker's
 from __future__ import annotations
 
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +19,14 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
-    DisconnectionError,
     OperationalError,
     SQLAlchemyError,
 )
 
 from runner.errors import ConfigError
-from runner.store.checked_out import checked_in, checked_out
-from runner.store.clock import DbClock, track_server_clock
+from runner.store.db_errors import first_line
 from runner.store.dialect import dialect_of
-from runner.store.json_codec import loads_bytes
-from runner.store.pg_settings import CONNECT_TIMEOUT, TCP_SETTINGS
+from runner.store.pg_engine import pg_engine
 from runner.store.pooler import install as install_pooler
 from runner.store.pooler import split_pooler
 from runner.store.wal import SAFETY_PAGES, enter_wal
@@ -173,145 +168,19 @@ def make_engine(
         except OperationalError as exc:
             engine.dispose()
             raise ConfigError(
-                f"cannot reach database {redact(url)}: {_first_line(exc.orig or exc)}"
+                f"cannot reach database {redact(url)}: {first_line(exc.orig or exc)}"
             ) from None
         except SQLAlchemyError as exc:
             engine.dispose()
-            raise ConfigError(f"database {redact(url)}: {_first_line(exc)}") from None
+            raise ConfigError(f"database {redact(url)}: {first_line(exc)}") from None
     return engine
-
-
-#: on a thread that trusts fresh connections, a pooled connection given back less than
-#: this many seconds ago is not pinged before use
-PING_AFTER = 1.0
-
-_threads = threading.local()
-
-
-def trust_fresh_connections() -> None:
-    """On the calling thread (a worker's database thread), take a pooled PostgreSQL
-    connection given back less than :data:`PING_AFTER` s ago without pinging it.
-
-    The ping is a round trip of every cycle; a connection given back a moment ago is alive
-    as far as anyone can tell. If the server went away since, the cycle's first statement
-    fails, SQLAlchemy drops the pool's connections, and the worker retries the cycle after
-    a backoff (``engine.db_thread``), with nothing lost.
-    """
-    _threads.trust = True
-
-
-def pg_engine(url: str, *, readonly: bool, pool: int, application_name: str) -> Engine:
-    """A PostgreSQL engine holding at most ``pool`` connections (``pool`` >= 1): up to two
-    kept open once opened (``engine.pool.size()``: a worker runs two cycles at once on
-    them, ``engine.cycle_runner``; reopening one each cycle would cost more than the
-    cycle), up to ``pool - 2`` more opened while several threads need one at once and
-    closed when returned; a thread finding all in use waits (``pool_timeout``, 30 s). The most
-    recently used connection is reused first, and pinged inside the transaction it is
-    checked out for.
-
-    Raises ``ArgumentError`` for a bad URL or ``ImportError`` for a missing driver.
-    """
-    args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT} if "psycopg" in url else {}
-    query = make_url(url).query
-    if "psycopg" in url:
-        args.update({k: v for k, v in TCP_SETTINGS.items() if k not in query})
-    if readonly:
-        args["options"] = "-c default_transaction_read_only=on"
-    if "application_name" not in query:
-        args["application_name"] = application_name[:63]  # NAMEDATALEN - 1
-    engine = create_engine(
-        url,
-        pool_size=min(pool, 2),
-        max_overflow=max(0, pool - 2),
-        pool_use_lifo=True,
-        connect_args=args,
-        # jsonb values decoded without json.loads' Python layers (the claim reads two
-        # per instance); psycopg calls it (SQLAlchemy registers it on its connections)
-        json_deserializer=loads_bytes,
-    )
-
-    clock = track_server_clock(engine, f"PostgreSQL at {engine.url.host or 'its socket'}")
-    clock_sql = f"SELECT {dialect_of(engine).server_clock}"
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
-        read_server_clock(dbapi_conn, clock_sql, clock)
-
-    @event.listens_for(engine, "checkin")
-    def _on_checkin(dbapi_conn, record):  # pragma: no cover - trivial
-        checked_in(dbapi_conn)
-        record.info["flowrun_used"] = time.monotonic()
-
-    @event.listens_for(engine, "invalidate")
-    @event.listens_for(engine, "close")
-    def _on_gone(dbapi_conn, *_args):  # pragma: no cover - trivial
-        checked_in(dbapi_conn)
-
-    @event.listens_for(engine, "checkout")
-    def _on_checkout(dbapi_conn, record, _proxy):
-        checked_out(dbapi_conn)
-        # A pooled connection may have been dropped by the server meanwhile (a restart,
-        # ``idle_session_timeout``, a firewall): ping it, so the pool replaces it instead of
-        # failing the caller's first statement. Not SQLAlchemy's ``pool_pre_ping``: that
-        # runs the ping in autocommit, a committed transaction of its own on every checkout,
-        # which doubled an idle daemon's commits. This ``SELECT 1`` opens the caller's own
-        # transaction: the same round trip, no transaction more. A new connection is not
-        # pinged, nor, on a thread that trusts fresh connections (the worker's database
-        # thread), one given back less than PING_AFTER s ago.
-        used = record.info.get("flowrun_used")
-        if used is None:
-            return
-        if getattr(_threads, "trust", False) and time.monotonic() - used < PING_AFTER:
-            return
-        try:
-            cursor = dbapi_conn.cursor()
-            try:
-                cursor.execute("SELECT 1")  # not autocommit: this begins the caller's transaction
-            finally:
-                cursor.close()
-        except engine.dialect.loaded_dbapi.Error as exc:
-            # the pool discards this connection and checks out another (a new one)
-            raise DisconnectionError(short_error(exc)) from exc
-
-    return engine
-
-
-def read_server_clock(dbapi_conn: Any, sql: str, clock: DbClock) -> None:
-    """Read the server's clock on a new psycopg connection ``dbapi_conn`` (``sql``: the
-    ``SELECT`` of ``Dialect.server_clock``) into ``clock``: one round trip, in autocommit,
-    so no transaction is left open."""
-    was = dbapi_conn.autocommit
-    dbapi_conn.autocommit = True
-    try:
-        cursor = dbapi_conn.cursor()
-        try:
-            sent = time.time()
-            cursor.execute(sql)
-            server = cursor.fetchone()[0]
-            received = time.time()
-        finally:
-            cursor.close()
-    finally:
-        dbapi_conn.autocommit = was
-    clock.observe(float(server), sent, received)
-
-
-def short_error(exc: BaseException) -> str:
-    """The first line of a database error, for a one-line log (an outage is not a bug)."""
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
-
-
-def _first_line(exc: object) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def no_wait_engine(engine: Engine) -> Engine | None:
     """A new sibling of ``engine`` whose writers never wait for a lock, or ``None``.
 
     SQLite only: the same file with a busy timeout of 0, so ``BEGIN IMMEDIATE`` either
-    takes the write lock at once or fails at once (:func:`is_busy`). The worker runs its
+    takes the write lock at once or fails at once (``db_errors.is_busy``). The worker runs its
     database cycle on the event loop through it (no thread hand-off, which on this
     2-core VM cost a third of the time of a cycle) and falls back to its database thread,
     which may wait, when another process holds the lock. ``None`` for PostgreSQL, whose
@@ -356,12 +225,6 @@ def file_sibling_ok(engine: Engine) -> bool:
         return False
     database = engine.url.database or ""
     return database not in ("", ":memory:") and "mode=memory" not in str(engine.url)
-
-
-def is_busy(exc: BaseException) -> bool:
-    """True for SQLite's "database is locked" (another writer holds the lock)."""
-    text = str(getattr(exc, "orig", None) or exc)
-    return "database is locked" in text or "database is busy" in text
 
 
 def _sqlite_engine(

@@ -40,7 +40,7 @@ def sqlite_json_loader() -> Callable[[Any], Any]:
 def loads_bytes(data: bytes) -> Any:
     """A JSON document in bytes (UTF-8) as Python, equal to ``json.loads`` and faster:
     what psycopg calls for every ``jsonb`` value it reads on PostgreSQL
-    (``runner.store.db.pg_engine``; a module-level function: psycopg keeps one loader
+    (``runner.store.pg_engine.pg_engine``; a module-level function: psycopg keeps one loader
     class per function it is given).
 
     psycopg's default, ``json.loads`` on bytes, first guesses the encoding

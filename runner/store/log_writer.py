@@ -25,7 +25,7 @@ from sqlalchemy import Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.log_buffer import DEFAULT_MAX, END, ROW_MAX, AttemptLog
-from runner.store.db import short_error
+from runner.store.db_errors import short_error
 from runner.store.dialect import dialect_of
 from runner.store.log_bell import notify_logs
 from runner.store.tables import attempt_logs

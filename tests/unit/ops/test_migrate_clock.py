@@ -5,7 +5,7 @@ lease for expired and move the instance under the running attempt), and one 90 s
 still migrates an instance whose attempt's lease ran out.
 
 The engine is SQLite given a clock of its own with a known offset, as
-``runner.store.db.pg_engine`` gives every PostgreSQL engine.
+``runner.store.pg_engine.pg_engine`` gives every PostgreSQL engine.
 """
 
 from __future__ import annotations

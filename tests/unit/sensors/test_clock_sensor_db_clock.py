@@ -4,7 +4,7 @@ off fired a tick up to its skew early or late, and started a fresh sensor's tick
 its own time.
 
 The engine is SQLite given a clock of its own with a known offset, as
-``runner.store.db.pg_engine`` gives every PostgreSQL engine: the host's clock 90 s ahead
+``runner.store.pg_engine.pg_engine`` gives every PostgreSQL engine: the host's clock 90 s ahead
 of the database's, or 90 s behind. Every ``every: 60s`` cursor is set on the database's
 clock, as another host would have left it.
 """

@@ -4,7 +4,7 @@ server, a deadline 2 s away by the database looked due to the host at once, and 
 watch looked for it every ``MIN_WAIT`` (20 ms) until the database's clock reached it.
 
 The engine is SQLite given a clock of its own with a known offset, as
-``runner.store.db.pg_engine`` gives every PostgreSQL engine.
+``runner.store.pg_engine.pg_engine`` gives every PostgreSQL engine.
 """
 
 from __future__ import annotations

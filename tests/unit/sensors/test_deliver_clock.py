@@ -3,7 +3,7 @@ its ``give_up_at`` and its lease are: a host whose clock is off neither gives up
 nor retries at once.
 
 The engine is SQLite (one host, the local clock) given a clock of its own, as
-``runner.store.db.pg_engine`` gives every PostgreSQL engine, with a known offset: the
+``runner.store.pg_engine.pg_engine`` gives every PostgreSQL engine, with a known offset: the
 host's clock 90 s ahead of the database's, or 90 s behind.
 """
 

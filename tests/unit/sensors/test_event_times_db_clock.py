@@ -3,7 +3,7 @@ as leases and due times are: on a PostgreSQL fleet a host whose clock is off nei
 stamps its events apart from the others' nor prunes by its own idea of the date.
 
 The engine is SQLite (one host, the local clock) given a clock of its own, as
-``runner.store.db.pg_engine`` gives every PostgreSQL engine, with a known offset: the
+``runner.store.pg_engine.pg_engine`` gives every PostgreSQL engine, with a known offset: the
 host's clock 90 s ahead of the database's, or 90 s behind.
 """
 

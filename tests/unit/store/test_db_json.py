@@ -76,7 +76,7 @@ DOCUMENTS = [b"{}", b"[]", b'{"a": [1.5, null, true], "s": "\\u00fc\\n"}', ' ["Ã
 
 @pytest.mark.parametrize("raw", DOCUMENTS, ids=repr)
 def test_the_jsonb_loader_reads_what_json_loads_reads(raw: bytes) -> None:
-    """What psycopg calls for each jsonb value on PostgreSQL (``db.pg_engine``)."""
+    """What psycopg calls for each jsonb value on PostgreSQL (``pg_engine.pg_engine``)."""
     assert loads_bytes(raw) == json.loads(raw)
 
 
