@@ -5,8 +5,8 @@ SQLite (the default): a file with WAL, ``busy_timeout`` and ``synchronous=NORMAL
 transaction starts with ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a
 read lock to a write lock; its siblings on the same file are the worker's
 :func:`no_wait_engine` and the console's :func:`read_engine`. PostgreSQL:
-``postgresql+psycopg://`` URLs. What differs between the two beyond the engine lives in
-``runner.store.dialect``.
+``postgresql+psycopg://`` URLs, the engine made by ``runner.store.pg_engine``. What
+differs between the two beyond the engine lives in ``runner.store.dialect``.
 """
 
 from __future__ import annotations
