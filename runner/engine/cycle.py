@@ -30,6 +30,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError
 
 from runner import lifecycle
+from runner.engine import seats
 from runner.engine.cycle_log import log_ended
 from runner.engine.outcomes import decide
 from runner.errors import UserError
@@ -66,7 +67,8 @@ class CycleRequest:
     ``plan`` asks, when the claim leaves slots free, when work next appears by itself
     (``due.next_times``: a worker woken by notifications sleeps until then);
     ``labels`` are the worker's (``runner.labels.canonical``): it claims only what they
-    cover.
+    cover; ``standby`` how many standbys it may hold per pool (``engine.seats``;
+    ``None``: none, it does not claim ahead), ``standby_most`` in all.
     """
 
     worker_id: str
@@ -80,6 +82,8 @@ class CycleRequest:
     chain: list[Outcome] = field(default_factory=list)
     release: list[Claim] = field(default_factory=list)
     labels: str | None = None
+    standby: dict[str, int] | None = None
+    standby_most: int = 0
 
 
 @dataclass(slots=True)
@@ -112,6 +116,8 @@ class CycleResult:
     #: a look for lost attempts found nothing locked, held or waiting
     #: (``leases.may_recover`` False): until someone commits, the next would find nothing
     nothing_held: bool = False
+    #: standbys running in a seat whose hand-off turned out void (``engine.seats.plan``)
+    unseated: list[Claim] = field(default_factory=list)
 
     @property
     def claimed_all(self) -> bool:
@@ -199,6 +205,7 @@ def decide_finished(
             # the same (``store.pools``: slots are taken by claims, given back at the end),
             # and never into a start a rate counts (the claim counts them)
             and not run.claim.pool_rated
+            and run.claim.seat_to is None  # its seat went to a standby
             and _seat(flow, v["state"]) == (run.claim.pool, run.claim.pool_slots)
             # a chained commit writes no priority: only where the row's stays
             and run.claim.keeps_priority(v.get("priority"))
@@ -290,8 +297,11 @@ def _transaction(
         ended = [o.claim for o in request.outcomes if not o.chain]
         gone = set(lost)
         cleared = {o.claim.id for o in request.outcomes if o.seat_freed and o.claim.id not in gone}
-        released = [*ended, *(c for c, _ in request.cancels), *request.release]
-        woken = pools.release(conn, released, cleared=cleared)
+        closed = [*ended, *(c for c, _ in request.cancels)]
+        handed = seats.plan(closed, gone)
+        pools.hold_handed(conn, handed.hold)
+        released = [*closed, *request.release]
+        woken = pools.release(conn, released, cleared=cleared, skip=handed.skip)
         recovered = []
         if request.recover:
             recovered = leases.recover_lost(conn, lambda v, s: _policy(conn, v, s), me=worker_id)
@@ -301,11 +311,19 @@ def _transaction(
         refused: list[int] = []
         if limit > 0:
             claims = leases.claim_batch(
-                conn, worker_id, lease, limit, labels=request.labels, refused=refused
+                conn,
+                worker_id,
+                lease,
+                limit,
+                labels=request.labels,
+                refused=refused,
+                standby=request.standby,
+                standby_most=request.standby_most,
             )
         if woken and not set(woken) <= {c.id for c in claims}:
             notify_due(conn)  # waiters woken above that this claim did not take
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
+        result.unseated = handed.unseated
         result.refused = sum(refused)
         plan = request.plan and (request.recover or not (claims or chained))
         # PostgreSQL: a claim the limits settled (``refused`` filled) holds a pool's or

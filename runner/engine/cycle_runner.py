@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from runner.engine import cycle
+from runner.engine import cycle, seats
 from runner.engine.cycle import CycleRequest, CycleResult
 from runner.engine.db_thread import DatabaseThread
 from runner.engine.running import Running, RunningAttempts
@@ -211,10 +211,12 @@ class CycleRunner:
         flight = next(f for f in self.flights if f.future.done())
         self.flights.remove(flight)
         try:
-            return flight.future.result()
+            result = flight.future.result()
         except DBAPIError:
             self._give_back(flight.sent, flight.released)
             raise
+        self._committed(flight.sent, result)
+        return result
 
     async def settle(self, timeout: float | None = None) -> list[CycleResult]:
         """Wait for the cycles in flight, if any; the results of those that succeeded
@@ -243,10 +245,19 @@ class CycleRunner:
         sent, released = self._sent, self._released
         self._sent, self._released = [], []
         try:
-            return await self.db.call(cycle.run_cycle, self.engine, request)
+            result = await self.db.call(cycle.run_cycle, self.engine, request)
         except DBAPIError:
             self._give_back(sent, released)
             raise
+        self._committed(sent, result)
+        return result
+
+    def _committed(self, sent: list[tuple[Running, AttemptResult]], result: CycleResult) -> None:
+        """The cycle that committed ``sent`` succeeded: the seats it handed on are the
+        standbys' (``seats.settled``); a standby left in a void seat is cancelled."""
+        seats.settled(sent, result.unseated)
+        if result.unseated:
+            self.attempts.taken_away([c.id for c in result.unseated])
 
     def _give_back(
         self, sent: list[tuple[Running, AttemptResult]], released: list[Running]

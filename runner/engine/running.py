@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 
 from runner.engine.attempt_run import load_event_payload, run_attempt
 from runner.engine.fence import SelfFence
+from runner.engine.seats import may_hand_on, split, take_standby
 from runner.handlers import reaper
 from runner.handlers.attempt import AttemptResult, Cancel
 from runner.store import leases, rows
@@ -86,6 +87,9 @@ class RunningAttempts:
         self.in_db = in_db
         self.running: dict[int, Running] = {}
         self.waiting: dict[int, Running] = {}
+        #: standbys (``engine.seats``): claims with no pool seat, oldest first, each
+        #: started only in the seat of one of these attempts as it ends
+        self.standby: dict[int, Running] = {}
         #: start waiting claims as slots free (false once the worker stops)
         self.refill = True
         #: seconds after its claim a waiting claim may still start (then it is given back)
@@ -112,7 +116,8 @@ class RunningAttempts:
             since = time.monotonic() if since is None else since
             until = self.fence.deadline(since)
             for claim in claims:
-                waiting[claim.id] = Running(claim, None, Cancel(), [claim.data], until)  # type: ignore[arg-type]
+                run = Running(claim, None, Cancel(), [claim.data], until)  # type: ignore[arg-type]
+                (waiting if claim.standby_pool is None else self.standby)[claim.id] = run
             self.fence.set((), since)
         if self.refill:
             self._refill()
@@ -136,19 +141,34 @@ class RunningAttempts:
             if run.claim.started_at < fresh or run.until <= mono:
                 self.lapsed.append(run)
                 continue
-            run.claim.started_at = at
-            run.task = loop.create_task(self._attempt(run))
-            running[iid] = run
+            self._launch(run, at, loop)
+
+    def _launch(self, run: Running, at: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Start ``run``'s attempt now (``at``: epoch s, its ``started_at``)."""
+        run.claim.started_at = at
+        run.task = loop.create_task(self._attempt(run))
+        self.running[run.claim.id] = run
+
+    def _hand_on(self, ended: rows.Claim) -> None:
+        """Start the oldest fitting standby in the seat ``ended``'s attempt just left
+        (``seats.take_standby``)."""
+        at = self.clock.now()
+        run = take_standby(
+            self.standby, ended, at - self.start_within, time.monotonic(), self.lapsed
+        )
+        if run is not None:
+            self._launch(run, at, asyncio.get_running_loop())
 
     def overdue(self) -> bool:
         """True when a claim waits to be given back: it lapsed, or the oldest waiting
         one was made more than :attr:`start_within` seconds ago."""
         if self.lapsed:
             return True
-        waiting = self.waiting
-        if not waiting:
-            return False
-        return next(iter(waiting.values())).claim.started_at < self.clock.now() - self.start_within
+        too_old = self.clock.now() - self.start_within
+        return any(
+            q and next(iter(q.values())).claim.started_at < too_old
+            for q in (self.waiting, self.standby)
+        )
 
     def give_back(self, *, everything: bool = False) -> list[Running]:
         """Take out the claims to give back (``commit.give_back``): the lapsed ones and
@@ -156,9 +176,11 @@ class RunningAttempts:
         ``everything``: every waiting one)."""
         too_old = self.clock.now() - self.start_within
         out, self.lapsed = self.lapsed, []
-        out += [r for r in self.waiting.values() if everything or r.claim.started_at < too_old]
-        for run in out:
-            self.waiting.pop(run.claim.id, None)
+        for q in (self.waiting, self.standby):
+            old = [r for r in q.values() if everything or r.claim.started_at < too_old]
+            for run in old:
+                del q[run.claim.id]
+            out += old
         return out
 
     def keep_waiting(self, runs: list[Running]) -> None:
@@ -169,11 +191,12 @@ class RunningAttempts:
     def unsettled(self) -> bool:
         """True while a claim waits (for a slot, or to be given back) or a finished attempt
         waits for the cycle that commits it."""
-        return bool(self.waiting or self.lapsed or self.finished)
+        return bool(self.waiting or self.standby or self.lapsed or self.finished)
 
     def take(self) -> list[tuple[Running, AttemptResult]]:
-        """Every attempt finished so far (they leave ``finished``)."""
-        batch, self.finished = self.finished, []
+        """Every attempt finished so far (they leave ``finished``), but those started in
+        a seat handed on whose hand-off is not committed yet (``seats.split``)."""
+        batch, self.finished = split(self.finished)
         return batch
 
     def put_back(self, batch: list[tuple[Running, AttemptResult]]) -> None:
@@ -183,8 +206,9 @@ class RunningAttempts:
     def held(self) -> dict[int, int]:
         """The fence each running or waiting attempt was claimed under, by instance id."""
         held = {iid: r.claim.fence for iid, r in self.running.items()}
-        for iid, r in self.waiting.items():
-            held[iid] = r.claim.fence
+        for q in (self.waiting, self.standby):
+            for iid, r in q.items():
+                held[iid] = r.claim.fence
         return held
 
     def lease_check(
@@ -217,7 +241,7 @@ class RunningAttempts:
         gone = set(taken)
         renewed = []
         for iid, fence in held.items():
-            run = self.running.get(iid) or self.waiting.get(iid)
+            run = self.running.get(iid) or self.waiting.get(iid) or self.standby.get(iid)
             if run is not None and iid not in gone and run.claim.fence == fence:
                 renewed.append(run)
         self.fence.set(renewed, since)
@@ -226,7 +250,7 @@ class RunningAttempts:
         """Cancel the attempts of instances ``ids`` (a command or another worker took them);
         a waiting one never starts: it ends ``cancelled`` at once."""
         for iid in ids:
-            waiting = self.waiting.pop(iid, None)
+            waiting = self.waiting.pop(iid, None) or self.standby.pop(iid, None)
             if waiting is not None:
                 why = "cancelled before it started: the instance was paused, killed, moved or taken"
                 result = AttemptResult("cancelled", waiting.durable[0], error=why)
@@ -247,18 +271,19 @@ class RunningAttempts:
             run.cancel.set(reason)
 
     def _held_runs(self) -> list[Running]:
-        """Every attempt holding a lease: running, and claimed ahead (waiting)."""
-        return [*self.running.values(), *self.waiting.values()]
+        """Every attempt holding a lease: running, and claimed ahead (waiting, standby)."""
+        return [*self.running.values(), *self.waiting.values(), *self.standby.values()]
 
     def _lapse(self, run: Running) -> None:
         """``run``'s lease was not renewed in time (``fence``): a waiting claim never
         starts (it is given back); a running attempt is ended now, to be recorded
         ``lost``."""
         iid = run.claim.id
-        if self.waiting.get(iid) is run:
-            del self.waiting[iid]
-            self.lapsed.append(run)
-            return
+        for q in (self.waiting, self.standby):
+            if q.get(iid) is run:
+                del q[iid]
+                self.lapsed.append(run)
+                return
         if run.task is None or run.cancel.is_set() or self.running.get(iid) is not run:
             return
         run.fenced = True
@@ -329,6 +354,8 @@ class RunningAttempts:
         self.finished.append((run, result))
         if ran:
             self.ends += 1
+            if self.standby and self.refill and may_hand_on(run.claim, result):
+                self._hand_on(run.claim)
         if self.waiting and self.refill:
             self._refill()
         if self.ended is not None and (

@@ -51,6 +51,7 @@ from runner.engine.db_thread import CALL_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
 from runner.engine.pacing import plan
 from runner.engine.running import Running, RunningAttempts
+from runner.engine.seats import budget
 from runner.engine.shutdown import Shutdown
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
@@ -109,6 +110,7 @@ class Worker:
         # whose cycles run on the loop in a millisecond or two
         default = cfg.concurrency if self.cycles.no_wait is None else 0
         self._ahead = ClaimAhead(default if cfg.prefetch is None else cfg.prefetch)
+        self._ahead_now = 0  # its target at the last look (``_room``)
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
@@ -373,7 +375,7 @@ class Worker:
             timeout = max(0.0, next_at - time.monotonic())
         else:
             timeout = cfg.fence_poll
-        if self.running or self.attempts.waiting:
+        if self.running or self.attempts.waiting or self.attempts.standby:
             timeout = min(timeout, cfg.fence_poll)
         if cfg.exit_when_idle and self.quiet():  # its look for anything left: a timer too
             timeout = min(timeout, max(0.0, self._chores.idle_check.next_at - time.monotonic()))
@@ -393,13 +395,15 @@ class Worker:
         (``running.Running``): all of them while stopping, else those not started within
         ``ahead.WAIT_MAX`` (then no claim ahead in that cycle)."""
         a = self.attempts
+        self._ahead_now = 0
         if self._stop.stopping:
-            return 0, a.give_back(everything=True) if a.waiting or a.lapsed else []
+            return 0, a.give_back(everything=True) if a.waiting or a.standby or a.lapsed else []
         free = self._free()
         if a.overdue():
             return max(0, free - self.cycles.claiming()), a.give_back()
-        ahead = self._ahead.target(now, a.ends)
-        return max(0, free + ahead - len(a.waiting) - self.cycles.claiming()), []
+        ahead = self._ahead_now = self._ahead.target(now, a.ends)
+        held = len(a.waiting) + len(a.standby)
+        return max(0, free + ahead - held - self.cycles.claiming()), []
 
     def _request(
         self,
@@ -415,6 +419,9 @@ class Worker:
         plan = self._notified or (probe and self._looks.active)
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
         request.labels = cfg.labels
+        if free > 0 and self._ahead_now > 0:  # standbys (``engine.seats``): claimed ahead
+            request.standby = budget(self.running.values(), self.attempts.standby.values())
+            request.standby_most = self._ahead_now - len(self.attempts.standby)
         return self.cycles.request(request, stopping=self._stop.stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:

@@ -153,12 +153,24 @@ def _rank(inst: dict[str, Any]) -> str:
     return f"; priority {p}{given}: before lower priorities, after higher ones"
 
 
+def _standby(inst: dict[str, Any], st: Any) -> bool:
+    """A claimed instance of a pooled state holding no slot: a standby
+    (``runner.engine.seats``), started in a slot its daemon hands on."""
+    return st is not None and getattr(st, "pool", None) is not None and inst.get("pool") is None
+
+
 def _due(inst: dict[str, Any], flow: Any, now: float, t: Track | None) -> Entry:
     iid, status, due = inst["id"], inst["status"], inst["due_at"]
     why = t.wait_cause if t is not None and t.wait_cause else None
     data: dict[str, Any] = {"status": status, "due_at": due, "why": why}
     st = flow.states.get(inst["state"]) if flow is not None else None
-    if inst.get("running_attempt") is not None:
+    if inst.get("running_attempt") is not None and st is not None and _standby(inst, st):
+        text = (
+            f"claimed by {inst['locked_by']} as a standby of pool {st.pool}: it starts in the "
+            "slot of one of that daemon's attempts in the pool as that attempt ends, or is "
+            "given back within a second"
+        )
+    elif inst.get("running_attempt") is not None:
         text = (
             f"attempt {inst['running_attempt']} is running on {inst['locked_by']}; its "
             "outcome decides what is next"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -44,7 +44,7 @@ from runner.store.dead import dead_holders
 from runner.store.dialect import dialect_of
 from runner.store.hot import hot_for
 from runner.store.lifecycle_events import emit_lost
-from runner.store.pool_settle import settle
+from runner.store.pool_settle import StandbyAsk, settle, standbys
 from runner.store.pools import Seat, seat_of
 from runner.store.rows import (
     CLAIMABLE,
@@ -95,6 +95,8 @@ def claim_batch(
     at: float | None = None,
     labels: str | None = None,
     refused: list[int] | None = None,
+    standby: Mapping[str, int] | None = None,
+    standby_most: int = 0,
 ) -> list[Claim]:
     """Claim up to ``limit`` due instances and start an attempt on each.
 
@@ -108,6 +110,10 @@ def claim_batch(
             instances whose ``runs_on`` they cover are claimed, inside the statement.
         refused: when given, the number of claims a pool, rate or flow limit undid is
             appended to it (the worker then stops claiming ahead for a while).
+        standby: how many standbys (claims with no seat, started in a seat one of the
+            worker's own attempts hands on as it ends) it may hold per pool besides one
+            per seat this claim gives (``pool_settle.settle``), at most
+            ``standby_most`` in all; ``None``: none.
 
     Returns the claims to run, highest priority first, then oldest due. No attempt row is
     written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
@@ -121,11 +127,19 @@ def claim_batch(
     params = {"at": at, "n": limit, "w": worker_id, "until": at + lease, "labels": labels or "{}"}
     rows = hot.claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
+    ask = None
+    if standby is not None:
+        ask = StandbyAsk(standby, worker_id, at + lease, labels or "{}", limit, standby_most)
     if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
         asked = len(rows)
-        rows, seats = settle(conn, rows, at)  # the pool limits, in this transaction
+        rows, seats = settle(conn, rows, at, ask)  # the pool limits, in this transaction
         if refused is not None:
-            refused.append(asked - len(rows))
+            # (a swap for a waiter is not one; a claim that made standbys claimed ahead
+            # to some use: the worker goes on claiming ahead)
+            made = any(s.standby for s in seats.values())
+            refused.append(0 if made else asked - len(rows))
+    elif ask is not None and ask.budget and ask.most and len(rows) < limit:  # standbys only
+        rows = [*rows, *standbys(conn, ask, limit - len(rows), at, seats)]
     load = hot.load_json
     sleeping = [r[0] for r in rows if r[12] == "sleeping"]
     if sleeping:  # due after its backoff: it runs now (lifecycle's "wake")
@@ -145,8 +159,9 @@ def claim_batch(
             state_restarts=r[10],
             event_id=r[11],
             started_at=at,
-            pool=seats[r[0]].pool if r[0] in seats else None,
+            pool=_seat_pool(seats.get(r[0])),
             pool_slots=seats[r[0]].slots if r[0] in seats and seats[r[0]].pool else 0,
+            standby_pool=seats[r[0]].pool if r[0] in seats and seats[r[0]].standby else None,
             pool_rated=r[0] in seats and seats[r[0]].pool_rated,
             priority=r[15],
             pinned=r[16] is not None,
@@ -156,6 +171,11 @@ def claim_batch(
         )
         for r in sorted(rows, key=_claim_order)
     ]
+
+
+def _seat_pool(seat: Seat | None) -> str | None:
+    """The pool whose seat a kept claim holds (none for a standby)."""
+    return None if seat is None or seat.standby else seat.pool
 
 
 def decode_event(text: str | bytes | None) -> dict[str, Any] | None:

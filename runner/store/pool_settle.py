@@ -6,7 +6,7 @@ again). Called by ``runner.store.leases.claim_batch`` after its ``UPDATE``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,7 +47,28 @@ class _Limit:
         return ordered[k % len(ordered)] + window * (1 + k // len(ordered))
 
 
-def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any], dict[int, Seat]]:
+@dataclass(frozen=True)
+class StandbyAsk:
+    """What a claim may hold as standbys (``runner.engine.seats``): ``budget``
+    (``{pool: count}``: how many of worker ``worker``'s running attempts hold each pool's
+    seats and may hand them on, besides the claims this one gives a seat), the claim's
+    lease end ``until`` (epoch s), the
+    worker's ``labels`` (``runner.labels.canonical`` text) and the ``room`` the claim has
+    (claims it may return: the due rows it took, and waiters as standbys up to it) and
+    the ``most`` standbys it may make (as many as its worker claims ahead: a standby
+    waits for one of its attempts to end, ``runner.engine.ahead``)."""
+
+    budget: Mapping[str, int]
+    worker: str
+    until: float
+    labels: str
+    room: int = 0  # the most claims the claim may return
+    most: int = 0  # the most standbys it may make
+
+
+def settle(
+    conn: Connection, rows: Sequence[Any], at: float, standby: StandbyAsk | None = None
+) -> tuple[list[Any], dict[int, Seat]]:
     """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
     transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
     ..., pool, due_at, priority`` at indexes 0, 1, 2, 3, 4, 13, 14, 15, ``limit_key`` at
@@ -55,6 +76,15 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     kept highest priority first, then earliest due. A flow's ``max_running`` is kept here
     too, as a pool named by ``runner.store.flow_limits`` whose holders are counted from
     the attempts running.
+
+    ``standby`` (:class:`StandbyAsk`, ``runner.engine.seats``): a row refused for the
+    slots of a pool of its budget (a pool with no rate; the row's state with no rate
+    and its flow with no ``max_running``) stays claimed with no seat as a *standby*
+    (``Seat.standby``), up to the budget: its worker starts it only in the seat of one
+    of its own attempts of that pool as that attempt ends, so the slots in use never
+    change for it. When others wait for the pool, the row waits too and the best
+    waiters (highest priority, then earliest due; the row among them) are claimed as
+    the standbys instead, so nobody is passed over.
 
     Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
     each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
@@ -65,6 +95,9 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     """
     asks: list[tuple[Any, Seat]] = []
     stale: list[int] = []
+    spare = dict(standby.budget) if standby is not None else {}
+    left = standby.most if standby is not None else 0  # standbys it may still make
+    swaps: dict[str, int] = {}  # pool: waiters to claim as standbys
     for r in rows:
         seat = seat_of(conn, r[2], r[3])
         if seat is None or seat.pool is None:
@@ -77,6 +110,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
         conn.execute(update(instances).where(i.id.in_(stale)).values(pool=None, pool_slots=None))
     if not asks:
         return list(rows), {}
+    bare: list[int] = []  # standbys whose row names a pool
     ids = [r[0] for r in rows]
     wanted: dict[str, tuple[int | None, str | None, bool]] = {}  # name: declared, rate, slots?
     named: dict[int, str] = {}  # id: the flow limit its claim holds
@@ -119,11 +153,27 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     for r, seat in sorted(asks, key=lambda a: (-a[0][15], a[0][14] or 0.0)):
         pool = limits.get(seat.pool) if seat.pool is not None else None
         rated = [limits[k] for k in (seat.pool, seat.key if seat.rate else None) if k in limits]
+        capped = named.get(r[0])
         if pool is not None and pool.free is not None and seat.slots > pool.free:
             assert seat.pool is not None  # pool is its limit
+            if (
+                spare.get(seat.pool, 0) > 0
+                and left > 0
+                and pool.rate is None
+                and seat.rate is None
+                and capped is None
+            ):  # its worker may hand it a seat of its own as one ends: a standby
+                spare[seat.pool] -= 1
+                left -= 1
+                if pool.waiters or seat.pool in full:  # the best waiters go first
+                    swaps[seat.pool] = swaps.get(seat.pool, 0) + 1
+                else:
+                    seats[r[0]] = replace(seat, standby=True)
+                    if r[13] is not None:
+                        bare.append(r[0])
+                    continue
             full.setdefault(seat.pool, []).append(r[0])
             continue
-        capped = named.get(r[0])
         cap = limits[capped] if capped is not None else None
         if capped is not None and cap is not None and (cap.free or 0) < 1:
             full.setdefault(capped, []).append(r[0])
@@ -141,6 +191,8 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
             continue
         if pool is not None and pool.free is not None:
             pool.free -= seat.slots
+            if standby is not None and seat.pool is not None:  # runs here: a seat to hand on
+                spare[seat.pool] = spare.get(seat.pool, 0) + 1
         if cap is not None and cap.free is not None:
             cap.free -= 1
         for lim in rated:
@@ -154,7 +206,7 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
     held: dict[tuple[str, int], list[int]] = {}
     plain: list[int] = []
     for r, seat in asks:
-        if r[0] in seats:
+        if r[0] in seats and not seats[r[0]].standby:
             if seat.pool is not None:
                 held.setdefault((seat.pool, seat.slots), []).append(r[0])
             elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
@@ -163,6 +215,8 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
         st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
     if plain:  # a rate's mark, if any, is over
         st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
+    if bare:  # standbys whose row still names a pool: they hold no seat
+        conn.execute(update(instances).where(i.id.in_(bare)).values(pool=None, pool_slots=None))
     for name, keyless in unkeyed.items():
         st.keyed.executemany(conn, [{"ids": st.ids(keyless), "name": name}])
     for name, late in full.items():
@@ -175,4 +229,60 @@ def settle(conn: Connection, rows: Sequence[Any], at: float) -> tuple[list[Any],
         if lim.free is not None and lim.free > 0 and lim.waiters and name not in full:
             wake(conn, name, lim.free, at)  # room left over: waiters not woken yet
     gone = {d["i"] for d in delayed} | {x for late in full.values() for x in late}
-    return [r for r in rows if r[0] not in gone], seats
+    kept = [r for r in rows if r[0] not in gone]
+    if standby is not None:
+        room = min(standby.room - len(kept) - sum(swaps.values()), left)
+        for name in sorted(spare):  # room left: the best waiters as standbys too
+            pooled = limits.get(name)
+            if room <= 0 or pooled is None or pooled.rate is not None or (pooled.free or 0) > 0:
+                continue  # (a pool with slots free wakes its waiters: they are due)
+            if spare[name] > 0 and (pooled.waiters or name in full):
+                extra = min(spare[name], room)
+                swaps[name] = swaps.get(name, 0) + extra
+                room -= extra
+    if swaps:
+        assert standby is not None  # (swaps come from its budget)
+        kept += waiters_as_standbys(conn, swaps, at, standby, seats)
+
+    return kept, seats
+
+
+def standbys(
+    conn: Connection, ask: StandbyAsk, room: int, at: float, seats: dict[int, Seat]
+) -> list[Any]:
+    """A claim that took no pooled row: up to ``room`` of the best waiters of the pools
+    of ``ask.budget`` as standbys (:func:`waiters_as_standbys`). No pool row is locked:
+    a standby holds no seat."""
+    swaps: dict[str, int] = {}
+    room = min(room, ask.most)
+    for name in sorted(ask.budget):
+        k = min(ask.budget[name], room)
+        if k > 0:
+            swaps[name] = k
+            room -= k
+    return waiters_as_standbys(conn, swaps, at, ask, seats) if swaps else []
+
+
+def waiters_as_standbys(
+    conn: Connection, swaps: dict[str, int], at: float, ask: StandbyAsk, seats: dict[int, Seat]
+) -> list[Any]:
+    """Claim the best ``swaps[pool]`` waiters of each pool as standbys of ``ask.worker``
+    (``PoolStatements.take_waiters``); returns their claim rows and adds their seats to
+    ``seats``. A waiter that may not be a standby (its state has a rate of its own) is
+    made to wait again."""
+    st = statements(conn)
+    out: list[Any] = []
+    for name in sorted(swaps):
+        params = {"name": name, "k": swaps[name], "at": at, "w": ask.worker}
+        params.update(until=ask.until, labels=ask.labels)
+        again: list[int] = []
+        for r in st.take_waiters.fetch(conn, params):
+            seat = seat_of(conn, r[2], r[3])
+            if seat is None or seat.pool != name or seat.rate is not None:
+                again.append(r[0])
+                continue
+            seats[r[0]] = replace(seat, standby=True)
+            out.append(r)
+        if again:
+            st.wait.executemany(conn, [{"ids": st.ids(again), "name": name}])
+    return out

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Engine,
     Float,
     Integer,
+    Select,
     bindparam,
     func,
     literal_column,
@@ -20,9 +21,9 @@ from sqlalchemy import (
     update,
 )
 
-from runner.store.dialect import dialect_of
+from runner.store.dialect import Dialect, dialect_of
 from runner.store.prepared import Prepared
-from runner.store.rows import CLAIMABLE
+from runner.store.rows import CLAIM_COLS, CLAIMABLE
 from runner.store.tables import JSONType, instances, pools
 
 i = instances.c
@@ -157,23 +158,7 @@ class PoolStatements:
                 pool_slots=null(),
             ),
         )
-        statuses: list[ColumnElement[Any]] = [literal_column(f"'{s}'") for s in CLAIMABLE]
-        # ``status || ''``: no index serves the status test, so the waiters are read in
-        # ``ix_instances_waiting`` order (with the status indexed, PostgreSQL planned a scan
-        # of every runnable row of ``ix_instances_claim`` for ``due_at IS NULL``: 1.5 ms
-        # at 16,000 queued, in every release of a pooled attempt)
-        pick = (
-            select(i.id)
-            .where(
-                i.waiting_for == bindparam("name"),
-                i.due_at.is_(None),
-                i.status.concat("").in_(statuses),
-            )
-            .order_by(i.priority.desc(), i.wait_due)
-            .limit(bindparam("k", type_=Integer()))
-        )
-        if d.skip_locked:
-            pick = pick.with_for_update(skip_locked=True)
+        pick = _best_waiters(d)
         #: up to ``k`` waiters of pool ``name`` due again; returns their ids (params:
         #: name, k, at)
         self.wake = Prepared(
@@ -183,6 +168,29 @@ class PoolStatements:
             .values(due_at=func.coalesce(i.wait_due, at), waiting_for=null(), wait_due=null())
             .returning(i.id),
         )
+        best = _best_waiters(d, i.limit_key.is_(None), d.covered(i.runs_on))
+        #: claim up to ``k`` of the best waiters of pool ``name`` (its worker's labels
+        #: covering them) as standbys of worker ``w``: due again at the due time they
+        #: had, claimed as ``hot.claim_statement`` claims (params: name, k, at, w,
+        #: until, labels); returns ``rows.CLAIM_COLS``
+        self.take_waiters = Prepared(
+            engine,
+            update(instances)
+            .where(i.id.in_(best.scalar_subquery()))
+            .values(
+                due_at=func.coalesce(i.wait_due, at),
+                waiting_for=null(),
+                wait_due=null(),
+                locked_by=bindparam("w"),
+                locked_until=bindparam("until", type_=Float()),
+                fence=i.fence + 1,
+                attempts=i.attempts + 1,
+                running_attempt=i.attempts + 1,
+                state_attempted=at,
+                updated_at=at,
+            )
+            .returning(*CLAIM_COLS),
+        )
         #: forget the seats of ``ids`` where no attempt runs any more (params: ids; a
         #: row its commit released already holds none and is not written again)
         self.clear = Prepared(
@@ -191,6 +199,30 @@ class PoolStatements:
             .where(d.ids_in(i.id), i.running_attempt.is_(None), i.pool.is_not(None))
             .values(pool=null(), pool_slots=null()),
         )
+
+
+def _best_waiters(d: Dialect, *also: ColumnElement[bool]) -> Select[Any]:
+    """The ids of up to ``k`` waiters of pool ``name`` (params), highest priority first,
+    then oldest due (``FOR UPDATE SKIP LOCKED`` where the database has it), meeting
+    ``also`` too.
+
+    ``status || ''``: no index serves the status test, so the waiters are read in
+    ``ix_instances_waiting`` order (with the status indexed, PostgreSQL planned a scan of
+    every runnable row of ``ix_instances_claim`` for ``due_at IS NULL``: 1.5 ms at 16,000
+    queued, in every release of a pooled attempt)."""
+    statuses: list[ColumnElement[Any]] = [literal_column(f"'{s}'") for s in CLAIMABLE]
+    pick = (
+        select(i.id)
+        .where(
+            i.waiting_for == bindparam("name"),
+            i.due_at.is_(None),
+            i.status.concat("").in_(statuses),
+            *also,
+        )
+        .order_by(i.priority.desc(), i.wait_due)
+        .limit(bindparam("k", type_=Integer()))
+    )
+    return pick.with_for_update(skip_locked=True) if d.skip_locked else pick
 
 
 _statements: weakref.WeakKeyDictionary[Engine, PoolStatements] = weakref.WeakKeyDictionary()

@@ -75,6 +75,7 @@ class Seat:
     limit: int | None = None  # its flow's max_running (``store.flow_limits``)
     limit_key: str | None = None  # and its key template
     holds: str | None = None  # (a kept claim) the flow limit it holds
+    standby: bool = False  # (a kept claim) held with no seat: it waits for a seat handed on
 
 
 _seats: dict[tuple[str, str], Seat | None] = {}
@@ -200,6 +201,7 @@ def release(
     claims: Iterable[Claim],
     at: float | None = None,
     cleared: Collection[int] = (),
+    skip: Collection[int] = (),
 ) -> list[int]:
     """After the commit of finished attempts (``rows.Claim`` objects; only those holding
     a pool's slots, ``claim.pool``, matter), in the same transaction: forget their seats
@@ -207,7 +209,9 @@ def release(
     (due at ``at``, epoch s, when their old due time is unknown; default: now); a claim
     holding a flow limit (``claim.limit``) wakes one of its waiters. ``cleared``: ids of
     claims whose commit gave up the seat already (``rows.Outcome.seat_freed``): their
-    waiters are woken, their rows not written again (a round trip less a cycle).
+    waiters are woken, their rows not written again (a round trip less a cycle);
+    ``skip``: ids of claims whose seat frees no slot (handed on to a standby, or void:
+    ``runner.engine.seats``): their rows are cleared, nobody is woken for them.
 
     Returns the ids woken. Nobody is told of them here: the caller's transaction claims
     next and calls ``notify_due`` only for the woken rows it did not take itself (a
@@ -217,21 +221,37 @@ def release(
     ids: list[int] = []
     for c in claims:
         if c.pool is not None:
-            freed[c.pool] = freed.get(c.pool, 0) + c.pool_slots
+            if c.id not in skip:
+                freed[c.pool] = freed.get(c.pool, 0) + c.pool_slots
             if c.id not in cleared:
                 ids.append(c.id)
         if c.limit is not None:  # a flow limit: counted from the attempt running, no seat
             freed[c.limit] = freed.get(c.limit, 0) + 1
-    if not freed:
-        return []
-    at = db_now(conn) if at is None else at
     st = statements(conn)
     if ids:
         st.clear.executemany(conn, [{"ids": st.ids(ids)}])
+    if not freed:
+        return []
+    at = db_now(conn) if at is None else at
     woken: list[int] = []
     for name in sorted(freed):
         woken += wake(conn, name, freed[name], at, tell=False)
     return woken
+
+
+def hold_handed(conn: Connection, standbys: Sequence[Claim]) -> None:
+    """Record on their rows the seats handed to ``standbys`` (``rows.Claim`` objects with
+    ``pool`` and ``pool_slots`` set: running in the seat of an attempt whose commit is in
+    this transaction, ``runner.engine.seats``). No count, no lock: the slots in use do
+    not change."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for c in standbys:
+        assert c.pool is not None  # a standby in a handed seat
+        groups.setdefault((c.pool, c.pool_slots), []).append(c.id)
+    if groups:
+        st = statements(conn)
+        for (name, n), ids in groups.items():
+            st.hold.executemany(conn, [{"ids": st.ids(ids), "name": name, "n": n}])
 
 
 def size_of(conn: Connection, name: str) -> int | None:

@@ -15,7 +15,7 @@ open (``outcome`` NULL), and the end completes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -114,6 +114,15 @@ class Claim:
     pinned: bool = False  # ``flowrun start --priority`` gave it: no state changes it
     runs_on: str | None = None  # its state's requirement (``runner.labels.canonical``)
     route_event: dict[str, Any] | None = None  # the event fields its runs_on may name
+    #: a standby (``pools.Seat.standby``): claimed with no seat, it starts only in the
+    #: seat of this worker's attempt of pool ``standby_pool`` as that one ends
+    #: (``runner.engine.seats``); ``pool`` and ``pool_slots`` are set then
+    standby_pool: str | None = None
+    #: the claim whose seat it was handed, while that claim's commit (which records the
+    #: seat as this one's) is not done: its own commit waits for it
+    seat_from: Claim | None = field(default=None, repr=False)
+    #: the claim (a standby) its seat was handed to as its attempt ended
+    seat_to: Claim | None = field(default=None, repr=False)
 
     def keeps_route(self, values: dict[str, Any]) -> bool:
         """An outcome's ``values`` leave the row's ``runs_on`` as it is (no move, or a
