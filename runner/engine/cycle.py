@@ -118,6 +118,8 @@ class CycleResult:
     nothing_held: bool = False
     #: standbys running in a seat whose hand-off turned out void (``engine.seats.plan``)
     unseated: list[Claim] = field(default_factory=list)
+    #: seats it recorded as handed on to a standby (void ones not counted)
+    handed: int = 0
 
     @property
     def claimed_all(self) -> bool:
@@ -142,6 +144,7 @@ class WorkerStats:
     cancelled: int = 0
     lost_fence: int = 0
     recovered: int = 0  # attempts of dead workers this worker recorded as lost
+    handed: int = 0  # pool seats handed from an ended attempt to a standby (``engine.seats``)
 
     def add(self, result: CycleResult) -> None:
         """Count what one successful cycle did."""
@@ -151,6 +154,7 @@ class WorkerStats:
         self.cancelled += result.cancelled
         self.lost_fence += len(result.lost)
         self.recovered += len(result.recovered)
+        self.handed += result.handed
 
     def items(self) -> list[tuple[str, int]]:
         """``(name, count)`` pairs in field order (the exit line, metrics)."""
@@ -323,7 +327,7 @@ def _transaction(
         if woken and not set(woken) <= {c.id for c in claims}:
             notify_due(conn)  # waiters woken above that this claim did not take
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
-        result.unseated = handed.unseated
+        result.unseated, result.handed = handed.unseated, handed.count
         result.refused = sum(refused)
         plan = request.plan and (request.recover or not (claims or chained))
         # PostgreSQL: a claim the limits settled (``refused`` filled) holds a pool's or

@@ -109,11 +109,12 @@ class HandOffs:
     """What a cycle does with the seats handed on among the claims it commits: ``hold``
     the standbys now recorded in their seats (still running), ``skip`` the claims whose
     slots are not freed by their release (handed on, or void), ``unseated`` the standbys
-    still running in a void seat (to cancel)."""
+    still running in a void seat (to cancel), ``count`` the seats handed on (not void)."""
 
     hold: list[Claim] = field(default_factory=list)
     skip: set[int] = field(default_factory=set)
     unseated: list[Claim] = field(default_factory=list)
+    count: int = 0  # seats handed on that are not void
 
 
 def plan(ended: Iterable[Claim], lost: Collection[int]) -> HandOffs:
@@ -139,6 +140,7 @@ def plan(ended: Iterable[Claim], lost: Collection[int]) -> HandOffs:
                 out.unseated.append(s)
             continue
         out.skip.add(a.id)  # its seat is the standby's now
+        out.count += 1
         if s.id not in claims:
             out.hold.append(s)
     out.skip |= void & claims.keys()

@@ -60,6 +60,7 @@ WORKER_COUNTERS = (
     ("cancelled", "cancelled_attempts", "Attempts closed as cancelled."),
     ("lost_fence", "fenced_out_commits", "Attempt outcomes refused: instance taken away."),
     ("recovered", "lost_attempts", "Attempts of dead workers recorded as lost here."),
+    ("handed", "pool_seats_handed", "Pool seats handed from an ended attempt to a standby."),
 )
 
 

@@ -83,6 +83,11 @@ def closing_line(stats: Any) -> str:
             _n(stats.chained, "attempt", "attempts")
             + " run on in the next state without a new claim"
         )
+    if stats.handed:
+        parts.append(
+            _n(stats.handed, "pool seat", "pool seats")
+            + " handed from an ended attempt to a standby claim"
+        )
     if stats.lost_fence:
         parts.append(
             _n(stats.lost_fence, "outcome", "outcomes")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -94,13 +95,17 @@ def _pool_limit_run(fr: Flowrun, flow, daemons: int, n: int, log: Path) -> None:
     ``pool set`` at the half; every instance completes."""
     _start(fr, flow, n, log, 0.2)
     names = [f"d{k}" for k in range(daemons)]
-    with contextlib_all(fr, names) as _ds:
+    with contextlib_all(fr, names) as ds:
         poll(lambda: _completed(fr) >= n // 2, 300, 0.1, "half the instances completed")
         asked_at = time.time()
         res = fr("pool", "set", "warehouse", "4")
         assert res.returncode == 0, res.stderr
         set_at = time.time()
         poll(lambda: _completed(fr) >= n, 300, 0.1, "every instance completed")
+    handed = sum(_handed(d.log()) for d in ds)
+    print(f"pool seats handed on to standbys: {handed}")
+    if fr.db.startswith("postgresql"):  # claims ahead there: standbys ran in handed seats
+        assert handed > 0, "no seat was handed on: the limit was not tested with standbys"
     seen = overlaps(log)
     before = [k for t, k in seen if t < asked_at]
     after = [(t, k) for t, k in seen if t >= asked_at]
@@ -114,6 +119,12 @@ def _pool_limit_run(fr: Flowrun, flow, daemons: int, n: int, log: Path) -> None:
     assert [(p["name"], p["slots"], p["declared"], p["in_use"]) for p in listed] == [
         ("warehouse", 4, 2, 0)
     ]
+
+
+def _handed(log: str) -> int:
+    """The pool seats a daemon handed on to standbys, from its closing line."""
+    found = re.search(r"(\d+) pool seats? handed from an ended attempt", log)
+    return int(found.group(1)) if found else 0
 
 
 class contextlib_all:

@@ -174,6 +174,7 @@ def test_a_cycle_reports_lost_attempts(world) -> None:
         ("cancelled", 0),
         ("lost_fence", 1),
         ("recovered", 1),
+        ("handed", 0),
     ]
 
 
@@ -322,5 +323,6 @@ def test_the_worker_keeps_finished_attempts_while_the_database_is_away(tmp_path:
         "cancelled": 0,
         "lost_fence": 0,
         "recovered": 0,
+        "handed": 0,
     }
     assert ticks == [1.0], "run_single_cycle is no turn of the loop; run() took one turn"

@@ -145,7 +145,7 @@ def test_a_seat_handed_on_is_the_standbys_after_the_givers_commit(world) -> None
     s = _hand(a, standbys)
     assert (s.id, s.pool, s.seat_from, a.seat_to) == (ids[2], "warehouse", a, s)
     got = _cycle(engine, [finished(a, "moved", "done")])
-    assert got.unseated == [] and got.lost == []
+    assert got.unseated == [] and got.lost == [] and got.handed == 1
     assert row(engine, a.id)["pool"] is None
     assert (row(engine, s.id)["pool"], row(engine, s.id)["pool_slots"]) == ("warehouse", 1)
     assert _in_use(engine) == 2, "the slots in use never changed"
@@ -159,7 +159,7 @@ def test_a_seat_from_an_attempt_taken_away_is_void(world) -> None:
     s = _hand(a, standbys)
     sql(engine, "UPDATE instances SET fence = fence + 1 WHERE id = :i", i=a.id)  # taken
     got = _cycle(engine, [finished(a, "moved", "done")])
-    assert got.lost == [a.id] and got.unseated == [s]
+    assert got.lost == [a.id] and got.unseated == [s] and got.handed == 0
     assert row(engine, s.id)["pool"] is None, "no seat recorded for it"
 
 
@@ -197,9 +197,9 @@ def test_a_void_seat_handed_on_is_void_too() -> None:
     a, s, t = _claim(1), _claim(2), _claim(3)
     a.seat_to, s.seat_from, s.seat_to, t.seat_from = s, a, t, s
     got = plan([a, s], lost={1})
-    assert got.hold == [] and got.unseated == [t] and got.skip == {2}
+    assert got.hold == [] and got.unseated == [t] and got.skip == {2} and got.count == 0
     got = plan([a, s], lost=())
-    assert got.hold == [t] and got.skip == {1, 2} and got.unseated == []
+    assert got.hold == [t] and got.skip == {1, 2} and got.unseated == [] and got.count == 2
 
 
 def test_the_budget_counts_holders_not_yet_handing_on_less_the_standbys() -> None:

@@ -58,6 +58,7 @@ def test_nested_changes_to_data_are_committed(tmp_path: Path) -> None:
         ("cancelled", 0),
         ("lost_fence", 0),
         ("recovered", 0),
+        ("handed", 0),
     ], "the counters of the daemon's exit line"
 
 

@@ -86,10 +86,13 @@ def test_progress_figures() -> None:
 def test_closing_line_in_a_users_words() -> None:
     quiet = WorkerStats(claimed=1, committed=1)
     assert closing_line(quiet) == "done: 1 attempt committed, 1 instance claimed"
-    busy = WorkerStats(claimed=5, chained=3, committed=9, cancelled=1, lost_fence=2, recovered=1)
+    busy = WorkerStats(
+        claimed=5, chained=3, committed=9, cancelled=1, lost_fence=2, recovered=1, handed=4
+    )
     assert closing_line(busy) == (
         "done: 9 attempts committed (1 cancelled), 5 instances claimed, 3 attempts run on in "
-        "the next state without a new claim, 2 outcomes not committed (the instance was taken "
+        "the next state without a new claim, 4 pool seats handed from an ended attempt to a "
+        "standby claim, 2 outcomes not committed (the instance was taken "
         "away by a command or another worker), 1 attempt of dead workers recorded as lost"
     )
 
