@@ -120,9 +120,9 @@ class Claim:
     standby_pool: str | None = None
     #: the claim whose seat it was handed, while that claim's commit (which records the
     #: seat as this one's) is not done: its own commit waits for it
-    seat_from: Claim | None = field(default=None, repr=False)
+    seat_from: Claim | None = field(default=None, repr=False, compare=False)
     #: the claim (a standby) its seat was handed to as its attempt ended
-    seat_to: Claim | None = field(default=None, repr=False)
+    seat_to: Claim | None = field(default=None, repr=False, compare=False)
 
     def keeps_route(self, values: dict[str, Any]) -> bool:
         """An outcome's ``values`` leave the row's ``runs_on`` as it is (no move, or a

@@ -263,3 +263,58 @@ def test_a_rate_is_never_exceeded_across_daemons(tmp_path: Path, db: str, daemon
     gaps = [starts[k + 5] - starts[k] for k in range(len(starts) - 5)]
     assert min(gaps) >= 2.0, f"6 starts within {min(gaps):.3f} s"
     assert min(starts[k + 4] - starts[k] for k in range(len(starts) - 4)) < 2.0
+
+
+@pytest.mark.postgres
+def test_a_daemon_sigkilled_while_holding_standbys_leaves_the_pool_exact(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Three daemons share a pool of 2 with short attempts, so each holds standbys
+    (claims ahead with no seat) and hands seats on; one is SIGKILLed mid-run. Its seats
+    come back after its lease, its standbys are claimed again, every instance completes
+    and the pool is never exceeded (counted from the one ``O_APPEND`` file)."""
+    fr, _path, flow = _world(tmp_path, pg_url)
+    log = tmp_path / "runs.log"
+    n = 90
+    _start(fr, flow, n, log, 0.05)
+    names = ["k0", "k1", "k2"]
+    with contextlib_all(fr, names, lease=4.0) as ds:
+        poll(lambda: _completed(fr) >= n // 3, 120, 0.05, "a third completed")
+        victim = ds[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
+        victim.wait(30)
+        poll(lambda: _completed(fr) >= n, 120, 0.1, "every instance completed")
+    handed = sum(_handed(d.log()) for d in ds[1:])
+    most = max(_running_after_kill(log, killed_at))
+    assert most <= 2, "the pool of 2 was exceeded"
+    assert most == 2, "the pool was never full: nothing was tested"
+    assert handed > 0, "the survivors handed no seat on"
+    starts = [line.split()[1] for line in log.read_text().splitlines() if line[0] == "S"]
+    assert len(set(starts)) == n
+
+
+def _running_after_kill(log: Path, killed_at: float) -> list[int]:
+    """Attempts running after each start line, in file order, where an attempt the kill
+    ended (its start never followed by its end before the instance's next start) stops
+    counting at the first line written after the kill."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    orphans, open_at = set(), {}
+    for k, (kind, iid, _at) in enumerate(lines):
+        if kind == "S" and iid in open_at:
+            orphans.add(open_at[iid])
+        if kind == "S":
+            open_at[iid] = k
+        else:
+            open_at.pop(iid, None)
+    running, out, killed = set(), [], False
+    for k, (kind, iid, at) in enumerate(lines):
+        if not killed and float(at) >= killed_at:
+            killed = True
+            running -= orphans
+        if kind == "S":
+            running.add(k)
+            out.append(len(running))
+        else:
+            running.discard(max(j for j in running if lines[j][1] == iid))
+    return out
