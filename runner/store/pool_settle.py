@@ -1,7 +1,8 @@
 """A claim's limits kept inside its own transaction: :func:`settle` keeps the pools'
 slots and rates and the flows' ``max_running`` on the rows a claim just took, and turns
 the claims that do not fit into waiters (``runner.store.pools`` says how a waiter is woken
-again). Called by ``runner.store.leases.claim_batch`` after its ``UPDATE``.
+again) or, for a worker that claims ahead, into standbys (``runner.engine.seats``).
+Called by ``runner.store.leases.claim_batch`` after its ``UPDATE``.
 """
 
 from __future__ import annotations
@@ -243,7 +244,6 @@ def settle(
     if swaps:
         assert standby is not None  # (swaps come from its budget)
         kept += waiters_as_standbys(conn, swaps, at, standby, seats)
-
     return kept, seats
 
 

@@ -24,6 +24,11 @@ lapsed, an attempt a command ended) wake as many waiters as slots freed, highest
 priority first, then oldest due, telling the listening daemons (``notify_due``; on
 SQLite the commit itself rings the daemons' commit bell). A release tells them only of
 the woken waiters its own cycle's claim did not take (``runner.engine.cycle``).
+
+A worker that claims ahead keeps claims ahead of a full pool as standbys instead: claimed
+with no seat, started in the seat of one of its own attempts as that attempt ends;
+:func:`hold_handed` records the seat on the standby's row in the ended attempt's commit
+(``runner.engine.seats``).
 """
 
 from __future__ import annotations
