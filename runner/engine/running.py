@@ -90,6 +90,8 @@ class RunningAttempts:
         #: standbys (``engine.seats``): claims with no pool seat, oldest first, each
         #: started only in the seat of one of these attempts as it ends
         self.standby: dict[int, Running] = {}
+        #: the claims held that do not run yet (never replaced, like the dicts)
+        self._claimed = (self.waiting, self.standby)
         #: start waiting claims as slots free (false once the worker stops)
         self.refill = True
         #: seconds after its claim a waiting claim may still start (then it is given back)
@@ -165,10 +167,7 @@ class RunningAttempts:
         if self.lapsed:
             return True
         too_old = self.clock.now() - self.start_within
-        return any(
-            q and next(iter(q.values())).claim.started_at < too_old
-            for q in (self.waiting, self.standby)
-        )
+        return any(q and next(iter(q.values())).claim.started_at < too_old for q in self._claimed)
 
     def give_back(self, *, everything: bool = False) -> list[Running]:
         """Take out the claims to give back (``commit.give_back``): the lapsed ones and
@@ -176,7 +175,7 @@ class RunningAttempts:
         ``everything``: every waiting one)."""
         too_old = self.clock.now() - self.start_within
         out, self.lapsed = self.lapsed, []
-        for q in (self.waiting, self.standby):
+        for q in self._claimed:
             old = [r for r in q.values() if everything or r.claim.started_at < too_old]
             for run in old:
                 del q[run.claim.id]
@@ -206,7 +205,7 @@ class RunningAttempts:
     def held(self) -> dict[int, int]:
         """The fence each running or waiting attempt was claimed under, by instance id."""
         held = {iid: r.claim.fence for iid, r in self.running.items()}
-        for q in (self.waiting, self.standby):
+        for q in self._claimed:
             for iid, r in q.items():
                 held[iid] = r.claim.fence
         return held
@@ -279,7 +278,7 @@ class RunningAttempts:
         starts (it is given back); a running attempt is ended now, to be recorded
         ``lost``."""
         iid = run.claim.id
-        for q in (self.waiting, self.standby):
+        for q in self._claimed:
             if q.get(iid) is run:
                 del q[iid]
                 self.lapsed.append(run)

@@ -2,16 +2,17 @@
 the same worker, with no database cycle in between.
 
 A worker on PostgreSQL claims ahead of its free slots (``engine.ahead``). A claim held
-ahead in a pool that is full would only be turned into a waiter, so the claim keeps it as
-a *standby* instead (``store.pool_settle.settle``: only while nobody waits for the pool,
-and at most as many as this worker's attempts holding the pool's seats, :func:`budget`):
-claimed, with no seat. When one of the worker's attempts in that pool ends, its seat goes
-at once to the oldest standby of that pool asking as many slots (:func:`take_standby`),
-which starts in it. The slots in use never change: until the ended attempt's commit,
-its row holds the seat (its attempt is still named running, under its lease); that
-commit clears it and records the seat on the standby's row in the same transaction
-(:func:`plan`, ``store.pools.hold_handed``), so every daemon counts one holder
-throughout. A standby not started within the wait of any claim held ahead is given back.
+ahead in a pool that is full would only be turned into a waiter, so the claim keeps a
+*standby* instead (``store.pool_settle.settle``: at most as many as the worker claims
+ahead and as it has attempts holding the pool's seats, :func:`budget`; when others wait
+for the pool, the best of them are the standbys): claimed, with no seat. When one of the
+worker's attempts in that pool ends, its seat goes at once to the oldest standby of that
+pool asking as many slots (:func:`take_standby`), which starts in it. The slots in use
+never change: until the ended attempt's commit, its row holds the seat (its attempt is
+still named running, under its lease); that commit clears it and records the seat on the
+standby's row in the same transaction (:func:`plan`, ``store.pools.hold_handed``), so
+every daemon counts one holder throughout. A standby not started within the wait of any
+claim held ahead is given back.
 
 Two rules keep the count exact when things go wrong:
 

@@ -17,7 +17,15 @@ from runner.flowspec.spec_types import parse_rate
 from runner.store.flow_limits import running
 from runner.store.limit_names import is_limit, limit_name
 from runner.store.pool_statements import statements
-from runner.store.pools import Seat, in_use_waiting, lock, lock_limit, seat_of, wake
+from runner.store.pools import (
+    Seat,
+    hold_seats,
+    in_use_waiting,
+    lock,
+    lock_limit,
+    seat_of,
+    wake,
+)
 from runner.store.rows import LIMIT_KEY_AT
 from runner.store.tables import instances
 
@@ -212,8 +220,7 @@ def settle(
                 held.setdefault((seat.pool, seat.slots), []).append(r[0])
             elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
                 plain.append(r[0])
-    for (name, n), held_ids in held.items():
-        st.hold.executemany(conn, [{"ids": st.ids(held_ids), "name": name, "n": n}])
+    hold_seats(conn, held)
     if plain:  # a rate's mark, if any, is over
         st.unmark.executemany(conn, [{"ids": st.ids(plain)}])
     if bare:  # standbys whose row still names a pool: they hold no seat

@@ -253,6 +253,12 @@ def hold_handed(conn: Connection, standbys: Sequence[Claim]) -> None:
     for c in standbys:
         assert c.pool is not None  # a standby in a handed seat
         groups.setdefault((c.pool, c.pool_slots), []).append(c.id)
+    hold_seats(conn, groups)
+
+
+def hold_seats(conn: Connection, groups: dict[tuple[str, int], list[int]]) -> None:
+    """Record seats on claimed rows: ``{(pool, slots): [instance ids]}``, one statement
+    per pair (the rows then count among the pool's holders)."""
     if groups:
         st = statements(conn)
         for (name, n), ids in groups.items():

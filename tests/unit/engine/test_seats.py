@@ -24,16 +24,7 @@ from runner.ops.explain import explain
 from runner.store.rows import Claim
 from tests.support.fault import either_world, new_instance, row, sql
 from tests.unit.engine.test_cycle import finished
-
-FLOW = """\
-initial: load
-pools: {warehouse: 2}
-states:
-  load: {exec: [python, -c, "pass"], pool: warehouse, next: done}
-  done: {terminal: true}
-"""
-
-LEASE = 30.0
+from tests.unit.store.test_pools_store import FLOW, LEASE
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
