@@ -120,6 +120,8 @@ class CycleResult:
     unseated: list[Claim] = field(default_factory=list)
     #: seats it recorded as handed on to a standby (void ones not counted)
     handed: int = 0
+    #: its claim left a pool or a flow limit with no slot free (``pacing``: no split)
+    filled: bool = False
 
     @property
     def claimed_all(self) -> bool:
@@ -313,6 +315,7 @@ def _transaction(
             routing.sweep(conn, db_now(conn))
         claims: list[Claim] = []
         refused: list[int] = []
+        filled: list[str] = []
         if limit > 0:
             claims = leases.claim_batch(
                 conn,
@@ -323,12 +326,13 @@ def _transaction(
                 refused=refused,
                 standby=request.standby,
                 standby_most=request.standby_most,
+                filled=filled,
             )
         if woken and not set(woken) <= {c.id for c in claims}:
             notify_due(conn)  # waiters woken above that this claim did not take
         result = CycleResult(claims, chained, recovered, lost, limit, lease_from=since)
         result.unseated, result.handed = handed.unseated, handed.count
-        result.refused = sum(refused)
+        result.refused, result.filled = sum(refused), bool(filled)
         plan = request.plan and (request.recover or not (claims or chained))
         # PostgreSQL: a claim the limits settled (``refused`` filled) holds a pool's or
         # a rate's row locked to the commit, and every claim of that pool waits for it:

@@ -9,8 +9,10 @@ while one cycle is in flight a second starts only for claims to give back,
 ``OVERLAP_MIN`` finished attempts or more, or ``OVERLAP_MIN`` or more to claim where the
 last claim left off; and a cycle that starts alone while attempts end in bulk claims
 half the room (``split``), the second the rest, so that the loop runs one half while the
-server works on the other. Chaining: a claim that got all it asked for, or a wake-up,
-sets ``want_claim`` (claim again at once).
+server works on the other; but not while the worker's claims fill a pool
+(:data:`FILLED_FOR`): a pool's slots free only as their attempts commit, so two half
+claims in flight would each find half the slots. Chaining: a claim that got all it
+asked for, or a wake-up, sets ``want_claim`` (claim again at once).
 
 The worker keeps the mechanics: it reads its timers, cycle runner and attempts, and acts
 on the ``Step`` (submits the cycle, restarts the timers, tells the attempts when to wake
@@ -43,6 +45,12 @@ class Step:
     quiet_above: int | None = None
 
 
+#: Seconds after a claim left a pool (or a flow limit) with no slot free during which
+#: no cycle claims half the room: the pool's slots free only as their attempts' commits
+#: release them, so two cycles in flight each claiming half would each find half of
+#: them, and both would wait on the pool's row lock anyway (``store.pool_settle``).
+FILLED_FOR = 0.25
+
 #: No cycle, nothing held (shared: never changed).
 NOTHING = Step()
 
@@ -60,6 +68,7 @@ def plan(
     running: int = 0,
     concurrency: int = 1,
     held_since: float | None = None,
+    filled: bool = False,
 ) -> Step:
     """The next :class:`Step` (pure; the result is not to be changed: it may be
     :data:`NOTHING`). Plain arguments, not an object: this runs at every turn of the loop.
@@ -78,6 +87,7 @@ def plan(
         concurrency: the worker's slots.
         held_since: when finished attempts began waiting for a batch (``None``: they
             do not wait).
+        filled: a claim filled a pool within :data:`FILLED_FOR`: never split.
     """
     if flights and not (release or finished >= OVERLAP_MIN or (want_claim and room >= OVERLAP_MIN)):
         return Step(held_since=held_since)  # the cycle in flight is enough
@@ -89,5 +99,7 @@ def plan(
         if since is not None:  # nearly full: more attempts end soon, commit them together
             quiet = concurrency - batch_size(concurrency)
             return Step(False, 0, False, False, since, since + HOLD_MAX, quiet)
-    split = most > 1 and not flights and finished >= OVERLAP_MIN and room >= 2 * OVERLAP_MIN
+    split = (
+        most > 1 and not flights and finished >= OVERLAP_MIN and room >= 2 * OVERLAP_MIN
+    ) and not filled
     return Step(True, room // 2 if split else room, split, probe)

@@ -49,7 +49,7 @@ from runner.engine.cycle_log import log_lost
 from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
-from runner.engine.pacing import plan
+from runner.engine.pacing import FILLED_FOR, plan
 from runner.engine.running import Running, RunningAttempts
 from runner.engine.seats import budget
 from runner.engine.shutdown import Shutdown
@@ -111,6 +111,7 @@ class Worker:
         default = cfg.concurrency if self.cycles.no_wait is None else 0
         self._ahead = ClaimAhead(default if cfg.prefetch is None else cfg.prefetch)
         self._ahead_now = 0  # its target at the last look (``_room``)
+        self._filled_until = 0.0  # a claim filled a pool: no split claim before (``pacing``)
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
@@ -319,6 +320,7 @@ class Worker:
             0 if self._stop.stopping else len(self.running),
             self.config.concurrency,
             self._hold.since,
+            now < self._filled_until,
         )
         self._hold.since = step.held_since
         # waiting for a batch: the attempts' ends wake the loop only once there are enough
@@ -430,6 +432,8 @@ class Worker:
         log_lost(result.recovered)
         if result.refused:
             self._ahead.refused(time.monotonic())
+        if result.filled:
+            self._filled_until = time.monotonic() + FILLED_FOR
         if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
         found = bool(result.claims or result.chained)

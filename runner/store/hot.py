@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     any_,
     bindparam,
+    cast,
     column,
     func,
     literal_column,
@@ -69,6 +70,11 @@ class Hot:
         at = bindparam("at", type_=Float())
         #: claim up to ``n`` due instances (params: at, n, w, until, labels)
         self.claim = Prepared(engine, claim_statement(engine, at))
+        #: PostgreSQL: the claim recording the pool seat of each claimed row whose state
+        #: is in ``seats`` (params: those of ``claim`` and seats, ``pools.seated_json``)
+        self.claim_seated = (
+            Prepared(engine, claim_statement(engine, at, seated=True)) if d.skip_locked else None
+        )
         #: a claimed ``sleeping`` instance runs: it is ``runnable`` again (param: ids)
         self.wake = Prepared(
             engine,
@@ -178,7 +184,7 @@ class Hot:
             )
 
 
-def claim_statement(engine: Engine, at):
+def claim_statement(engine: Engine, at, seated: bool = False):
     """The claim: ``UPDATE`` up to ``n`` due instances, highest priority first, then
     oldest due, naming the attempt each starts (``at``: the bind parameter of the current
     time; params at, n, w, until, labels: the worker's labels, ``runner.labels.canonical``),
@@ -245,10 +251,20 @@ def claim_statement(engine: Engine, at):
         both = union_all(*(select(x.c.id, x.c.priority, x.c.due_at) for x in each)).subquery()
         inner = select(both.c.id).order_by(both.c.priority.desc(), both.c.due_at)
         chosen = c.id.in_(inner.limit(n).scalar_subquery())
+    seat: dict[str, Any] = {}
+    if seated:
+        from sqlalchemy.dialects.postgresql import JSONB  # (PostgreSQL only: not at import)
+
+        table = cast(bindparam("seats", type_=String()), JSONB)
+        seat["pool"] = func.jsonb_extract_path_text(table, c.version, c.state, "0")
+        seat["pool_slots"] = cast(
+            func.jsonb_extract_path_text(table, c.version, c.state, "1"), Integer()
+        )
     return (
         update(instances)
         .where(chosen)
         .values(
+            **seat,
             # no ``status``: naming an indexed column rewrites its index entries even
             # when the value stays (measured on SQLite: 3.4 us a row against 0.9); the
             # few ``sleeping`` rows claimed are woken by ``Hot.wake``

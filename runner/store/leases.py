@@ -45,7 +45,7 @@ from runner.store.dialect import dialect_of
 from runner.store.hot import hot_for
 from runner.store.lifecycle_events import emit_lost
 from runner.store.pool_settle import StandbyAsk, settle, standbys
-from runner.store.pools import Seat, seat_of
+from runner.store.pools import Seat, seat_of, seated_json
 from runner.store.rows import (
     CLAIMABLE,
     Claim,
@@ -97,6 +97,7 @@ def claim_batch(
     refused: list[int] | None = None,
     standby: Mapping[str, int] | None = None,
     standby_most: int = 0,
+    filled: list[str] | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due instances and start an attempt on each.
 
@@ -114,6 +115,8 @@ def claim_batch(
             worker's own attempts hands on as it ends) it may hold per pool besides one
             per seat this claim gives (``pool_settle.settle``), at most
             ``standby_most`` in all; ``None``: none.
+        filled: when given, the names of the pools and flow limits this claim left with
+            no slot free are appended to it (``pool_settle.settle``).
 
     Returns the claims to run, highest priority first, then oldest due. No attempt row is
     written here: the instance row records the running attempt (``running_attempt``, ``locked_by``,
@@ -125,14 +128,19 @@ def claim_batch(
     hot = hot_for(conn)
     at = hot.clock.now() if at is None else at
     params = {"at": at, "n": limit, "w": worker_id, "until": at + lease, "labels": labels or "{}"}
-    rows = hot.claim.fetch(conn, params)
+    seated = seated_json() if hot.claim_seated is not None else None
+    if seated is not None:  # PostgreSQL, pooled states known: the claim records seats
+        assert hot.claim_seated is not None
+        rows = hot.claim_seated.fetch(conn, {**params, "seats": seated})
+    else:
+        rows = hot.claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
     ask = None
     if standby is not None:
         ask = StandbyAsk(standby, worker_id, at + lease, labels or "{}", limit, standby_most)
     if rows and any(r[13] is not None or seat_of(conn, r[2], r[3]) for r in rows):
         asked = len(rows)
-        rows, seats = settle(conn, rows, at, ask)  # the pool limits, in this transaction
+        rows, seats = settle(conn, rows, at, ask, filled)  # the pool limits, in this transaction
         if refused is not None:
             # (a swap for a waiter is not one; a claim that made standbys claimed ahead
             # to some use: the worker goes on claiming ahead)

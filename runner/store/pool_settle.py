@@ -26,7 +26,7 @@ from runner.store.pools import (
     seat_of,
     wake,
 )
-from runner.store.rows import LIMIT_KEY_AT
+from runner.store.rows import LIMIT_KEY_AT, POOL_SLOTS_AT
 from runner.store.tables import instances
 
 i = instances.c
@@ -76,7 +76,11 @@ class StandbyAsk:
 
 
 def settle(
-    conn: Connection, rows: Sequence[Any], at: float, standby: StandbyAsk | None = None
+    conn: Connection,
+    rows: Sequence[Any],
+    at: float,
+    standby: StandbyAsk | None = None,
+    filled: list[str] | None = None,
 ) -> tuple[list[Any], dict[int, Seat]]:
     """Keep the pool limits and rates on ``rows`` (claim rows just claimed in this
     transaction, ``RETURNING`` ``rows.CLAIM_COLS``: ``id, flow, version, state, data,
@@ -94,6 +98,10 @@ def settle(
     change for it. When others wait for the pool, the row waits too and the best
     waiters (highest priority, then earliest due; the row among them) are claimed as
     the standbys instead, so nobody is passed over.
+
+    ``filled``: when given, the names of the pools and flow limits with no slot left
+    once the claim is settled are appended to it (the worker then claims in one cycle
+    at a time, ``runner.engine.pacing``).
 
     Returns ``(kept, seats)``: the rows still claimed (in their order) and the seat of
     each kept claim with a pool or a rate, by instance id (``pool_rated`` set). A row
@@ -212,11 +220,13 @@ def settle(
         if rated_pool or capped is not None:  # (a remembered seat has neither set)
             seat = replace(seat, pool_rated=rated_pool, holds=capped)
         seats[r[0]] = seat
+    if filled is not None:
+        filled += [k for k, lim in limits.items() if lim.free is not None and lim.free <= 0]
     held: dict[tuple[str, int], list[int]] = {}
     plain: list[int] = []
     for r, seat in asks:
         if r[0] in seats and not seats[r[0]].standby:
-            if seat.pool is not None:
+            if seat.pool is not None and not _recorded(r, seat, limits):
                 held.setdefault((seat.pool, seat.slots), []).append(r[0])
             elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
                 plain.append(r[0])
@@ -252,6 +262,16 @@ def settle(
         assert standby is not None  # (swaps come from its budget)
         kept += waiters_as_standbys(conn, swaps, at, standby, seats)
     return kept, seats
+
+
+def _recorded(r: Any, seat: Seat, limits: Mapping[str, _Limit]) -> bool:
+    """The claim statement itself recorded ``seat`` on claim row ``r``
+    (``hot.claim_statement``'s ``seated``), and no rate asks the row's ``waiting_for``
+    cleared: its seat needs no second write."""
+    if r[13] != seat.pool or r[POOL_SLOTS_AT] != seat.slots or seat.rate is not None:
+        return False
+    pool = limits.get(seat.pool) if seat.pool is not None else None
+    return pool is not None and pool.rate is None
 
 
 def standbys(

@@ -33,9 +33,10 @@ with no seat, started in the seat of one of its own attempts as that attempt end
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
@@ -99,10 +100,32 @@ def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
         flow = versions.compiled(conn, version)
     except UserError:
         return None  # not remembered: the version may be stored later
+    global _seated
     if len(_seats) >= SEATS_MAX:
         _seats.clear()
+        _seated = None
     seat = _seats[version, state] = _seat(flow, state)
+    if seat is not None and seat.pool is not None:
+        _seated = None  # one more state to write seats for
     return seat
+
+
+_seated: str | None = None  # ``seated_json``'s text, until a pooled state is added
+
+
+def seated_json() -> str | None:
+    """The pooled states met so far (:func:`seat_of`'s memory) as JSON text
+    ``{version: {state: [pool, slots]}}``, for the claim that records seats itself
+    (``hot.claim_statement``'s ``seated``); ``None`` while none is known. Rebuilt only
+    when a pooled state is added."""
+    global _seated
+    if _seated is None:
+        table: dict[str, dict[str, list[Any]]] = {}
+        for (version, state), seat in list(_seats.items()):
+            if seat is not None and seat.pool is not None:
+                table.setdefault(version, {})[state] = [seat.pool, seat.slots]
+        _seated = json.dumps(table) if table else ""
+    return _seated or None
 
 
 def _seat(flow: CompiledFlow, state: str) -> Seat | None:

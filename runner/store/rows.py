@@ -55,10 +55,13 @@ CLAIM_COLS = (
     instances.c.limit_key,  # its flow limit (``runner.store.flow_limits``)
     instances.c.runs_on,  # its state's requirement (``runner.labels``)
     instances.c.route_event,  # the starting event's fields its runs_on may name
+    instances.c.pool_slots,  # with ``pool``: the seat the claim itself recorded
 )
 
 #: Where ``limit_key`` is in a claim row (:data:`CLAIM_COLS`).
 LIMIT_KEY_AT = [c.name for c in CLAIM_COLS].index("limit_key")
+#: Where ``pool_slots`` is in a claim row (:data:`CLAIM_COLS`).
+POOL_SLOTS_AT = [c.name for c in CLAIM_COLS].index("pool_slots")
 
 
 def due_clause(at, statuses: tuple[str, ...] = CLAIMABLE, *, keys=None):

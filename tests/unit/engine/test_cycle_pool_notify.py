@@ -76,3 +76,15 @@ def test_a_release_that_leaves_the_waiter_to_others_tells_them(world) -> None:
     r = row(engine, second)
     assert r["waiting_for"] is None and r["due_at"] is not None, "woken: due again"
     assert _heard(listener) >= 1, "the other daemons are told it is due"
+
+
+def test_a_cycle_says_when_its_claim_filled_a_pool(world) -> None:
+    """``CycleResult.filled``: the claim left the pool with no slot free (the worker then
+    claims its whole room in one cycle, ``pacing.FILLED_FOR``); a cycle that claimed
+    nothing in it does not say so."""
+    engine, flow, _ = world
+    new_instance(engine, flow)
+    new_instance(engine, flow)
+    got = cycle(engine, free=4)
+    assert len(got.claims) == 1 and got.filled
+    assert not cycle(engine, free=4).filled, "nothing due: nothing settled"

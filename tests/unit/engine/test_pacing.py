@@ -69,3 +69,13 @@ def test_a_cycle_alone_while_attempts_end_in_bulk_claims_half_the_room() -> None
     assert plan(0.0, room=100, finished=OVERLAP_MIN, most=1, concurrency=256).claim == 100
     assert not plan(0.0, room=2 * OVERLAP_MIN - 1, finished=OVERLAP_MIN, most=2).split
     assert not plan(0.0, room=100, finished=OVERLAP_MIN - 1, most=2).split
+
+
+def test_no_half_claim_while_claims_fill_a_pool() -> None:
+    """A claim that filled a pool lately (``filled``): the whole room in one cycle. A
+    pool's slots free only as their attempts' commits release them, so two half claims
+    in flight would each find half of them."""
+    args = {"room": 2 * OVERLAP_MIN + 1, "finished": OVERLAP_MIN, "most": 2, "concurrency": 256}
+    assert plan(0.0, **args).split
+    step = plan(0.0, **args, filled=True)
+    assert step.start and not step.split and step.claim == 2 * OVERLAP_MIN + 1

@@ -1,5 +1,6 @@
 """Pools in the store (``runner.store.pools``): the limit kept inside the claim, waiters
-not due until a slot frees, a lapsed lease freeing its slot, ``set_slots``; on a real
+not due until a slot frees, a lapsed lease freeing its slot, ``set_slots``, the claim
+that records its seats itself (PostgreSQL) and says which pools it filled; on a real
 SQLite file and on the real PostgreSQL server. Times are passed explicitly (no sleeps)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from runner.errors import UserError
 from runner.flowspec.compiled import CompiledFlow
@@ -24,6 +25,7 @@ states:
 """
 
 LEASE = 30.0
+HELD = 2  # the pool's slots
 T0 = 2_000_000_000.0  # a fixed "now" far after the instances' creation
 
 
@@ -214,3 +216,83 @@ def test_next_times_hides_its_time_bound_from_the_postgresql_planner(world) -> N
     assert first == T0 + 60
     text = str(stmt.compile(dialect=engine.dialect))
     assert ("> (SELECT" in text) == (engine.dialect.name == "postgresql")
+
+
+def _seat_writes(engine: Engine) -> list[str]:
+    """Every statement that writes ``pool`` on its own (``PoolStatements.hold``), as run."""
+    seen: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _seen(conn, cursor, statement, params, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("UPDATE INSTANCES SET POOL="):
+            seen.append(statement)
+
+    return seen
+
+
+def _held(engine: Engine) -> list[tuple[int, str | None, int | None]]:
+    return [tuple(r) for r in sql(engine, "SELECT id, pool, pool_slots FROM instances ORDER BY id")]
+
+
+def test_kept_claims_hold_their_seats_and_the_rest_hold_none(world) -> None:
+    """Whichever statement records the seats, the claims kept hold them and the ones the
+    pool refused (now waiters) hold none; the pool's count stays exact."""
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(2 * HELD)]
+    for round_ in range(2):  # the second round: the pooled state is known beforehand
+        with engine.begin() as conn:
+            got = leases.claim_batch(conn, f"w{round_}", LEASE, 10, at=T0 + round_)
+        if round_ == 0:
+            assert [c.id for c in got] == ids[:HELD]
+            assert _held(engine) == [(i, "warehouse", 1) for i in ids[:HELD]] + [
+                (i, None, None) for i in ids[HELD:]
+            ]
+            with engine.begin() as conn:  # the holders end; their seats are released
+                conn.exec_driver_sql(
+                    "UPDATE instances SET running_attempt = NULL, locked_by = NULL,"
+                    " pool = NULL, pool_slots = NULL, status = 'done', due_at = NULL"
+                    f" WHERE id IN ({', '.join(map(str, ids[:HELD]))})"
+                )
+                pools.wake(conn, "warehouse", HELD, T0)
+        else:
+            assert [c.id for c in got] == ids[HELD:]
+            assert _held(engine)[HELD:] == [(i, "warehouse", 1) for i in ids[HELD:]]
+            with engine.begin() as conn:
+                assert pools.in_use(conn, "warehouse", T0 + 1) == HELD
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("world", ["postgres"], indirect=True)
+def test_postgresql_claim_records_the_seats_itself(world) -> None:
+    """On PostgreSQL, once the pooled state is known, the claim statement writes the
+    seats: no second ``UPDATE`` of the rows kept (before: one a claim). A row the pool
+    refuses has its seat undone in the same transaction."""
+    engine, flow = world
+    ids = [new_instance(engine, flow) for _ in range(5)]
+    with engine.begin() as conn:  # the pooled state is met: from now on it is known
+        pools.seat_of(conn, flow.version, "load")
+    seen = _seat_writes(engine)
+    with engine.begin() as conn:
+        got = leases.claim_batch(conn, "w1", LEASE, 10, at=T0)
+    assert [c.id for c in got] == ids[:HELD] and {c.pool for c in got} == {"warehouse"}
+    assert seen == [], "the claim recorded its seats: no separate write"
+    held = _held(engine)
+    assert held == [(i, "warehouse", 1) for i in ids[:HELD]] + [(i, None, None) for i in ids[HELD:]]
+    with engine.begin() as conn:
+        assert pools.in_use(conn, "warehouse", T0) == HELD
+
+
+def test_a_claim_says_which_pools_it_filled(world) -> None:
+    """``filled`` names a pool the claim left with no slot free (the worker then claims in
+    one cycle at a time); a claim that leaves slots free names none."""
+    engine, flow = world
+    new_instance(engine, flow)
+    filled: list[str] = []
+    with engine.begin() as conn:
+        assert len(leases.claim_batch(conn, "w1", LEASE, 10, at=T0, filled=filled)) == 1
+    assert filled == [], "one slot of two left"
+    new_instance(engine, flow)
+    new_instance(engine, flow)
+    with engine.begin() as conn:
+        assert len(leases.claim_batch(conn, "w1", LEASE, 10, at=T0 + 1, filled=filled)) == 1
+    assert filled == ["warehouse"]
