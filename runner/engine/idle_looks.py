@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
+from runner.engine.timers import LoopingTimer
 from runner.store.data_version import CommitBell, DataVersion, commit_bell, data_version
 
 #: Seconds between two looks for due work while an idle SQLite worker waits for its
@@ -108,6 +109,27 @@ class IdleLooks:
     def recover_unchanged(self) -> bool:
         """True when a look for lost attempts would find nothing (:meth:`Skip.unchanged`)."""
         return self.recover.unchanged(self.changes)
+
+    def may_find(self, probe: LoopingTimer, now: float) -> bool:
+        """A look for due work that is due (``probe``, the worker's idle-look timer) may
+        find something: False while nobody committed since the last look found nothing
+        (``probe`` is then set to the next look: when the bell rings, or the next poll).
+        (Read before ``pacing.plan`` decides: the skip is only active on SQLite, where no
+        second cycle is ever in flight.)"""
+        if self.unchanged():
+            probe.next_at = now + self.next_look(probe.interval)
+            return False
+        return True
+
+    def held_nothing(self, recover: LoopingTimer, now: float) -> bool:
+        """A look for lost attempts that is due (``recover``, its timer) would find
+        nothing: True while nobody committed since the last found nothing locked, held or
+        waiting (the timer restarted); an idle daemon then reads only the change counter
+        each second."""
+        if self.recover_unchanged():
+            recover.restart(now)
+            return True
+        return False
 
     def next_look(self, interval: float) -> float:
         """Seconds until the next look while skipping: the next recheck after a ring

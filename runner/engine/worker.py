@@ -22,7 +22,8 @@ below it. The chores (leases, fences, the heartbeat, the idle exit's look) are a
 ``cycle.run_cycle`` (a ``CycleRequest`` in, a ``CycleResult`` out, counted in
 ``stats``, a ``cycle.WorkerStats``), run by a ``cycle_runner.CycleRunner`` (where it
 runs, and the attempts it commits) when ``pacing.plan`` decides (claim-ahead, batch
-waiting, the overlapped second cycle, chaining); the attempts in progress are a
+waiting, the overlapped second cycle, chaining) with the room a ``claim_room.ClaimRoom``
+gives; the idle looks skipped are ``idle_looks.IdleLooks``; the attempts in progress are a
 ``running.RunningAttempts``; blocking calls go to a ``db_thread.DatabaseThread``; the
 options are a ``config.WorkerConfig``; the loop sleeps until a ``wakeup.WakeUp``; it
 stops through a ``shutdown.Shutdown``.
@@ -41,17 +42,17 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from runner.engine import batching
-from runner.engine.ahead import WAIT_MAX, ClaimAhead
+from runner.engine.ahead import WAIT_MAX
 from runner.engine.chores import Chores
+from runner.engine.claim_room import ClaimRoom
 from runner.engine.config import WorkerConfig
 from runner.engine.cycle import CycleRequest, CycleResult, WorkerStats
 from runner.engine.cycle_log import log_lost
 from runner.engine.cycle_runner import CycleRunner
 from runner.engine.db_thread import CALL_TIMEOUT, DatabaseThread
 from runner.engine.idle_looks import IdleLooks
-from runner.engine.pacing import FILLED_FOR, plan
+from runner.engine.pacing import plan
 from runner.engine.running import Running, RunningAttempts
-from runner.engine.seats import budget
 from runner.engine.shutdown import Shutdown
 from runner.engine.timers import LoopingTimer, OutageBackoff
 from runner.engine.wakeup import WakeUp
@@ -109,9 +110,7 @@ class Worker:
         # a cycle is a round trip on the database thread (PostgreSQL), not on SQLite,
         # whose cycles run on the loop in a millisecond or two
         default = cfg.concurrency if self.cycles.no_wait is None else 0
-        self._ahead = ClaimAhead(default if cfg.prefetch is None else cfg.prefetch)
-        self._ahead_now = 0  # its target at the last look (``_room``)
-        self._filled_until = 0.0  # a claim filled a pool: no split claim before (``pacing``)
+        self._room = ClaimRoom(self.attempts, default if cfg.prefetch is None else cfg.prefetch)
         # a waiting claim starts within a second of its claim, with half its lease left
         self.attempts.start_within = min(WAIT_MAX, cfg.lease / 2)
         self._want_claim = True  # claim at once: the last claim was full, or a wake-up
@@ -304,9 +303,18 @@ class Worker:
         """Start the next database cycle if ``pacing.plan`` says so; True if one started
         (the decision: claim-ahead, batch waiting, the overlapped second cycle, chaining)."""
         a, cycles = self.attempts, self.cycles
-        room, release = self._room(now)
-        recover = not self._stop.stopping and self._recover.due(now) and not self._held_nothing(now)
-        probe = room > 0 and not self._want_claim and self._probe.due(now) and self._may_find(now)
+        room, release = self._room.room(
+            now, self._free(), self.cycles.claiming(), self._stop.stopping
+        )
+        looks = self._looks
+        recover = (
+            not self._stop.stopping
+            and self._recover.due(now)
+            and not looks.held_nothing(self._recover, now)
+        )
+        probe = (room > 0 and not self._want_claim and self._probe.due(now)) and looks.may_find(
+            self._probe, now
+        )
         step = plan(  # positional: once a turn
             now,
             room,
@@ -320,7 +328,7 @@ class Worker:
             0 if self._stop.stopping else len(self.running),
             self.config.concurrency,
             self._hold.since,
-            now < self._filled_until,
+            self._room.filled(now),
         )
         self._hold.since = step.held_since
         # waiting for a batch: the attempts' ends wake the loop only once there are enough
@@ -338,25 +346,6 @@ class Worker:
         if recover:
             self._recover.restart(now)
         return True
-
-    def _may_find(self, now: float) -> bool:
-        """An idle look that is due may find something: on SQLite, False while nobody
-        committed since the last look found nothing (the next look is then when the bell
-        rings, or at the next poll). (Read before ``pacing.plan`` decides: the skip is
-        only active on SQLite, where no second cycle is ever in flight.)"""
-        if self._looks.unchanged():
-            self._probe.next_at = now + self._looks.next_look(self._probe.interval)
-            return False
-        return True
-
-    def _held_nothing(self, now: float) -> bool:
-        """A look for lost attempts that is due would find nothing: on SQLite, True while
-        nobody committed since the last found nothing locked, held or waiting (its timer
-        restarted); an idle daemon then reads only the change counter each second."""
-        if self._looks.recover_unchanged():
-            self._recover.restart(now)
-            return True
-        return False
 
     def _rung(self) -> None:
         """A commit (anyone's): look for due work at the next turn."""
@@ -389,24 +378,6 @@ class Worker:
         """Free slots for new attempts (none while stopping)."""
         return 0 if self._stop.stopping else self.config.concurrency - len(self.running)
 
-    def _room(self, now: float) -> tuple[int, list[Running]]:
-        """``(room, release)`` at ``now`` (monotonic seconds): how many instances the next
-        cycle may claim (free slots, and claims to hold ahead of them
-        (``ahead.ClaimAhead``), less those waiting and those the cycles in flight may
-        claim), and the waiting claims to give back
-        (``running.Running``): all of them while stopping, else those not started within
-        ``ahead.WAIT_MAX`` (then no claim ahead in that cycle)."""
-        a = self.attempts
-        self._ahead_now = 0
-        if self._stop.stopping:
-            return 0, a.give_back(everything=True) if a.waiting or a.standby or a.lapsed else []
-        free = self._free()
-        if a.overdue():
-            return max(0, free - self.cycles.claiming()), a.give_back()
-        ahead = self._ahead_now = self._ahead.target(now, a.ends)
-        held = len(a.waiting) + len(a.standby)
-        return max(0, free + ahead - held - self.cycles.claiming()), []
-
     def _request(
         self,
         free: int,
@@ -421,19 +392,14 @@ class Worker:
         plan = self._notified or (probe and self._looks.active)
         request = CycleRequest(cfg.worker_id, cfg.lease, free, probe, recover, plan)
         request.labels = cfg.labels
-        if free > 0 and self._ahead_now > 0:  # standbys (``engine.seats``): claimed ahead
-            request.standby = budget(self.running.values(), self.attempts.standby.values())
-            request.standby_most = self._ahead_now - len(self.attempts.standby)
+        self._room.ask_standbys(request)
         return self.cycles.request(request, stopping=self._stop.stopping, release=release)
 
     def _took(self, result: CycleResult) -> None:
         """Count a successful cycle, log the lost attempts it recorded, start its claims."""
         self.stats.add(result)
         log_lost(result.recovered)
-        if result.refused:
-            self._ahead.refused(time.monotonic())
-        if result.filled:
-            self._filled_until = time.monotonic() + FILLED_FOR
+        self._room.met(result, time.monotonic())
         if self._notified or self._looks.active:
             self._wake.plan(result.next_due, result.next_expiry)
         found = bool(result.claims or result.chained)

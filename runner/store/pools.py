@@ -100,32 +100,37 @@ def seat_of(conn: Connection, version: str, state: str) -> Seat | None:
         flow = versions.compiled(conn, version)
     except UserError:
         return None  # not remembered: the version may be stored later
-    global _seated
+    global _changes
     if len(_seats) >= SEATS_MAX:
         _seats.clear()
-        _seated = None
+        _changes += 1
     seat = _seats[version, state] = _seat(flow, state)
     if seat is not None and seat.pool is not None:
-        _seated = None  # one more state to write seats for
+        _changes += 1  # one more state to write seats for
     return seat
 
 
-_seated: str | None = None  # ``seated_json``'s text, until a pooled state is added
+_changes = 0  # pooled states added to ``seat_of``'s memory (or the memory cleared)
+_seated: tuple[int, str] = (0, "")  # ``seated_json``'s text, as of ``_changes``
 
 
 def seated_json() -> str | None:
     """The pooled states met so far (:func:`seat_of`'s memory) as JSON text
     ``{version: {state: [pool, slots]}}``, for the claim that records seats itself
     (``hot.claim_statement``'s ``seated``); ``None`` while none is known. Rebuilt only
-    when a pooled state is added."""
+    after a pooled state was added (a state added while it is built, on another database
+    thread, makes the next call build it again)."""
     global _seated
-    if _seated is None:
+    seen, text = _seated
+    if seen != _changes:
+        seen = _changes
         table: dict[str, dict[str, list[Any]]] = {}
         for (version, state), seat in list(_seats.items()):
             if seat is not None and seat.pool is not None:
                 table.setdefault(version, {})[state] = [seat.pool, seat.slots]
-        _seated = json.dumps(table) if table else ""
-    return _seated or None
+        text = json.dumps(table) if table else ""
+        _seated = (seen, text)
+    return text or None
 
 
 def _seat(flow: CompiledFlow, state: str) -> Seat | None:

@@ -316,7 +316,7 @@ def test_prefetch_defaults_to_the_concurrency_on_postgresql(tmp_path, engine) ->
         cfg = worker_config(c)
         assert cfg.prefetch == given
         w = Worker(engine, cfg)
-        assert w._ahead.limit == limit
+        assert w._room.ahead.limit == limit
         w.cycles.close()
         w.attempts.close()
 

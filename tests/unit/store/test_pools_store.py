@@ -5,6 +5,7 @@ SQLite file and on the real PostgreSQL server. Times are passed explicitly (no s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -296,3 +297,16 @@ def test_a_claim_says_which_pools_it_filled(world) -> None:
     with engine.begin() as conn:
         assert len(leases.claim_batch(conn, "w1", LEASE, 10, at=T0 + 1, filled=filled)) == 1
     assert filled == ["warehouse"]
+
+
+def test_the_pooled_states_met_are_written_for_the_claim(world) -> None:
+    """``seated_json``: every pooled state ``seat_of`` has met, as ``{version: {state:
+    [pool, slots]}}``; a state with no pool is not in it."""
+    engine, flow = world
+    new_instance(engine, flow)  # (its version stored)
+    with engine.begin() as conn:
+        pools.seat_of(conn, flow.version, "load")
+        assert pools.seat_of(conn, flow.version, "done") is None
+    text = pools.seated_json()
+    assert text is not None
+    assert json.loads(text)[flow.version] == {"load": ["warehouse", 1]}
