@@ -4,7 +4,7 @@ Each handler's pidfd (Linux ≥ 5.3, ``os.pidfd_open``) goes, from the spawn thr
 started it, into an ``epoll`` set of its loop's own (:class:`_ExitSet`); that set's
 descriptor is one reader of the loop's selector (an epoll set is itself pollable), so an
 exit wakes the loop directly: it collects the exit status at once (``poll()`` of the
-``spawn.Proc`` or ``Popen``: no zombie is left, and the leader is no longer counted by
+``fork_exec.Proc`` or ``Popen``: no zombie is left, and the leader is no longer counted by
 ``runner.handlers.reaper``) and calls the handler's callback. No thread hands exits over
 through ``call_soon_threadsafe``: that would cost two more thread wake-ups and GIL
 hand-overs an attempt, about 35 µs of CPU (``docs/performance.md``, "Exits on the loop's
@@ -33,7 +33,7 @@ from runner.handlers import reaper
 if TYPE_CHECKING:
     from subprocess import Popen
 
-    from runner.handlers.spawn import Proc
+    from runner.handlers.fork_exec import Proc
 
 #: A started handler process (``runner.handlers.spawn``'s ``Child.proc``).
 Process: TypeAlias = "Proc | Popen[bytes]"
@@ -127,7 +127,7 @@ def watch(
     pidfd: int | None = None,
 ) -> bool:
     """Call ``callback(returncode)`` on ``loop`` once ``proc`` exits (thread-safe);
-    ``proc`` has ``pid``, ``poll()`` and ``wait()`` (``spawn.Proc``, ``subprocess.Popen``).
+    ``proc`` has ``pid``, ``poll()`` and ``wait()`` (``fork_exec.Proc``, ``subprocess.Popen``).
     ``pidfd``: its pidfd, already open (``runner.handlers._spawn``; -1: none), else it is
     opened here; this module closes it.
 

@@ -10,7 +10,7 @@ On the Python path the process is started the way ``subprocess.Popen`` starts on
 no ``preexec_fn``: CPython's ``_posixsubprocess.fork_exec`` with ``vfork`` (the new
 session, ``cwd``, the descriptors and the closing of all others are done in the child
 between ``vfork`` and ``exec``; ``os.posix_spawn`` refuses ``cwd``, and it holds the GIL
-while it spawns). It is called directly (:func:`_fork_exec`), not through ``Popen``:
+while it spawns). It is called directly (``fork_exec.fork_exec``), not through ``Popen``:
 Popen's own Python code, re-encoding the whole environment and opening ``/dev/null`` on
 every call, cost as much of the parent's CPU as the spawn itself
 (``docs/performance.md``, "The Python spawn path"). Should that private function not
@@ -28,7 +28,6 @@ Instance data reaches the handler as ``runner.handlers.data`` encodes it.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import os
 import queue
@@ -40,16 +39,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner import control_channel
-from runner.handlers import exits, native, reaper
+from runner.handlers import exits, fork_exec, native, reaper
 from runner.handlers.data import data_env, remove_data_file
-from runner.handlers.environ import add_env, encode_env
+from runner.handlers.environ import add_env
+from runner.handlers.fork_exec import Proc
 from runner.handlers.handoff import Handoff
 from runner.handlers.process_setup import ProcSetup
-
-try:
-    from _posixsubprocess import fork_exec as _posix_fork_exec
-except ImportError:  # not POSIX CPython
-    _posix_fork_exec = None  # type: ignore[assignment]
 
 #: Threads that run the spawns (each blocks for one fork/exec at a time): 2 x cores, as
 #: the spawn ceiling of ``bench/throughput.py --case exec`` (on 2 busy cores, 0 (spawn on
@@ -64,42 +59,6 @@ _threads: list[threading.Thread] = []
 _NATIVE_CONTROL = str(native.CONTROL_FD)
 _threads_lock = threading.Lock()
 _devnull: int | None = None  # /dev/null, opened once: every handler's stdin
-_local = threading.local()  # a spawn thread's lasting error pipe (_lasting_error_pipe)
-_error_pipes: list[tuple[int, int]] = []  # every spawn thread's, kept for the process's life
-
-
-class Proc:
-    """A started handler process: ``pid`` and, once collected, ``returncode`` (as
-    ``Popen.returncode``: the exit status, or ``-signal``)."""
-
-    __slots__ = ("pid", "returncode")
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        """Collect the exit status if the process has exited; ``returncode``."""
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # collected elsewhere: never expected
-                self.returncode = 255
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        """Wait for the process to exit; ``returncode``."""
-        while (code := self.poll()) is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                self.returncode = 255
-            else:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return code
 
 
 @dataclass
@@ -172,14 +131,14 @@ def _spawn(
     """Start ``argv`` in a new session, stdin ``/dev/null``, stdout ``out``, stderr
     ``err``, ``ctl`` kept open, every other descriptor closed, ``setup`` applied. Raises
     ``OSError`` (``SubprocessError`` when a limit cannot be set)."""
-    global _posix_fork_exec, _devnull
-    if _posix_fork_exec is not None and min(out, err, ctl) > 2:
+    global _devnull
+    if fork_exec.usable() and min(out, err, ctl) > 2:
         if _devnull is None:
             _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return _fork_exec(argv, cwd, env, _devnull, out, err, ctl, setup)
+            return fork_exec.fork_exec(argv, cwd, env, _devnull, out, err, ctl, setup)
         except TypeError:  # not the signature of CPython 3.11-3.13: Popen from now on
-            _posix_fork_exec = None  # type: ignore[assignment]
+            fork_exec.give_up()
     ids = {}
     if setup is not None:
         ids = dict(zip(("group", "extra_groups", "user", "preexec_fn"), setup.posix(), strict=True))
@@ -194,137 +153,6 @@ def _spawn(
         pass_fds=(ctl,),
         **ids,
     )
-
-
-def _fork_exec(
-    argv: list[str],
-    cwd: str,
-    env: dict[str, str],
-    stdin: int,
-    out: int,
-    err: int,
-    ctl: int,
-    setup: ProcSetup | None = None,
-) -> Proc:
-    """``subprocess.Popen._execute_child`` without its overheads (same arguments to
-    ``_posixsubprocess.fork_exec``, same errors: ``OSError`` with the child's errno when
-    ``cwd`` or the program cannot be used). With a ``setup`` the child is a ``fork``
-    (``_posixsubprocess`` uses no ``vfork`` with a user, group or ``preexec_fn``), so its
-    error comes through a pipe of its own."""
-    executables = native.executables(argv[0], env)  # the PATH of the handler's environment
-    lasting = getattr(_local, "errpipe", None) if setup is None else None
-    if lasting is not None:  # vfork: the child has exec'd or failed when this returns
-        pid = _call_fork_exec(argv, executables, cwd, env, stdin, out, err, ctl, *lasting)
-        try:
-            failure = os.read(lasting[0], 50000)
-        except BlockingIOError:  # nothing: it exec'd
-            failure = b""
-    else:
-        errpipe_read, errpipe_write = os.pipe()
-        try:
-            try:
-                pid = _call_fork_exec(
-                    argv,
-                    executables,
-                    cwd,
-                    env,
-                    stdin,
-                    out,
-                    err,
-                    ctl,
-                    errpipe_read,
-                    errpipe_write,
-                    setup,
-                )
-            finally:
-                os.close(errpipe_write)
-            failure = os.read(errpipe_read, 50000)  # EOF at the exec; else why it failed
-        finally:
-            os.close(errpipe_read)
-    if failure:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-        raise _child_error(failure, cwd, argv[0])
-    return Proc(pid)
-
-
-def _call_fork_exec(
-    argv: list[str],
-    executables: tuple[bytes, ...],
-    cwd: str,
-    env: dict[str, str],
-    stdin: int,
-    out: int,
-    err: int,
-    ctl: int,
-    errpipe_read: int,
-    errpipe_write: int,
-    setup: ProcSetup | None = None,
-) -> int:
-    gid, groups, uid, preexec = setup.posix() if setup is not None else (None,) * 4
-    return _posix_fork_exec(
-        argv, executables, True, tuple(sorted((ctl, errpipe_write))), cwd, encode_env(env),
-        stdin, -1, -1, out, -1, err, errpipe_read, errpipe_write,
-        True, True, -1, gid, groups, uid, -1, preexec, True,
-    )  # fmt: skip
-
-
-def _lasting_error_pipe() -> tuple[int, int] | None:
-    """An error pipe for every spawn of the calling thread: ``(read end, non-blocking;
-    write end)``, both close-on-exec; ``None`` unless the spawn is seen to wait for the
-    child's exec (``vfork``).
-
-    With ``vfork`` the parent resumes only once the child has exec'd or, having failed,
-    written why and exited: a non-blocking read right after the spawn then finds the
-    whole message or nothing, and no pipe per spawn is needed (three system calls fewer
-    an attempt). A probe child that cannot exec (``/`` is a folder) checks it: its
-    message must be there at once, else (a ``fork``, which does not wait) ``None``.
-    """
-    read_end, write_end = os.pipe()
-    os.set_blocking(read_end, False)
-    try:
-        pid = _posix_fork_exec(  # typeshed says str and a callable; CPython takes None
-            [b"/"], (b"/",), True, (write_end,), None, [],  # type: ignore[arg-type]
-            -1, -1, -1, -1, -1, -1, read_end, write_end,
-            True, False, -1, None, None, None, -1, None, True,  # type: ignore[arg-type]
-        )  # fmt: skip
-    except (TypeError, OSError):
-        told = b""
-    else:
-        try:
-            told = os.read(read_end, 50000)
-        except BlockingIOError:
-            told = b""
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    if told:
-        return read_end, write_end
-    os.close(read_end)
-    os.close(write_end)
-    return None
-
-
-def _child_error(data: bytes, cwd: str, program: str) -> Exception:
-    """The exception a child reported on the error pipe (``_posixsubprocess``'s format,
-    ``ExceptionName:hex errno:message``, read as ``subprocess`` reads it)."""
-    try:
-        name, hex_errno, raw = data.split(b":", 2)
-        message = raw.decode()
-    except ValueError:
-        return subprocess.SubprocessError(f"bad exception data from child: {data!r}")
-    kind = getattr(builtins, name.decode("ascii", "replace"), subprocess.SubprocessError)
-    if not (isinstance(kind, type) and issubclass(kind, Exception)):
-        kind = subprocess.SubprocessError
-    if issubclass(kind, OSError) and hex_errno:
-        errno = int(hex_errno, 16)
-        if message == "noexec":  # it failed before its exec: as Popen says, at the chdir
-            message, filename = "", cwd
-        else:
-            filename = program
-        return kind(errno, os.strerror(errno) if errno else message, filename)
-    return kind(message)
 
 
 def _orphan(child: Child) -> None:
@@ -367,10 +195,7 @@ exits.on_loop_closed(native.drop)
 def _spawner() -> None:
     """A spawn thread: start handlers from ``_jobs``, for ever (a daemon thread)."""
     job = _jobs.get()
-    if _posix_fork_exec is not None:
-        _local.errpipe = _lasting_error_pipe()
-        if _local.errpipe is not None:
-            _error_pipes.append(_local.errpipe)
+    fork_exec.thread_started()
     _start_and_hand_over(*job)
     while True:
         _start_and_hand_over(*_jobs.get())

@@ -31,10 +31,10 @@ from sqlalchemy.exc import DBAPIError
 from runner.engine.config import WorkerConfig
 from runner.engine.db_thread import DaemonThreads
 from runner.engine.worker import Worker
-from runner.errors import ConfigError
 from runner.flowspec.registry import FlowRegistry
 from runner.labels import decode
 from runner.service.first_cycle import FirstCycle
+from runner.service.http_wiring import open_http
 from runner.service.logs import attempt_logger
 from runner.service.options import Served, ServiceOptions
 from runner.service.sdnotify import Notifier, notify_loop
@@ -77,11 +77,6 @@ def _hooks(*hooks: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], No
             h(claim, result)
 
     return both
-
-
-def _shown(address: tuple[str, int]) -> str:
-    """``host:port`` of an ``(host, port)`` address, as the options take it."""
-    return f"{address[0]}:{address[1]}"
 
 
 class Part(NamedTuple):
@@ -166,50 +161,12 @@ class Daemon:
             self.tally.finished if self.tally else None,
             attempt_logger(config.worker_id) if opts.log_attempts else None,
         )
-        if opts.metrics is not None or opts.http is not None:
-            self.http = self.make_http()  # wiring: http listener
+        if opts.metrics is not None or opts.http is not None:  # wiring: http listener
+            hooks = self.registry if self.with_hub else None
+            self.http, self.collector = open_http(
+                self.engine, opts, worker, self.supervisor, self.tally, hooks, self.kick_hub
+            )
         self.notifier = opts.notifier or Notifier()
-
-    def make_http(self) -> HttpListener:
-        """The HTTP listener (``/metrics``, the webhook sensors), bound and serving.
-
-        Raises:
-            ConfigError: see the class."""
-        from runner.service.http_listener import HttpListener
-        from runner.service.webhooks import webhook_door
-
-        opts = self.options
-        address = opts.http or opts.metrics
-        assert address is not None
-        if opts.http and opts.metrics and opts.http != opts.metrics:
-            raise ConfigError(
-                f"--metrics {_shown(opts.metrics)} and --http {_shown(opts.http)}: the daemon "
-                "has one HTTP listener; give both the same address, or only one of them"
-            )
-        app = None
-        if opts.metrics is not None and self.tally is not None:
-            from runner.service.metrics import metrics_app
-
-            self.collector, app = metrics_app(self.engine, self.worker, self.tally, self.supervisor)
-        door = None
-        if self.with_hub:
-            assert self.registry is not None
-            door = webhook_door(
-                self.engine, self.registry, address, asyncio.get_running_loop(), self.kick_hub
-            )
-        http = HttpListener(*address, metrics=app, door=door)
-        option = "--http" if opts.http else "--metrics"
-        try:
-            http.start()
-        except OSError as exc:
-            if self.collector is not None:
-                self.collector.close()
-            raise ConfigError(f"{option} {_shown(address)}: {exc}") from None
-        if app is not None:
-            log.info("metrics on http://%s:%d/metrics", http.host, http.port)
-        if door is not None:
-            log.info("http listener on http://%s:%d (webhook sensors)", http.host, http.port)
-        return http
 
     @property
     def with_hub(self) -> bool:

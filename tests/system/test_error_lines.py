@@ -70,7 +70,7 @@ def test_console_shows_the_last_line(failed) -> None:
     from runner.tui.data import ConsoleData
     from runner.tui.model import Query
     from runner.tui.screens.detail import summary_text
-    from runner.tui.widgets.instance_table import cells
+    from runner.tui.widgets.instance_cells import cells
 
     fr, iid = failed
     engine = make_engine(fr.db)

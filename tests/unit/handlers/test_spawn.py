@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runner.engine.batching import HOLD_MAX, Hold
-from runner.handlers import exits, native, spawn
+from runner.handlers import exits, fork_exec, native, spawn
 from runner.handlers.environ import Env, encode_env
 from runner.handlers.handoff import Handoff
 from tests.support.fault import poll
@@ -34,7 +34,7 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     else:
         monkeypatch.setattr(native, "ext", None)
     if request.param == "Popen":
-        monkeypatch.setattr(spawn, "_posix_fork_exec", None)
+        monkeypatch.setattr(fork_exec, "_posix_fork_exec", None)
     return request.param
 
 
@@ -126,7 +126,7 @@ def _open_fds() -> set[int]:
 def _lasting_fds() -> set[int]:
     """Descriptors kept for the life of the process: /dev/null, each spawn thread's error
     pipe, the exits thread's epoll set."""
-    fds = {fd for pair in spawn._error_pipes for fd in pair}
+    fds = {fd for pair in fork_exec.error_pipes for fd in pair}
     fds |= {fd for fd in (spawn._devnull, native._devnull) if fd is not None}
     if exits._epoll is not None:
         fds.add(exits._epoll.fileno())
@@ -216,7 +216,7 @@ def test_an_env_encodes_as_the_plain_dict_it_equals() -> None:
 def test_a_lasting_error_pipe_only_where_the_spawn_waits_for_the_exec() -> None:
     """CPython on Linux spawns with ``vfork``: the probe child's message is there at once,
     so a spawn thread keeps one error pipe (non-blocking read end, both close-on-exec)."""
-    ends = spawn._lasting_error_pipe()
+    ends = fork_exec.lasting_error_pipe()
     assert ends is not None
     try:
         assert not os.get_blocking(ends[0]) and os.get_blocking(ends[1])
