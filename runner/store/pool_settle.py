@@ -226,8 +226,9 @@ def settle(
     plain: list[int] = []
     for r, seat in asks:
         if r[0] in seats and not seats[r[0]].standby:
-            if seat.pool is not None and not _recorded(r, seat, limits):
-                held.setdefault((seat.pool, seat.slots), []).append(r[0])
+            if seat.pool is not None:
+                if not _recorded(r, seat, limits):  # (else the claim wrote it already)
+                    held.setdefault((seat.pool, seat.slots), []).append(r[0])
             elif seat.rate is not None:  # (a flow limit alone leaves no mark to undo)
                 plain.append(r[0])
     hold_seats(conn, held)
