@@ -99,7 +99,6 @@ def plan(
         if since is not None:  # nearly full: more attempts end soon, commit them together
             quiet = concurrency - batch_size(concurrency)
             return Step(False, 0, False, False, since, since + HOLD_MAX, quiet)
-    split = (
-        most > 1 and not flights and finished >= OVERLAP_MIN and room >= 2 * OVERLAP_MIN
-    ) and not filled
+    bulk = finished >= OVERLAP_MIN and room >= 2 * OVERLAP_MIN
+    split = most > 1 and bulk and not (flights or filled)
     return Step(True, room // 2 if split else room, split, probe)

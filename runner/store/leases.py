@@ -128,12 +128,10 @@ def claim_batch(
     hot = hot_for(conn)
     at = hot.clock.now() if at is None else at
     params = {"at": at, "n": limit, "w": worker_id, "until": at + lease, "labels": labels or "{}"}
-    seated = seated_json() if hot.claim_seated is not None else None
-    if seated is not None:  # PostgreSQL, pooled states known: the claim records seats
-        assert hot.claim_seated is not None
-        rows = hot.claim_seated.fetch(conn, {**params, "seats": seated})
-    else:
-        rows = hot.claim.fetch(conn, params)
+    claim = hot.claim
+    if hot.claim_seated is not None and (seated := seated_json()) is not None:
+        claim, params["seats"] = hot.claim_seated, seated  # the claim records the seats
+    rows = claim.fetch(conn, params)
     seats: dict[int, Seat] = {}
     ask = None
     if standby is not None:

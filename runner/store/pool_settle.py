@@ -271,7 +271,7 @@ def _recorded(r: Any, seat: Seat, limits: Mapping[str, _Limit]) -> bool:
     cleared: its seat needs no second write."""
     if r[13] != seat.pool or r[POOL_SLOTS_AT] != seat.slots or seat.rate is not None:
         return False
-    pool = limits.get(seat.pool) if seat.pool is not None else None
+    pool = limits.get(r[13])
     return pool is not None and pool.rate is None
 
 
