@@ -30,6 +30,20 @@ def _admin(connect_timeout: int = 5):
     return psycopg.connect(_libpq(ADMIN_URL), autocommit=True, connect_timeout=connect_timeout)
 
 
+@pytest.fixture(autouse=True)
+def _server_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test shares the machine's PostgreSQL server; one marked ``server_alone``
+    (it restarts the server, or takes most of its connections) runs with no other test
+    meanwhile, whatever the number of pytest-xdist workers (``tests.support.server_lock``)."""
+    from tests.support import server_lock
+
+    hold = (
+        server_lock.alone if request.node.get_closest_marker("server_alone") else server_lock.shared
+    )
+    with hold():
+        yield
+
+
 def _unreachable(reason: str) -> None:
     if os.environ.get("FLOWRUN_PG_REQUIRED") == "1":
         pytest.fail(f"PostgreSQL required (FLOWRUN_PG_REQUIRED=1) but {reason}")

@@ -71,6 +71,7 @@ class Watcher(threading.Thread):
                 self.done.wait(0.05)
 
 
+@pytest.mark.server_alone
 def test_32_daemons_share_one_server_within_their_connection_bound(tmp_path: Path, pg_url):
     fr = Flowrun(tmp_path)
     path = write_flow(fr.flows, "fleet", FLOW, {"fleet_tasks": "def run(ctx):\n    return True\n"})

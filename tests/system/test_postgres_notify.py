@@ -153,6 +153,7 @@ def _cluster() -> tuple[str, str] | None:
     return (versions[0], "main") if versions else None
 
 
+@pytest.mark.server_alone
 def test_server_restart_loses_nothing(tmp_path, pg_url):
     cluster = _cluster()
     if cluster is None:

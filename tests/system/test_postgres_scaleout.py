@@ -299,6 +299,7 @@ def _restart_server() -> None:
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.server_alone
 @pytest.mark.skipif(
     shutil.which("pg_ctlcluster") is None or os.geteuid() != 0,
     reason="restarting the server needs pg_ctlcluster and root",
