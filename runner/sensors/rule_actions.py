@@ -22,8 +22,8 @@ from runner.errors import IllegalMove, UserError
 from runner.ops import commands
 from runner.store import create
 from runner.store.clock import db_now
-from runner.store.deliveries import queue
 from runner.store.flow_limits import refusal
+from runner.store.once_per import queue
 from runner.templating import lookup, render, render_event_refs, render_value
 
 if TYPE_CHECKING:

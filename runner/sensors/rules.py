@@ -40,6 +40,7 @@ from runner.sensors.rule_actions import (
 from runner.store.clock import db_now
 from runner.store.db import reading
 from runner.store.deliveries import Claimed, queue_many
+from runner.store.once_per import queue_folding
 from runner.store.tables import JSONType, events
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ class _Queued:
     action: str
     row: dict[str, Any]
     text: str = ""
+    did: int = 0  # its delivery, once written (or the one it folded into)
+    made: bool = False  # a delivery was queued for it (not folded: ``once_per``)
+    folded_before: int = 0  # what its once_per key folded before it
 
 
 @dataclass
@@ -95,8 +99,8 @@ class RuleEngine:
         engine: the database.
         registry: the ``FlowRegistry`` (``.flows: dict[str, CompiledFlow]``, ``.get(name)``).
         batch: events handled per transaction.
-        deliver_as: ``(worker id, lease seconds)`` of this daemon's deliverer: the batch's
-            plain deliveries are queued already claimed by it and kept in
+        deliver_as: ``(worker id, lease seconds)`` of this daemon's deliverer: the
+            deliveries a batch queues are queued already claimed by it and kept in
             :attr:`handed` (``None``: queued free, for any daemon's ``claim_due``).
     """
 
@@ -121,11 +125,12 @@ class RuleEngine:
     def handle_pending(self) -> tuple[int, int]:
         """Handle up to ``batch`` pending events in one transaction (blocking).
 
-        Every rule is planned before the write transaction begins: a plain
-        ``exec``/``webhook`` (no ``once_per``) writes nothing but its delivery row and its
-        plan reads nothing, so inside the transaction (SQLite's write lock, which the
-        worker's commits wait for) it is only the batch's ONE ``INSERT`` of delivery rows
-        (``runner.store.deliveries.queue_many``); other rules run there, each in a
+        Every rule is planned before the write transaction begins: an ``exec``/``webhook``
+        writes nothing but its delivery row and its plan reads nothing, so inside the
+        transaction (SQLite's write lock, which the worker's commits wait for) it is only
+        the batch's ONE ``INSERT`` of delivery rows (``runner.store.deliveries.queue_many``)
+        and, for ``once_per`` ones, a read and an ``UPDATE`` per key
+        (``runner.store.once_per.queue_folding``); other rules run there, each in a
         savepoint.
 
         Returns:
@@ -147,7 +152,6 @@ class RuleEngine:
         at = db_now(self.engine)  # handled_at: the database's clock, as created_at
         rows, enriched = self._enrich(rows, at)
         planned = [self._plan_rules(*row) for row in rows]
-        held_by, lease = self.deliver_as or (None, 0.0)
         with self.engine.begin() as conn:
             claimed = set(
                 conn.execute(
@@ -167,9 +171,12 @@ class RuleEngine:
                 acted += n
                 by_sensor[sensor] += n
                 done.append((event_id, texts))
-            ids = queue_many(conn, [q.row for q in queued], at=at, held_by=held_by, lease=lease)
-            for q, did in zip(queued, ids, strict=True):
-                q.text = f"{q.action} queued (delivery {did})"
+            sensors = {r[0]: r[1] for r in rows}
+            self._queue(conn, queued, at)
+            for q in queued:
+                if q.made and q.row.get("once_key") is not None:  # counted once not folded
+                    acted += 1
+                    by_sensor[sensors[q.row["event_id"]]] += 1
             richer = {e["eid"]: e["payload"] for e in enriched}
             plain = [{"eid": e, "text": _joined(t)} for e, t in done if e not in richer]
             both = [
@@ -179,11 +186,11 @@ class RuleEngine:
                 conn.execute(_SET_ACTION, plain)
             if both:
                 conn.execute(_SET_BOTH, both)
-        if held_by is not None:
+        if self.deliver_as is not None:
             payloads = {r[0]: (r[1], r[2]) for r in rows}
             self.handed += (
                 Claimed(
-                    did,
+                    q.did,
                     q.row["rule"],
                     q.row["target"],
                     0,
@@ -191,12 +198,33 @@ class RuleEngine:
                     q.row["event_id"],
                     payloads[q.row["event_id"]][0],
                     dict(payloads[q.row["event_id"]][1] or {}),
-                    0,
+                    q.folded_before,
                 )
-                for q, did in zip(queued, ids, strict=True)
+                for q in queued
+                if q.made
             )
         self.actions.update(by_sensor)
         return len(rows), acted
+
+    def _queue(self, conn: Connection, queued: list[_Queued], at: float) -> None:
+        """Write the batch's planned deliveries: the plain ones in one ``INSERT``
+        (``deliveries.queue_many``), the ``once_per`` ones queued or folded
+        (``once_per.queue_folding``); each ``_Queued`` gets its delivery, whether one was
+        made for it (not folded) and its text."""
+        held_by, lease = self.deliver_as or (None, 0.0)
+        plain = [q for q in queued if q.row.get("once_key") is None]
+        once = [q for q in queued if q.row.get("once_key") is not None]
+        ids = queue_many(conn, [q.row for q in plain], at=at, held_by=held_by, lease=lease)
+        folding = queue_folding(conn, [q.row for q in once], at=at, held_by=held_by, lease=lease)
+        for q, did in zip(plain, ids, strict=True):
+            q.did, q.made = did, True
+        for q, (did, made, before) in zip(once, folding, strict=True):
+            q.did, q.made, q.folded_before = did, made, before
+        for q in queued:
+            if q.made:
+                q.text = f"{q.action} queued (delivery {q.did})"
+            else:
+                q.text = f"{q.action} folded into delivery {q.did} (once_per)"
 
     def _enrich(self, rows: list[Any], at: float) -> tuple[list[Any], list[dict[str, Any]]]:
         """``rows`` (id, sensor, payload) with each lifecycle event's ``label`` and
@@ -235,16 +263,19 @@ class RuleEngine:
             if rule.when != sensor_name or not matches(rule.match, payload):
                 continue
             source = f"rule:{flow.name}#{number}"
-            if (rule.exec is None and rule.webhook is None) or rule.once_per:
+            if rule.exec is None and rule.webhook is None:
                 out.append(_Later(flow, rule, source))
                 continue
-            try:  # a plain delivery: its plan reads and writes nothing
+            try:  # a delivery: its plan reads and writes nothing
                 p = plan_delivery(flow, rule, payload)
             except RULE_ERRORS as exc:
                 out.append(_Failed(f"{source} error: {rule_error(exc)}"))
                 continue
             row = {"event_id": event_id, "rule": source, "target": p.delivery}
-            out.append(_Queued(p.action, {**row, "retry_for": p.retry_for}))
+            row["retry_for"] = p.retry_for
+            if p.once_key is not None:  # once_per: queued or folded with the batch's others
+                row.update(once_key=p.once_key, window=p.window)
+            out.append(_Queued(p.action, row))
         return out or ["no rule matched"]
 
     def _apply_rules(
@@ -263,8 +294,8 @@ class RuleEngine:
         acted = 0
         for item in items:
             if isinstance(item, str | _Queued):
-                texts.append(item)
-                acted += isinstance(item, _Queued)
+                texts.append(item)  # a once_per delivery counts once queued, not folded
+                acted += isinstance(item, _Queued) and item.row.get("once_key") is None
                 continue
             if isinstance(item, _Failed):
                 text = item.text

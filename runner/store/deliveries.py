@@ -1,8 +1,9 @@
 """The durable side of alerts: deliveries a rule's ``exec``/``webhook`` owes, their leases
 and results (the ``deliveries`` table, ``runner.store.tables.Delivery``).
 
-A delivery is queued in the rule's transaction (:func:`queue`, with the event's
-``handled_at``), so an event handled is never without its delivery. Any daemon claims due
+A delivery is queued in the rule's transaction (:func:`queue_many`, with the event's
+``handled_at``; ``runner.store.once_per`` folds the ones a ``once_per`` key holds back),
+so an event handled is never without its delivery. Any daemon claims due
 deliveries under a lease (:func:`claim_due`); the daemon whose rules queue one queues it
 already claimed by itself (:func:`queue_many`'s ``held_by``), so its deliverer sends it
 without a claim's transaction. One whose daemon died is claimed again when its lease
@@ -13,11 +14,10 @@ once. Results are written only while the lease is still the claimer's
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, or_, select, text, update
+from sqlalchemy import Connection, Engine, bindparam, func, or_, select, update
 
 from runner.store.clock import db_now
 from runner.store.db import reading
@@ -43,64 +43,6 @@ class Claimed:
     folded_before: int
 
 
-def queue(
-    conn: Connection,
-    event_id: int,
-    rule: str,
-    target: dict[str, Any],
-    *,
-    retry_for: float,
-    once_key: str | None = None,
-    window: float | None = None,
-) -> tuple[int, bool]:
-    """Queue a delivery of ``target`` for event ``event_id`` in the caller's transaction.
-
-    With ``once_key`` and ``window`` (seconds): when a delivery of the same rule and key was
-    queued less than ``window`` ago, none is queued; that one's ``suppressed`` counts one
-    more. A new one carries how many its key folded since the key's previous delivery
-    (``folded_before``). On PostgreSQL, an advisory lock on (rule, key) serialises two
-    daemons folding the same key. Returns ``(delivery id, queued)``: ``queued`` False when
-    folded into delivery ``id``.
-    """
-    at = db_now(conn)
-    d = deliveries.c
-    folded = 0
-    if once_key is not None and window is not None:
-        if dialect_of(conn).notify:  # PostgreSQL: one folding per key at a time
-            lock = zlib.crc32(f"{rule}\0{once_key}".encode()) - 2**31
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
-        last = conn.execute(
-            select(d.id, d.created_at, d.suppressed)
-            .where(d.rule == rule, d.once_key == once_key)
-            .order_by(d.created_at.desc())
-            .limit(1)
-        ).first()
-        if last is not None and last.created_at > at - window:
-            conn.execute(
-                update(deliveries).where(d.id == last.id).values(suppressed=d.suppressed + 1)
-            )
-            return last.id, False
-        folded = last.suppressed if last is not None else 0
-    new_id = conn.execute(
-        deliveries.insert()
-        .values(
-            event_id=event_id,
-            rule=rule,
-            target=target,
-            status="pending",
-            created_at=at,
-            due_at=at,
-            give_up_at=at + retry_for,
-            attempts=0,
-            once_key=once_key,
-            suppressed=0,
-            folded_before=folded,
-        )
-        .returning(d.id)
-    ).scalar_one()
-    return new_id, True
-
-
 def queue_many(
     conn: Connection,
     rows: list[dict[str, Any]],
@@ -109,10 +51,11 @@ def queue_many(
     held_by: str | None = None,
     lease: float = 0.0,
 ) -> list[int]:
-    """Queue deliveries without ``once_per`` in the caller's transaction, in ONE
-    statement (a batch of events' deliveries, not a statement each); each of ``rows``
-    has ``event_id``, ``rule``, ``target`` and ``retry_for`` (seconds) as for
-    :func:`queue`. ``at``: the database's time, epoch s (read when ``None``). With
+    """Queue deliveries in the caller's transaction, in ONE statement (a batch of
+    events' deliveries, not a statement each); each of ``rows`` has ``event_id``,
+    ``rule`` (``rule:<flow>#<n>``), ``target`` and ``retry_for`` (seconds), and may have
+    ``once_key``, ``suppressed`` and ``folded_before`` (``runner.store.once_per`` decides
+    those; default none, 0, 0). ``at``: the database's time, epoch s (read when ``None``). With
     ``held_by`` they are queued already claimed by that daemon for ``lease`` seconds
     (its rules hand them to its deliverer: no :func:`claim_due` transaction). Returns
     the new ids, in the order of ``rows``."""
@@ -131,8 +74,9 @@ def queue_many(
             "due_at": at,
             "give_up_at": at + r["retry_for"],
             "attempts": 0,
-            "suppressed": 0,
-            "folded_before": 0,
+            "once_key": r.get("once_key"),
+            "suppressed": r.get("suppressed", 0),
+            "folded_before": r.get("folded_before", 0),
             "locked_by": held_by,
             "locked_until": until,
         }

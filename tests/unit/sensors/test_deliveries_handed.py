@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import event
+
 from runner.sensors.deliver import LEASE, Deliverer
 from runner.sensors.events import store_event
 from runner.sensors.rules import RuleEngine
@@ -49,5 +51,51 @@ def test_queued_deliveries_are_handed_to_the_daemon_that_queued_them(tmp_path: P
         deliverer.hand(handed)
         deliverer.give_back()  # the daemon stopped before sending them
         assert sorted(c.id for c in claim_due(engine, "w2", 60.0)) == [c.id for c in handed]
+    finally:
+        engine.dispose()
+
+
+ONCE = """\
+sensors:
+  inbox: {files: {path: inbox, glob: "*.txt"}}
+rules:
+  - when: inbox
+    webhook: {url: "http://127.0.0.1:9/hook"}
+    once_per: {key: "{event.path}", window: 1h}
+"""
+
+
+def test_a_batch_under_once_per_folds_with_a_few_statements(tmp_path: Path) -> None:
+    """60 events of two keys in one batch: one delivery a key, handed over with what
+    folded into it counted, each event's action saying which; the transaction writes
+    the batch, not statements an event (it was a savepoint, a read and a write each)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'flowrun.db'}")
+    try:
+        write_flow(tmp_path / "flows", "f", ONCE)
+        ids = [
+            store_event(engine, "f.inbox", f"e{n}", {"path": "ab"[n % 2] + ".txt"})
+            for n in range(60)
+        ]
+        rules = RuleEngine(engine, registry(tmp_path / "flows"), deliver_as=("w1", LEASE))
+        statements: list[str] = []
+        listen = lambda *a: statements.append(a[2])  # noqa: E731 - before_cursor_execute
+        event.listen(engine, "before_cursor_execute", listen)
+        try:
+            assert rules.handle_pending() == (60, 2)  # two actions: one delivery a key
+        finally:
+            event.remove(engine, "before_cursor_execute", listen)
+        a, b = rules.handed
+        assert (a.event_id, b.event_id) == (ids[0], ids[1])
+        rows = sql(engine, "SELECT id, once_key, suppressed, locked_by FROM deliveries ORDER BY id")
+        assert rows == [(a.id, "a.txt", 29, "w1"), (b.id, "b.txt", 29, "w1")]
+        actions = [r[0] for r in sql(engine, "SELECT action FROM events ORDER BY id")]
+        assert actions[:2] == [
+            f"webhook queued (delivery {a.id})",
+            f"webhook queued (delivery {b.id})",
+        ]
+        assert actions[2:] == [
+            f"webhook folded into delivery {(a, b)[n % 2].id} (once_per)" for n in range(2, 60)
+        ]
+        assert len(statements) < 20, statements
     finally:
         engine.dispose()
