@@ -171,10 +171,10 @@ class RuleEngine:
                 acted += n
                 by_sensor[sensor] += n
                 done.append((event_id, texts))
-            sensors = {r[0]: r[1] for r in rows}
             self._queue(conn, queued, at)
-            for q in queued:
-                if q.made and q.row.get("once_key") is not None:  # counted once not folded
+            sensors = {r[0]: r[1] for r in rows}
+            for q in queued:  # a delivery queued is an action; one folded by once_per not
+                if q.made:
                     acted += 1
                     by_sensor[sensors[q.row["event_id"]]] += 1
             richer = {e["eid"]: e["payload"] for e in enriched}
@@ -289,13 +289,12 @@ class RuleEngine:
         """Do what :meth:`_plan_rules` planned for a claimed event: a rule left for the
         transaction acts in a savepoint; a planned delivery is returned for the caller to
         write with the batch's others. Returns the texts (a queued one's is set when it is
-        written) and the actions taken."""
+        written) and the actions it took (its deliveries are counted once written)."""
         texts: list[str | _Queued] = []
         acted = 0
         for item in items:
             if isinstance(item, str | _Queued):
-                texts.append(item)  # a once_per delivery counts once queued, not folded
-                acted += isinstance(item, _Queued) and item.row.get("once_key") is None
+                texts.append(item)  # a delivery is counted once written (``_queue``)
                 continue
             if isinstance(item, _Failed):
                 text = item.text
