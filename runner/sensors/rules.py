@@ -39,7 +39,7 @@ from runner.sensors.rule_actions import (
 )
 from runner.store.clock import db_now
 from runner.store.db import reading
-from runner.store.deliveries import Claimed, queue_many
+from runner.store.deliveries import Claimed
 from runner.store.once_per import queue_folding
 from runner.store.tables import JSONType, events
 
@@ -128,10 +128,9 @@ class RuleEngine:
         Every rule is planned before the write transaction begins: an ``exec``/``webhook``
         writes nothing but its delivery row and its plan reads nothing, so inside the
         transaction (SQLite's write lock, which the worker's commits wait for) it is only
-        the batch's ONE ``INSERT`` of delivery rows (``runner.store.deliveries.queue_many``)
-        and, for ``once_per`` ones, a read and an ``UPDATE`` per key
-        (``runner.store.once_per.queue_folding``); other rules run there, each in a
-        savepoint.
+        the batch's ONE ``INSERT`` of delivery rows and, for ``once_per`` ones, a read and
+        an ``UPDATE`` per key (``runner.store.once_per.queue_folding``); other rules run
+        there, each in a savepoint.
 
         Returns:
             ``(events seen, actions taken)``; fewer than ``batch`` seen means none are left.
@@ -207,18 +206,12 @@ class RuleEngine:
         return len(rows), acted
 
     def _queue(self, conn: Connection, queued: list[_Queued], at: float) -> None:
-        """Write the batch's planned deliveries: the plain ones in one ``INSERT``
-        (``deliveries.queue_many``), the ``once_per`` ones queued or folded
-        (``once_per.queue_folding``); each ``_Queued`` gets its delivery, whether one was
-        made for it (not folded) and its text."""
+        """Write the batch's planned deliveries in one ``INSERT``, the ``once_per`` ones
+        folded where their key says (``once_per.queue_folding``); each ``_Queued`` gets
+        its delivery, whether one was made for it (not folded) and its text."""
         held_by, lease = self.deliver_as or (None, 0.0)
-        plain = [q for q in queued if q.row.get("once_key") is None]
-        once = [q for q in queued if q.row.get("once_key") is not None]
-        ids = queue_many(conn, [q.row for q in plain], at=at, held_by=held_by, lease=lease)
-        folding = queue_folding(conn, [q.row for q in once], at=at, held_by=held_by, lease=lease)
-        for q, did in zip(plain, ids, strict=True):
-            q.did, q.made = did, True
-        for q, (did, made, before) in zip(once, folding, strict=True):
+        written = queue_folding(conn, [q.row for q in queued], at=at, held_by=held_by, lease=lease)
+        for q, (did, made, before) in zip(queued, written, strict=True):
             q.did, q.made, q.folded_before = did, made, before
         for q in queued:
             if q.made:

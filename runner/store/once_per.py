@@ -7,11 +7,11 @@ carries in ``folded_before`` how many its key folded since the key's previous de
 (the next alert says how many were held back). Within one batch of events, the first of
 a key that finds no delivery in its window queues one and the later ones fold into it.
 
-:func:`queue_folding` does a batch (the rules' batch of events: one read per key, one
-``INSERT`` for the new deliveries, one ``UPDATE`` per delivery folded into, not a
-statement an event); :func:`queue` one event (``events replay``). On PostgreSQL a
-transaction advisory lock per (rule, key), taken in one order, serialises two daemons
-folding the same key.
+:func:`queue_folding` does a batch (the rules' batch of events, with or without
+``once_per``: one read per key, one ``INSERT`` for all the new deliveries, one
+``UPDATE`` per delivery folded into, not a statement an event); :func:`queue` one event
+(``events replay``). On PostgreSQL a transaction advisory lock per (rule, key), taken in
+one order, serialises two daemons folding the same key.
 """
 
 from __future__ import annotations
@@ -59,15 +59,14 @@ def queue_folding(
     lease: float = 0.0,
 ) -> list[tuple[int, bool, int]]:
     """Queue or fold the deliveries ``rows`` in the caller's transaction, in their order
-    (each as for ``deliveries.queue_many``, with ``once_key`` and ``window``, seconds);
+    (each as for ``deliveries.queue_many``; with ``once_key`` and ``window``, seconds, it
+    folds as the module says, without one it is queued), all new ones in ONE ``INSERT``;
     ``at``: the transaction's database time (epoch s); ``held_by``/``lease``: the new
     ones are queued claimed by that daemon (``queue_many``). Returns, per row,
     ``(delivery id, queued, folded before)``: ``queued`` False when it folded into
     delivery ``id``; the last, for a queued one, its ``folded_before``."""
-    if not rows:
-        return []
-    keys = sorted({(r["rule"], r["once_key"]) for r in rows})
-    if dialect_of(conn).notify:  # PostgreSQL: one folding per key at a time
+    keys = sorted({(r["rule"], r["once_key"]) for r in rows if r.get("once_key") is not None})
+    if keys and dialect_of(conn).notify:  # PostgreSQL: one folding per key at a time
         for k in sorted({_lock_key(*key) for key in keys}):
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": k})
     latest: dict[tuple[str, str], _Latest] = {}
@@ -83,22 +82,23 @@ def queue_folding(
     fresh: list[dict[str, Any]] = []  # the new deliveries, in order
     into: list[tuple[_Latest, bool]] = []  # per row: its delivery, and queued (not folded)
     for r in rows:
-        key = (r["rule"], r["once_key"])
-        prev = latest.get(key)
+        once_key = r.get("once_key")
+        prev = None if once_key is None else latest.get((r["rule"], once_key))
         if prev is not None and prev.created > at - r["window"]:
             prev.folded += 1
             into.append((prev, False))
             continue
         before = 0 if prev is None else prev.suppressed + prev.folded
         fresh.append({**r, "suppressed": 0, "folded_before": before})
-        latest[key] = made_now = _Latest(0, at, 0, fresh=len(fresh) - 1)
-        into.append((made_now, True))
+        made = _Latest(0, at, 0, fresh=len(fresh) - 1)
+        if once_key is not None:
+            latest[(r["rule"], once_key)] = made  # later rows of the key fold into it
+        into.append((made, True))
     touched = {id(one): one for one, _ in into}.values()
     for one in touched:
         if one.fresh is not None:
             fresh[one.fresh]["suppressed"] = one.folded
     ids = queue_many(conn, fresh, at=at, held_by=held_by, lease=lease)
-    made = [r["folded_before"] for r in fresh]
     for one in touched:
         if one.fresh is None and one.folded:
             conn.execute(
@@ -107,7 +107,9 @@ def queue_folding(
                 .values(suppressed=_d.suppressed + one.folded)
             )
     return [
-        (one.id, False, 0) if one.fresh is None else (ids[one.fresh], queued, made[one.fresh])
+        (one.id, False, 0)
+        if one.fresh is None
+        else (ids[one.fresh], queued, fresh[one.fresh]["folded_before"])
         for one, queued in into
     ]
 
@@ -127,11 +129,8 @@ def queue(
     due at once for any daemon, given up ``retry_for`` seconds after; with ``once_key``
     and ``window`` (seconds) folded as the module says. Returns ``(delivery id,
     queued)``: ``queued`` False when folded into delivery ``id``."""
-    at = db_now(conn)
     row = {"event_id": event_id, "rule": rule, "target": target, "retry_for": retry_for}
-    if once_key is None or window is None:
-        return queue_many(conn, [row], at=at)[0], True
-    did, queued, _ = queue_folding(conn, [{**row, "once_key": once_key, "window": window}], at=at)[
-        0
-    ]
+    if once_key is not None and window is not None:
+        row.update(once_key=once_key, window=window)
+    did, queued, _ = queue_folding(conn, [row], at=db_now(conn))[0]
     return did, queued

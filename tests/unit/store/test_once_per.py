@@ -122,3 +122,22 @@ def test_one_event_at_a_time_folds_the_same(engine: Engine) -> None:
         (first[0], "k", 1),
         (plain[0], None, 0),
     ]
+
+
+def test_plain_deliveries_are_queued_with_the_batch_in_the_same_insert(engine: Engine) -> None:
+    plain = {"event_id": 9, "rule": "rule:once#2", "target": TARGET, "retry_for": HOUR}
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, params, context, executemany) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with engine.begin() as conn:
+            rows = [_row(1, "a"), plain, _row(2, "a"), {**plain, "event_id": 10}]
+            got = queue_folding(conn, rows, at=AT)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    once, first, second = (d[0] for d in _deliveries(engine))
+    assert got == [(once, True, 0), (first, True, 0), (once, False, 0), (second, True, 0)]
+    assert sum(s.lstrip().upper().startswith("INSERT") for s in statements) == 1
