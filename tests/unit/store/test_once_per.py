@@ -6,6 +6,7 @@ the window carries what its key folded before."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,21 @@ def _row(event_id: int, key: str, rule: str = "rule:once#1") -> dict:
         "once_key": key,
         "window": HOUR,
     }
+
+
+@contextmanager
+def _statements(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements ``engine`` runs inside the block."""
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, params, context, executemany) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
 
 
 def _deliveries(engine: Engine) -> list[tuple]:
@@ -92,17 +108,8 @@ def test_keys_of_different_rules_are_apart(engine: Engine) -> None:
 
 
 def test_a_hundred_events_of_one_key_are_a_few_statements(engine: Engine) -> None:
-    statements: list[str] = []
-
-    def seen(conn, cursor, statement, params, context, executemany) -> None:
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        with engine.begin() as conn:
-            got = queue_folding(conn, [_row(n, "a") for n in range(1, 101)], at=AT)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
+    with _statements(engine) as statements, engine.begin() as conn:
+        got = queue_folding(conn, [_row(n, "a") for n in range(1, 101)], at=AT)
     assert sum(made for _, made, _ in got) == 1
     assert [d[3] for d in _deliveries(engine)] == [99]
     writes = [s for s in statements if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
@@ -126,18 +133,9 @@ def test_one_event_at_a_time_folds_the_same(engine: Engine) -> None:
 
 def test_plain_deliveries_are_queued_with_the_batch_in_the_same_insert(engine: Engine) -> None:
     plain = {"event_id": 9, "rule": "rule:once#2", "target": TARGET, "retry_for": HOUR}
-    statements: list[str] = []
-
-    def seen(conn, cursor, statement, params, context, executemany) -> None:
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        with engine.begin() as conn:
-            rows = [_row(1, "a"), plain, _row(2, "a"), {**plain, "event_id": 10}]
-            got = queue_folding(conn, rows, at=AT)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
+    rows = [_row(1, "a"), plain, _row(2, "a"), {**plain, "event_id": 10}]
+    with _statements(engine) as statements, engine.begin() as conn:
+        got = queue_folding(conn, rows, at=AT)
     once, first, second = (d[0] for d in _deliveries(engine))
     assert got == [(once, True, 0), (first, True, 0), (once, False, 0), (second, True, 0)]
     assert sum(s.lstrip().upper().startswith("INSERT") for s in statements) == 1
