@@ -16,10 +16,21 @@
 
 4. ``--max-running``: ``noop`` again with the flow's ``max_running: 64`` (a flow limit,
    ``runner.store.flow_limits``) in place of the pool; the ratio limit / no limit.
+5. ``--ceiling`` (with ``noop``): a third daemon in each round, no pool at half the
+   concurrency. A pool's slot is held as long as its attempt's lease, from the claim's
+   commit to the outcome's, and a daemon holds leases on its running attempts and on as
+   many claimed ahead (``--prefetch``, by default its concurrency); so a pool of 64 lets
+   a daemon of ``--concurrency 64`` hold 64 leases where it holds 128 without the pool.
+   No pool at ``--concurrency 32`` holds the same 64 leases with no pool statement at
+   all: what a pool of 64 could reach if it cost nothing. Printed: pool / ceiling.
+   PostgreSQL only: a SQLite daemon claims nothing ahead, so its leases are its slots.
+   ``--concurrency N`` runs every daemon of ``noop`` at N (default 64; ``0``: the
+   daemon's default, 16 a core).
 
     python bench/pools.py [--n 4000] [--repeat 3] [--bound-n 2000]
                           [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--no-pg]
                           [--max-running] [--no-sqlite] [--cases noop,bound]
+                          [--ceiling] [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -151,16 +162,19 @@ def daemon_argv(*extra: str) -> list[str]:
     return [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle", *extra]
 
 
-def noop_case(db: str, n: int, pooled: bool, pg: str, limit: bool = False) -> float:
-    """One drain of ``n`` no-op instances by one daemon (``pooled``: a pool of 64, or with
-    ``limit`` a ``max_running`` of 64); transitions/s."""
+def noop_case(
+    db: str, n: int, pooled: bool, pg: str, limit: bool = False, concurrency: int = 64
+) -> float:
+    """One drain of ``n`` no-op instances by one daemon of ``--concurrency concurrency``
+    (``0``: its default) (``pooled``: a pool of 64, or with ``limit`` a ``max_running``
+    of 64); transitions/s."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         opener = fresh_pg(pg) if db == "postgresql" else sqlite_url(work)
         with opener as url:
             env = prepare(work, url, n, "noop", 64 if pooled else None, {}, limit)
             subprocess.run(
-                daemon_argv("--concurrency", "64"),
+                daemon_argv(*(("--concurrency", str(concurrency)) if concurrency else ())),
                 check=True,
                 env=env,
                 cwd=work,
@@ -207,6 +221,13 @@ def bound_case(n: int, pg: str, pooled: bool = True) -> dict:
     }
 
 
+def default_concurrency() -> int:
+    """The daemon's default ``--concurrency`` on this machine (``runner.engine.config``)."""
+    from runner.engine.config import default_concurrency as default
+
+    return default()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=4000)
@@ -219,6 +240,17 @@ def main() -> None:
         "--cases", default="noop,bound", help="which of noop,bound to run (default: both)"
     )
     ap.add_argument("--max-running", action="store_true", help="only case 4 (flow limits)")
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="noop: also no pool at half the concurrency (the leases a pool of 64 allows)",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help="noop: every daemon's --concurrency (default 64; 0: the daemon's default)",
+    )
     args = ap.parse_args()
     dbs = (
         ["sqlite"] if args.no_pg else ["postgresql"] if args.no_sqlite else ["sqlite", "postgresql"]
@@ -236,17 +268,29 @@ def main() -> None:
                 f"(medians of {args.repeat}); ratio {b / a:.2f}"
             )
         return
+    conc = args.concurrency
+    half = (conc or default_concurrency()) // 2
     for db in dbs if "noop" in cases else ():
-        plain, pooled = [], []
+        plain, pooled, ceiling = [], [], []
         for _ in range(args.repeat):  # interleaved
-            plain.append(noop_case(db, args.n, False, args.pg))
-            pooled.append(noop_case(db, args.n, True, args.pg))
+            plain.append(noop_case(db, args.n, False, args.pg, concurrency=conc))
+            pooled.append(noop_case(db, args.n, True, args.pg, concurrency=conc))
+            if args.ceiling and db == "postgresql":  # (SQLite claims nothing ahead)
+                ceiling.append(noop_case(db, args.n, False, args.pg, concurrency=half))
         a, b = statistics.median(plain), statistics.median(pooled)
         print(
-            f"noop {db}: no pool {a:,.0f} transitions/s, pool of 64 {b:,.0f}/s "
-            f"(medians of {args.repeat}); ratio {b / a:.2f} (goal >= 0.9); runs: "
+            f"noop {db}, --concurrency {conc or 'default'}: no pool {a:,.0f} transitions/s, "
+            f"pool of 64 {b:,.0f}/s (medians of {args.repeat}); ratio {b / a:.2f} "
+            f"(goal >= 0.9); runs: "
             + " ".join(f"{x:,.0f}/{y:,.0f}" for x, y in zip(plain, pooled, strict=True))
         )
+        if ceiling:
+            c = statistics.median(ceiling)
+            print(
+                f"  ceiling: no pool at --concurrency {half} {c:,.0f}/s ({c / a:.2f} of no "
+                f"pool); pool of 64 / ceiling {b / c:.2f}; runs: "
+                + " ".join(f"{x:,.0f}" for x in ceiling)
+            )
     if not args.no_pg and "bound" in cases:
         for pooled in (False, True):
             t0 = time.perf_counter()
