@@ -4,11 +4,12 @@ One ``flowrun --daemon --retention 1m --event-retention 1m --prune-every 15`` on
 SQLite file (or ``--db URL``), a clock sensor ticking every 20 ms whose rule starts one
 instance a tick (50 instances/s) of a three-state flow: an ``exec`` state writing a line
 (``/bin/echo``), a ``call`` state checkpointing a little data, then ``done``. Every
-``--every`` seconds it samples the database size (file + WAL), the daemon's RSS and open
-descriptors and the rows per table; at the end it stops the daemon (SIGINT), checks that
-nothing was lost (every event handled; every instance an event started is either still
-stored or counted as pruned, and as many as the events), and prints one JSON object:
-the samples, the first and last quarter's means and their ratios.
+``--every`` seconds it samples the database size (SQLite: file + WAL; PostgreSQL:
+``pg_database_size``), the daemon's RSS and open descriptors and the rows per table; at
+the end it stops the daemon (SIGINT), checks that nothing was lost (every event handled;
+every instance an event started is either still stored or counted as pruned, and as many
+as the events), and prints one JSON object: the samples, the first and last quarter's
+means and their ratios.
 
     python bench/soak.py [--minutes 30] [--every 30] [--db URL] [--keep DIR]
 """
@@ -65,8 +66,15 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def files_bytes(home: Path) -> int:
-    return sum(p.stat().st_size for p in home.glob("flowrun.db*"))
+def db_bytes(home: Path, engine, url: str | None) -> int:
+    """The database's size: the SQLite file and its WAL, or PostgreSQL's
+    ``pg_database_size`` (tables, indexes and their dead rows until vacuumed)."""
+    if url is None:
+        return sum(p.stat().st_size for p in home.glob("flowrun.db*"))
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
 
 
 def rows(engine) -> dict:
@@ -132,7 +140,7 @@ def main() -> None:
             time.sleep(a.every)
             sample = {
                 "t": round(time.monotonic() - t0),
-                "db_bytes": files_bytes(home) if a.db is None else None,
+                "db_bytes": db_bytes(home, engine, a.db),
                 "rss_kib": rss_kib(proc.pid),
                 "fds": fds(proc.pid),
                 **rows(engine),
@@ -171,9 +179,7 @@ def main() -> None:
         },
     }
     if len(samples) >= 4:
-        for key in ("rss_kib", "fds", "instances", "attempts", "events") + (
-            ("db_bytes",) if a.db is None else ()
-        ):
+        for key in ("rss_kib", "fds", "instances", "attempts", "events", "db_bytes"):
             first, last = quarter_means(samples, key)
             report[f"{key}_first_last_quarter"] = [round(first), round(last)]
     print(json.dumps(report, indent=2))
