@@ -16,8 +16,8 @@
 
 4. ``--max-running``: ``noop`` again with the flow's ``max_running: 64`` (a flow limit,
    ``runner.store.flow_limits``) in place of the pool; the ratio limit / no limit.
-5. ``--ceiling`` (with ``noop``): a third daemon in each round, no pool at half the
-   concurrency. A pool's slot is held as long as its attempt's lease, from the claim's
+5. ``--ceiling`` (with ``noop``): a third daemon in each round, no pool at
+   ``--concurrency 32``. A pool's slot is held as long as its attempt's lease, from the claim's
    commit to the outcome's, and a daemon holds leases on its running attempts and on as
    many claimed ahead (``--prefetch``, by default its concurrency); so a pool of 64 lets
    a daemon of ``--concurrency 64`` hold 64 leases where it holds 128 without the pool.
@@ -157,6 +157,10 @@ def rate(url: str) -> tuple[float, float]:
     return moved / (last - first), total / (last - first)
 
 
+#: The noop case's pool size (slots).
+POOL = 64
+
+
 def daemon_argv(*extra: str) -> list[str]:
     """``flowrun --daemon --exit-when-idle`` with ``extra``."""
     return [sys.executable, "-m", "runner.cli", "--daemon", "--exit-when-idle", *extra]
@@ -172,7 +176,7 @@ def noop_case(
         work = Path(tmp)
         opener = fresh_pg(pg) if db == "postgresql" else sqlite_url(work)
         with opener as url:
-            env = prepare(work, url, n, "noop", 64 if pooled else None, {}, limit)
+            env = prepare(work, url, n, "noop", POOL if pooled else None, {}, limit)
             subprocess.run(
                 daemon_argv(*(("--concurrency", str(concurrency)) if concurrency else ())),
                 check=True,
@@ -221,13 +225,6 @@ def bound_case(n: int, pg: str, pooled: bool = True) -> dict:
     }
 
 
-def default_concurrency() -> int:
-    """The daemon's default ``--concurrency`` on this machine (``runner.engine.config``)."""
-    from runner.engine.config import default_concurrency as default
-
-    return default()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=4000)
@@ -243,7 +240,7 @@ def main() -> None:
     ap.add_argument(
         "--ceiling",
         action="store_true",
-        help="noop: also no pool at half the concurrency (the leases a pool of 64 allows)",
+        help="noop: also no pool at --concurrency 32 (the 64 leases a pool of 64 allows)",
     )
     ap.add_argument(
         "--concurrency",
@@ -269,7 +266,7 @@ def main() -> None:
             )
         return
     conc = args.concurrency
-    half = (conc or default_concurrency()) // 2
+    half = POOL // 2  # with as many claimed ahead: the leases a pool of POOL allows
     for db in dbs if "noop" in cases else ():
         plain, pooled, ceiling = [], [], []
         for _ in range(args.repeat):  # interleaved
