@@ -44,7 +44,9 @@ def _older_than(_ctx, _param, value: str | None) -> float | None:
     "--vacuum",
     is_flag=True,
     help="SQLite: afterwards turn on incremental auto-vacuum of a file made without it "
-    "(one VACUUM: rewrites the file, holding the write lock meanwhile).",
+    "(one VACUUM: rewrites the file, holding the write lock meanwhile). PostgreSQL: "
+    "afterwards VACUUM (ANALYZE) every flowrun table (without it, only those autovacuum "
+    "leaves alone).",
 )
 @pass_ctx
 def prune(
@@ -98,12 +100,20 @@ def prune(
             converted = space.convert(engine)
         while space.vacuum_step(engine) > 2000:
             pass
+        if space.auto_vacuum(engine) is None:  # PostgreSQL
+            tables = list(space.TABLES) if vacuum else space.unvacuumed(engine)
+            converted = bool(space.vacuum_tables(engine, tables))
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, **counts, "vacuumed": converted}))
         return
     click.echo(text(counts, dry_run=dry_run))
     if converted:
-        click.echo("database converted to incremental auto-vacuum")
+        done = (
+            "vacuumed"
+            if space.auto_vacuum(engine) is None
+            else "converted to incremental auto-vacuum"
+        )
+        click.echo(f"database {done}")
 
 
 COMMANDS = (prune,)

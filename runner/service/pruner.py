@@ -8,7 +8,10 @@ time; the others find the lease held and wait for the next round. The prune itse
 (``runner.ops.prune``) runs on a thread in short paced transactions, renewing the lease
 as it goes and ending early when the daemon stops or the lease is lost. On SQLite it then
 gives the freed pages back to the file system a step at a time
-(``runner.store.space.vacuum_step``); PostgreSQL's autovacuum does that job there.
+(``runner.store.space.vacuum_step``); PostgreSQL's autovacuum does that job there, and
+where it is off (the server's setting, or a table's) the round ends with a ``VACUUM
+(ANALYZE)`` of the tables it leaves alone (``runner.store.space.vacuum_tables``), one
+WARNING saying so at the first: without it the database grows for ever.
 
 A database outage fails the round; the supervisor logs one line and restarts the part,
 which tries again (nothing of a round needs finishing: a prune is idempotent).
@@ -97,6 +100,7 @@ class Pruner:
         self.rounds = 0
         self._halt = threading.Event()
         self._hinted = False
+        self._warned_vacuum = False
 
     async def run(self, stop: asyncio.Event) -> None:
         """Prune every :attr:`every` seconds until ``stop``; release the lease then.
@@ -169,9 +173,11 @@ class Pruner:
         return counts
 
     def _give_back(self, stopped) -> None:
-        """SQLite: return free pages to the file system in paced steps."""
+        """SQLite: return free pages to the file system in paced steps. PostgreSQL:
+        vacuum the tables autovacuum leaves alone."""
         mode = space.auto_vacuum(self.engine)
         if mode is None:
+            self._vacuum(stopped)
             return
         if mode != space.INCREMENTAL:
             if not self._hinted and space.free_pages(self.engine):
@@ -187,3 +193,20 @@ class Pruner:
                 return
             rest = (time.monotonic() - t0) * (self.pacing.rest or 0.0)
             self._halt.wait(max(self.pacing.min_rest, rest))
+
+    def _vacuum(self, stopped) -> None:
+        """PostgreSQL: ``VACUUM (ANALYZE)`` the tables autovacuum leaves alone (none
+        while it runs), saying so once."""
+        tables = space.unvacuumed(self.engine)
+        if not tables:
+            return
+        if not self._warned_vacuum:
+            self._warned_vacuum = True
+            log.warning(
+                "PostgreSQL's autovacuum is off for %s: the pruner vacuums them after each "
+                "round (turn autovacuum on to leave it that work)",
+                ", ".join(tables),
+            )
+        t0 = time.monotonic()
+        done = space.vacuum_tables(self.engine, tables, stopped)
+        log.info("vacuumed %d tables in %.1fs", len(done), time.monotonic() - t0)

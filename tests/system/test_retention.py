@@ -8,6 +8,8 @@ is given its ``now``, so the windows are seconds and nothing sleeps for them.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -526,4 +528,82 @@ def test_pruner_survives_a_database_outage(tmp_path, pg_url, caplog) -> None:
     finally:
         engine.dispose()
         proxy.close()
+        w.close()
+
+
+def _vacuums(engine, table: str) -> int:
+    """``VACUUM`` runs on ``table`` so far, by hand or by the pruner (not autovacuum)."""
+    with engine.connect() as conn:
+        got = conn.execute(
+            text("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = :t"), {"t": table}
+        ).scalar_one()
+    return int(got)
+
+
+@pytest.mark.postgres
+def test_tables_autovacuum_leaves_alone_are_vacuumed_by_the_pruner(
+    tmp_path, pg_url, caplog
+) -> None:
+    """Where autovacuum does not run (turned off here for two tables; a server may have it
+    off altogether, as CI's does), each pruner round ends with a ``VACUUM (ANALYZE)`` of
+    those tables, and the first says so in one WARNING; ``flowrun prune --vacuum``
+    vacuums every table."""
+    import logging
+
+    from runner.service.pruner import Pruner
+    from runner.store import space
+    from tests.support.fault import flowrun_cmd
+
+    w = World(tmp_path, pg_url)
+    try:
+        w.populate()  # rows written, updated and deleted: dead row versions
+        with w.engine.connect() as conn:
+            server_on = conn.execute(text("SHOW autovacuum")).scalar_one() == "on"
+        with w.engine.begin() as conn:
+            for table in ("instances", "events"):
+                conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+        off = space.unvacuumed(w.engine)
+        if server_on:
+            assert off == ["events", "instances"]
+        else:  # every flowrun table, the two above among them
+            assert {"attempts", "events", "instances", "workers"} <= set(off)
+        before = {t: _vacuums(w.engine, t) for t in space.TABLES}
+        pruner = Pruner(w.engine, w.registry, "wv", 30.0, pacing=FAST)
+        caplog.set_level(logging.INFO, logger="flowrun.pruner")
+        assert pruner.round() is not None
+        assert pruner.round() is not None
+
+        def vacuumed_twice() -> bool:
+            return all(_vacuums(w.engine, t) >= before[t] + 2 for t in off)
+
+        deadline = time.monotonic() + 30  # the server's statistics may trail the VACUUM
+        while not vacuumed_twice() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert vacuumed_twice(), {t: (before[t], _vacuums(w.engine, t)) for t in off}
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "flowrun.pruner" and r.levelno == logging.WARNING
+        ]
+        assert len(warnings) == 1 and "autovacuum is off for" in warnings[0], warnings
+        assert ", ".join(off) in warnings[0]
+        seen = {t: _vacuums(w.engine, t) for t in space.TABLES}
+        # a table autovacuum looks after is left to it
+        assert all(seen[t] == before[t] for t in space.TABLES if t not in off), (before, seen)
+        res = subprocess.run(
+            [*flowrun_cmd(), "--flows", str(tmp_path / "flows"), "--db", pg_url]
+            + ["prune", "--vacuum", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["vacuumed"] is True
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+            _vacuums(w.engine, t) > seen[t] for t in space.TABLES
+        ):
+            time.sleep(0.1)
+        assert all(_vacuums(w.engine, t) > seen[t] for t in space.TABLES)
+    finally:
         w.close()
