@@ -94,20 +94,20 @@ def prune(
     ):
         raise UserError(f"unknown flow {flow!r}", 2)
     counts = run_prune(engine, rules, flow=flow, dry_run=dry_run)
-    converted = False
+    vacuumed = False
     if not dry_run:
         if vacuum:
-            converted = space.convert(engine)
+            vacuumed = space.convert(engine)
         while space.vacuum_step(engine) > 2000:
             pass
         if space.auto_vacuum(engine) is None:  # PostgreSQL
             tables = list(space.TABLES) if vacuum else space.unvacuumed(engine)
-            converted = bool(space.vacuum_tables(engine, tables))
+            vacuumed = bool(space.vacuum_tables(engine, tables))
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, **counts, "vacuumed": converted}))
+        click.echo(json.dumps({"dry_run": dry_run, **counts, "vacuumed": vacuumed}))
         return
     click.echo(text(counts, dry_run=dry_run))
-    if converted:
+    if vacuumed:
         done = (
             "vacuumed"
             if space.auto_vacuum(engine) is None
