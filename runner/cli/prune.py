@@ -76,6 +76,7 @@ def prune(
     from runner.ops.prune import rules_for, text
     from runner.store import prune as store_prune
     from runner.store import space
+    from runner.store.dialect import dialect_of
 
     if c.flows.is_dir():
         loaded = list(c.registry(strict=True).flows.values())
@@ -95,24 +96,21 @@ def prune(
         raise UserError(f"unknown flow {flow!r}", 2)
     counts = run_prune(engine, rules, flow=flow, dry_run=dry_run)
     vacuumed = False
-    if not dry_run:
+    postgres = not dialect_of(engine).in_process
+    if not dry_run and postgres:  # autovacuum's job, done where it does not run
+        tables = list(space.TABLES) if vacuum else space.unvacuumed(engine)
+        vacuumed = bool(space.vacuum_tables(engine, tables))
+    elif not dry_run:
         if vacuum:
             vacuumed = space.convert(engine)
         while space.vacuum_step(engine) > 2000:
             pass
-        if space.auto_vacuum(engine) is None:  # PostgreSQL
-            tables = list(space.TABLES) if vacuum else space.unvacuumed(engine)
-            vacuumed = bool(space.vacuum_tables(engine, tables))
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, **counts, "vacuumed": vacuumed}))
         return
     click.echo(text(counts, dry_run=dry_run))
     if vacuumed:
-        done = (
-            "vacuumed"
-            if space.auto_vacuum(engine) is None
-            else "converted to incremental auto-vacuum"
-        )
+        done = "vacuumed" if postgres else "converted to incremental auto-vacuum"
         click.echo(f"database {done}")
 
 

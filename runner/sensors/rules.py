@@ -213,11 +213,10 @@ class RuleEngine:
         written = queue_folding(conn, [q.row for q in queued], at=at, held_by=held_by, lease=lease)
         for q, (did, made, before) in zip(queued, written, strict=True):
             q.did, q.made, q.folded_before = did, made, before
-        for q in queued:
-            if q.made:
-                q.text = f"{q.action} queued (delivery {q.did})"
+            if made:
+                q.text = f"{q.action} queued (delivery {did})"
             else:
-                q.text = f"{q.action} folded into delivery {q.did} (once_per)"
+                q.text = f"{q.action} folded into delivery {did} (once_per)"
 
     def _enrich(self, rows: list[Any], at: float) -> tuple[list[Any], list[dict[str, Any]]]:
         """``rows`` (id, sensor, payload) with each lifecycle event's ``label`` and
